@@ -1,0 +1,68 @@
+# fsdp -- build libfsdp.so, run tests, benchmarks and the demo.
+#   make            build libfsdp.so and lua/fsdp/cdef.lua
+#   make test       C unit tests + busted specs (what .ci/run calls)
+#   make bench      benchmarks against PyTorch (needs python3-torch)
+#   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
+#   make install PREFIX=/usr/local   (luarocks make uses LUADIR/LIBDIR/BINDIR instead)
+
+CC      ?= cc
+ARCH    ?= -march=native
+CFLAGS  ?= -O3 $(ARCH) -g
+CFLAGS  += -std=gnu11 -fPIC -Wall -Wextra -Wno-unused-parameter -fopenmp
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+LDLIBS  = $(BLAS_LIBS) -lm -fopenmp
+
+PREFIX  ?= /usr/local
+LUADIR  ?= $(PREFIX)/share/lua/5.1
+LIBDIR  ?= $(PREFIX)/lib/lua/5.1
+BINDIR  ?= $(PREFIX)/bin
+
+SRCS := $(wildcard src/*.c)
+OBJS := $(SRCS:src/%.c=build/%.o)
+HDRS := $(wildcard src/*.h)
+LUAJIT ?= luajit
+BUSTED ?= $(shell command -v busted)
+
+all: libfsdp.so lua/fsdp/cdef.lua
+
+build/%.o: src/%.c $(HDRS) | build
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
+
+build:
+	mkdir -p build
+
+libfsdp.so: $(OBJS)
+	$(CC) -shared -o $@ $(OBJS) $(LDLIBS)
+
+# the FFI part of the public header, as a Lua string (the single source of truth for ffi.cdef)
+lua/fsdp/cdef.lua: src/fsdp.h
+	{ echo '-- generated from src/fsdp.h by make; do not edit'; echo 'return [==['; \
+	  sed -n '\#^// FFI-BEGIN#,\#^// FFI-END#p' $< | grep -v '^// FFI-'; echo ']==]'; } > $@
+
+# ---- tests -----------------------------------------------------------------------------------
+CTESTS := $(patsubst tests/c/%.c,build/tests/%,$(wildcard tests/c/test_*.c))
+build/tests/%: tests/c/%.c libfsdp.so tests/c/ctest.h
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -Isrc $< -o $@ -L. -lfsdp -Wl,-rpath,'$$ORIGIN/../..' $(LDLIBS)
+
+test: all $(CTESTS)
+	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
+
+bench: all
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua
+
+demo: all
+	bash examples/demo.sh
+
+install: all
+	mkdir -p $(DESTDIR)$(LUADIR)/fsdp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
+	cp -r lua/fsdp/* $(DESTDIR)$(LUADIR)/fsdp/
+	cp libfsdp.so $(DESTDIR)$(LIBDIR)/
+	if [ -d bin ]; then cp bin/* $(DESTDIR)$(BINDIR)/; fi
+
+clean:
+	rm -rf build libfsdp.so lua/fsdp/cdef.lua
+
+.PHONY: all test bench demo install clean

@@ -1,0 +1,269 @@
+-- fsdp: Fully Sharded Data Parallel training from LuaJIT.
+--
+-- This file loads libfsdp.so, feeds ffi.cdef from the public header (lua/fsdp/cdef.lua is
+-- generated from src/fsdp.h by make), and holds the few helpers every other Lua file uses:
+--   fsdp.C          the library namespace
+--   fsdp._wrap(p)   turns a new C tensor reference into a garbage-collected cdata, or raises
+--                   the C error as a Lua error
+--   fsdp._check(rc) raises the C error when a status is non-zero
+--   fsdp._dim(d, n) Lua's 1-based (or negative) dim -> C's 0-based dim
+-- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
+local ffi = require "ffi"
+
+local fsdp = {}
+
+ffi.cdef(require "fsdp.cdef")
+
+-- find libfsdp.so: package.cpath first (luarocks tree or ./libfsdp.so), then beside this file
+-- in a source checkout (lua/fsdp/init.lua -> ../../libfsdp.so)
+local function find_library()
+  local path = package.searchpath("libfsdp", package.cpath)
+  if path then return path end
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  for _, cand in ipairs { here .. "/../../libfsdp.so", here .. "/libfsdp.so" } do
+    local f = io.open(cand, "rb")
+    if f then f:close(); return cand end
+  end
+  error("fsdp: cannot find libfsdp.so in package.cpath (" .. package.cpath .. "); run `make` or `luarocks make`", 0)
+end
+
+local C = ffi.load(find_library())
+fsdp.C = C
+
+-- ---- errors ------------------------------------------------------------------------------------
+local function raise(level)
+  local msg = ffi.string(C.fsdp_last_error())
+  C.fsdp_clear_error()
+  error(msg ~= "" and msg or "fsdp: unknown error", level + 1)
+end
+fsdp._raise = raise
+
+function fsdp._check(rc)
+  if rc ~= 0 then raise(2) end
+  return rc
+end
+
+-- Every new tensor reference passes through here. It also keeps the Lua GC informed about C
+-- memory: once enough activation bytes were allocated since the last collection, collect.
+local gc_floor = 256 * 1024 * 1024
+local cur = ffi.new("int64_t[6]")
+local function gc_if_needed()
+  local pressure = C.fsdp_memory_gc_pressure()
+  if pressure > gc_floor then
+    C.fsdp_memory_stats(cur, nil)
+    if pressure > cur[3] then  -- more allocated than is alive: garbage is likely
+      collectgarbage("collect")
+      C.fsdp_memory_gc_done()
+    end
+  end
+end
+
+local release = C.fsdp_tensor_release
+function fsdp._wrap(p)
+  if p == nil then raise(2) end
+  gc_if_needed()
+  return ffi.gc(p, release)
+end
+
+-- ---- dims, shapes and dtypes --------------------------------------------------------------------
+function fsdp._dim(d, ndim)
+  if type(d) ~= "number" or d == 0 or d ~= math.floor(d) then
+    error(("dimension must be a non-zero integer (1-based, negative from the end), got %s"):format(tostring(d)), 3)
+  end
+  if d > 0 then return d - 1 end
+  return d
+end
+
+local dtypes = {
+  float32 = 0, float = 0, f32 = 0,
+  int64 = 1, long = 1, i64 = 1,
+  bfloat16 = 2, bf16 = 2,
+  float16 = 3, half = 3, f16 = 3, fp16 = 3,
+}
+local dtype_names = { [0] = "float32", "int64", "bfloat16", "float16" }
+fsdp._dtype_names = dtype_names
+function fsdp._dtype(name)
+  if name == nil then return 0 end
+  if type(name) == "number" then return name end
+  local d = dtypes[name]
+  if not d then error(("unknown dtype %q (use float32, int64, bfloat16 or float16)"):format(tostring(name)), 3) end
+  return d
+end
+
+-- shape arguments: f{2, 3}, f(2, 3) or f(tensor_shape_table)
+function fsdp._shape(...)
+  local first = ...
+  local t = type(first) == "table" and first or { ... }
+  local n = #t
+  local arr = ffi.new("int64_t[?]", math.max(n, 1))
+  for i = 1, n do
+    local v = t[i]
+    if type(v) ~= "number" or v ~= math.floor(v) then
+      error(("shape entries must be integers, got %s at position %d"):format(tostring(v), i), 3)
+    end
+    arr[i - 1] = v
+  end
+  return n, arr
+end
+
+-- ---- tensors --------------------------------------------------------------------------------------
+local Tensor = require "fsdp.tensor"
+Tensor._init(fsdp)
+fsdp.Tensor = Tensor
+local wrap, shape = fsdp._wrap, fsdp._shape
+
+function fsdp.is_tensor(x) return Tensor.is(x) end
+
+-- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5)
+function fsdp.tensor(data, dtype)
+  local dt = fsdp._dtype(dtype)
+  if Tensor.is(data) then return data:to(dtype or data.dtype):clone() end
+  local dims, flat = {}, {}
+  if type(data) == "number" then
+    flat[1] = data
+  else
+    assert(type(data) == "table", "fsdp.tensor: expected a number or a (nested) table of numbers")
+    local node = data
+    while type(node) == "table" do dims[#dims + 1] = #node; node = node[1] end
+    local function walk(t, d)
+      if #t ~= dims[d] then error(("fsdp.tensor: ragged nested table at depth %d (%d vs %d entries)"):format(d, #t, dims[d]), 3) end
+      for i = 1, #t do
+        local v = t[i]
+        if d < #dims then walk(v, d + 1)
+        elseif type(v) ~= "number" then error(("fsdp.tensor: non-number %s in data"):format(tostring(v)), 4)
+        else flat[#flat + 1] = v end
+      end
+    end
+    walk(data, 1)
+  end
+  local n, arr = shape(dims)
+  local vals = ffi.new("double[?]", math.max(#flat, 1))
+  for i = 1, #flat do vals[i - 1] = flat[i] end
+  return wrap(C.fsdp_from_doubles(n, arr, dt, vals))
+end
+
+-- creation functions accept a shape table or sizes, then an optional options table {dtype=}
+local function split_opts(...)
+  local args = { ... }
+  local opts = {}
+  if type(args[#args]) == "table" and (type(args[1]) ~= "table" or #args > 1) and args[#args][1] == nil then
+    opts = table.remove(args)
+  end
+  if type(args[#args]) == "string" then opts = { dtype = table.remove(args) } end
+  return args, opts
+end
+
+function fsdp.empty(...)
+  local args, opts = split_opts(...)
+  local n, arr = shape(unpack(args))
+  return wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), 0))
+end
+function fsdp.full(size, value, opts)
+  local n, arr = shape(size)
+  return wrap(C.fsdp_full(n, arr, value, fsdp._dtype(type(opts) == "table" and opts.dtype or opts), 0))
+end
+function fsdp.zeros(...)
+  local args, opts = split_opts(...)
+  local n, arr = shape(unpack(args))
+  return wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), 0))
+end
+function fsdp.ones(...)
+  local args, opts = split_opts(...)
+  local n, arr = shape(unpack(args))
+  return wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), 0))
+end
+function fsdp.zeros_like(t) return fsdp.zeros(t:shape(), { dtype = t.dtype }) end
+function fsdp.ones_like(t) return fsdp.ones(t:shape(), { dtype = t.dtype }) end
+function fsdp.randn(...)
+  local n, arr = shape(...)
+  return wrap(C.fsdp_randn(n, arr, 0, 1))
+end
+function fsdp.rand(...)
+  local n, arr = shape(...)
+  return wrap(C.fsdp_rand(n, arr, 0, 1))
+end
+-- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
+function fsdp.randint(lo, hi, size)
+  local n, arr = shape(size)
+  return wrap(C.fsdp_randint(lo, hi, n, arr))
+end
+function fsdp.randperm(n) return wrap(C.fsdp_randperm(n)) end
+-- fsdp.arange(n), fsdp.arange(start, stop[, step][, dtype]); float32 unless all arguments are integers
+function fsdp.arange(a, b, c, dtype)
+  if type(b) == "string" then dtype, b = b, nil elseif type(c) == "string" then dtype, c = c, nil end
+  local start, stop, step = b and a or 0, b or a, c or 1
+  if dtype == nil then
+    local ints = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
+    dtype = ints and "int64" or "float32"
+  end
+  return wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype)))
+end
+function fsdp.cat(list, dim)
+  local n = #list
+  local arr = ffi.new("fsdp_tensor*[?]", n)
+  for i = 1, n do arr[i - 1] = list[i] end
+  dim = dim or 1
+  local nd = n > 0 and list[1]:dim() or 1
+  return wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd)))
+end
+
+-- ---- process, seeds, grad mode, memory -----------------------------------------------------------
+function fsdp.manual_seed(seed) C.fsdp_manual_seed(seed) end
+function fsdp.get_rng_state()
+  local s = ffi.new("uint64_t[4]")
+  C.fsdp_rng_get_state(s)
+  return { s[0], s[1], s[2], s[3] }
+end
+function fsdp.set_rng_state(st)
+  local s = ffi.new("uint64_t[4]", st[1], st[2], st[3], st[4])
+  C.fsdp_rng_set_state(s)
+end
+function fsdp.set_num_threads(n) C.fsdp_set_num_threads(n) end
+
+function fsdp.is_grad_enabled() return C.fsdp_is_grad_enabled() ~= 0 end
+function fsdp.set_grad_enabled(on) C.fsdp_set_grad_enabled(on and 1 or 0) end
+-- fsdp.no_grad(fn, ...) runs fn with autograd recording off and returns its results
+function fsdp.no_grad(fn, ...)
+  local prev = C.fsdp_is_grad_enabled()
+  C.fsdp_set_grad_enabled(0)
+  local res = { pcall(fn, ...) }
+  C.fsdp_set_grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+local mem_names = { "params", "grads", "optimizer", "activations", "comm", "other" }
+-- fsdp.memory_stats() -> { params = {current=, peak=}, grads = ..., ... } in bytes
+function fsdp.memory_stats()
+  local c, p = ffi.new("int64_t[6]"), ffi.new("int64_t[6]")
+  C.fsdp_memory_stats(c, p)
+  local r = {}
+  for i, name in ipairs(mem_names) do r[name] = { current = tonumber(c[i - 1]), peak = tonumber(p[i - 1]) } end
+  return r
+end
+function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
+
+-- single-process defaults until the communicator arrives (issue: FSDP over MPI)
+function fsdp.init() return fsdp end
+function fsdp.rank() return 0 end
+function fsdp.world_size() return 1 end
+function fsdp.barrier() end
+
+-- lazily loaded submodules: fsdp.nn, fsdp.optim, fsdp.F, fsdp.autograd, save/load
+local lazy = {
+  nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io",
+}
+setmetatable(fsdp, {
+  __index = function(t, k)
+    if lazy[k] then
+      local m = require(lazy[k]); rawset(t, k, m); return m
+    elseif k == "F" then
+      local m = require "fsdp.nn.functional"; rawset(t, k, m); return m
+    elseif k == "save" or k == "load" then
+      return require("fsdp.io")[k]
+    end
+  end,
+})
+
+package.loaded.fsdp = fsdp
+return fsdp

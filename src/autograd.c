@@ -1,0 +1,416 @@
+/*
+ * autograd.c -- graph nodes, the backward engine, gradient hooks, engine events and
+ * end-of-backward callbacks.
+ *
+ * One backward pass:
+ *   1. collect the graph reachable from the root's grad_fn; count, per node, how many
+ *      producers will send it a gradient (deps) and, per leaf, how many contributions
+ *      it will receive (bw_pending);
+ *   2. emit BACKWARD_BEGIN (FSDP installs its end-of-backward callback here);
+ *   3. run ready nodes, latest-created first (a max-heap on seq), each between NODE_PRE
+ *      and NODE_POST; leaf gradients accumulate into .grad and emit GRAD_READY when the
+ *      leaf's last contribution has arrived;
+ *   4. run queued callbacks (they may queue more), then emit BACKWARD_END.
+ * Grad mode is off while the engine runs (no double backward).
+ */
+#include "internal.h"
+
+static int g_grad_enabled = 1;
+static int64_t g_seq, g_pass;
+static int g_backward_running;
+
+int fsdp_is_grad_enabled(void) { return g_grad_enabled; }
+void fsdp_set_grad_enabled(int enabled) { g_grad_enabled = enabled != 0; }
+int fsdp_is_backward_running(void) { return g_backward_running; }
+
+// ---- nodes ---------------------------------------------------------------------------------------
+fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs, fsdp_tensor** inputs) {
+  if (!g_grad_enabled) return NULL;
+  int any = 0;
+  for (int i = 0; i < n_inputs; i++) any |= inputs[i] && inputs[i]->requires_grad;
+  if (!any) return NULL;
+  fsdp_node* n = calloc(1, sizeof *n);
+  if (!n) { fprintf(stderr, "fsdp: out of memory creating autograd node %s\n", name); abort(); }
+  n->refcount = 1; n->name = name; n->seq = g_seq++; n->backward = backward; n->n_inputs = n_inputs;
+  for (int i = 0; i < n_inputs; i++) {
+    fsdp_tensor* t = inputs[i];
+    if (!t || !t->requires_grad) continue;
+    n->needs_grad[i] = 1;
+    if (t->grad_fn) { n->next[i].node = t->grad_fn; t->grad_fn->refcount++; }
+    else { n->next[i].leaf = t; t->refcount++; }
+  }
+  return n;
+}
+
+// Saved tensors are detached aliases (same storage, no grad_fn), so saving an op's own output
+// makes no reference cycle; the version recorded here catches later in-place writes.
+int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
+  if (n->n_saved >= FSDP_NODE_MAX_SAVED) { fprintf(stderr, "fsdp: node %s saves too many tensors\n", n->name); abort(); }
+  int k = n->n_saved++;
+  n->saved[k] = t ? fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset) : NULL;
+  n->saved_version[k] = t ? t->storage->version : 0;
+  return k;
+}
+
+fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
+  CHECK_NULL(!n->released, "%s: trying to backward through the graph a second time (its saved tensors were "
+             "freed after the first backward; pass retain_graph = true to keep them)", n->name);
+  fsdp_tensor* t = n->saved[k];
+  CHECK_NULL(!t || t->storage->version == n->saved_version[k],
+             "%s: a tensor of shape %s needed for gradient computation was modified by an in-place operation "
+             "(version %lld, expected %lld)", n->name, SH(t), (long long)t->storage->version,
+             (long long)n->saved_version[k]);
+  return t;
+}
+
+void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out) {
+  out->grad_fn = n;
+  out->requires_grad = 1;
+  n->out_ndim = out->ndim;
+  n->out_dtype = out->dtype;
+  memcpy(n->out_shape, out->shape, sizeof n->out_shape);
+}
+
+static void node_free_saved(fsdp_node* n) {
+  for (int k = 0; k < n->n_saved; k++) { fsdp_tensor_release(n->saved[k]); n->saved[k] = NULL; }
+}
+
+void fsdp_node_release(fsdp_node* n) {
+  if (!n || --n->refcount > 0) return;
+  node_free_saved(n);
+  for (int i = 0; i < n->n_inputs; i++) {
+    fsdp_node_release(n->next[i].node);
+    fsdp_tensor_release(n->next[i].leaf);
+  }
+  fsdp_tensor_release(n->grad_acc);
+  fsdp_hooks_free(n->hooks);
+  free(n);
+}
+
+const char* fsdp_node_name(const fsdp_node* n) { return n ? n->name : ""; }
+int64_t fsdp_node_seq(const fsdp_node* n) { return n ? n->seq : -1; }
+
+// ---- tensor autograd attributes ---------------------------------------------------------------------
+int fsdp_tensor_requires_grad(const fsdp_tensor* t) { return t->requires_grad; }
+int fsdp_tensor_is_leaf(const fsdp_tensor* t) { return t->grad_fn == NULL; }
+const char* fsdp_tensor_grad_fn_name(const fsdp_tensor* t) { return t->grad_fn ? t->grad_fn->name : ""; }
+fsdp_node* fsdp_tensor_grad_fn(const fsdp_tensor* t) { return t->grad_fn; }
+
+int fsdp_tensor_set_requires_grad(fsdp_tensor* t, int flag) {
+  CHECK_INT(!t->grad_fn, "requires_grad: only leaf tensors can change requires_grad (this one of shape %s "
+            "comes from %s); use detach()", SH(t), t->grad_fn->name);
+  CHECK_INT(!flag || t->dtype != FSDP_I64, "requires_grad: only floating point tensors can require gradients "
+            "(got %s of shape %s)", DT(t), SH(t));
+  t->requires_grad = flag != 0;
+  return 0;
+}
+fsdp_tensor* fsdp_tensor_grad(fsdp_tensor* t) {
+  if (t->grad) t->grad->refcount++;
+  return t->grad;
+}
+int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g) {
+  if (g) {
+    CHECK_INT(fsdp_same_shape(t, g) && g->dtype == t->dtype, "grad: assigned gradient %s %s does not match "
+              "tensor %s %s", DT(g), SH(g), DT(t), SH(t));
+    g->refcount++;
+  }
+  fsdp_tensor_release(t->grad);
+  t->grad = g;
+  return 0;
+}
+
+// ---- gradient accumulation ----------------------------------------------------------------------------
+// Buffers are shared freely between edges (AddBackward passes one gradient to both inputs), so we
+// add in place only into a tensor nobody else holds; otherwise we build a new sum.
+static int exclusively_owned(const fsdp_tensor* t) {
+  return t->refcount == 1 && t->storage->refcount == 1 && fsdp_tensor_is_contiguous(t) && t->dtype == FSDP_F32;
+}
+int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
+  if (!*acc) { g->refcount++; *acc = g; return 0; }
+  if (exclusively_owned(*acc) && fsdp_same_shape(*acc, g)) {
+    fsdp_tensor* gc = fsdp_as_contig(g);
+    if (!gc) return -1;
+    fsdp_backend_of(gc)->elem->axpy(fsdp_f32(*acc), fsdp_f32(gc), fsdp_tensor_numel(gc), 1.0f);
+    fsdp_tensor_release(gc);
+    return 0;
+  }
+  fsdp_tensor* s = fsdp_add(*acc, g);
+  if (!s) return -1;
+  fsdp_tensor_release(*acc);
+  *acc = s;
+  return 0;
+}
+
+// .grad of a leaf lives in the grads memory category and is owned by the leaf alone
+static int leaf_accumulate(fsdp_tensor* leaf, fsdp_tensor* g) {
+  CHECK_INT(fsdp_same_shape(leaf, g), "backward: gradient of shape %s for a leaf of shape %s", SH(g), SH(leaf));
+  if (leaf->grad) {
+    if (!exclusively_owned(leaf->grad)) {  // the user holds it; PyTorch also replaces it then
+      fsdp_tensor* s = fsdp_add(leaf->grad, g);
+      if (!s) return -1;
+      fsdp_tensor_set_mem_category(s, FSDP_MEM_GRADS);
+      fsdp_tensor_release(leaf->grad);
+      leaf->grad = s;
+      return 0;
+    }
+    return fsdp_grad_accumulate(&leaf->grad, g);
+  }
+  if (exclusively_owned(g) && g->refcount == 1) {  // steal the buffer
+    g->refcount++;
+    leaf->grad = g;
+  } else {
+    leaf->grad = fsdp_new(leaf->ndim, leaf->shape, FSDP_F32, fsdp_device_of(leaf));
+    if (!leaf->grad || fsdp_copy_strided(leaf->grad, g)) return -1;
+  }
+  fsdp_tensor_set_mem_category(leaf->grad, FSDP_MEM_GRADS);
+  return 0;
+}
+
+// ---- hooks ----------------------------------------------------------------------------------------------
+static int64_t g_hook_id;
+static fsdp_hook** g_live_hooks;
+static int g_n_live_hooks, g_cap_live_hooks;
+
+int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ctx) {
+  CHECK_INT(t->requires_grad, "register_hook: tensor of shape %s does not require grad", SH(t));
+  fsdp_hook* h = calloc(1, sizeof *h);
+  CHECK_INT(h, "register_hook: out of memory");
+  h->id = ++g_hook_id; h->fn = fn; h->ctx = ctx;
+  fsdp_hook** list = t->grad_fn ? &t->grad_fn->hooks : &t->hooks;
+  while (*list) list = &(*list)->next;  // run in registration order
+  *list = h;
+  if (g_n_live_hooks == g_cap_live_hooks) {
+    g_cap_live_hooks = g_cap_live_hooks ? 2 * g_cap_live_hooks : 16;
+    g_live_hooks = realloc(g_live_hooks, g_cap_live_hooks * sizeof *g_live_hooks);
+  }
+  g_live_hooks[g_n_live_hooks++] = h;
+  return h->id;
+}
+static void unlive(fsdp_hook* h) {
+  for (int i = 0; i < g_n_live_hooks; i++)
+    if (g_live_hooks[i] == h) { g_live_hooks[i] = g_live_hooks[--g_n_live_hooks]; return; }
+}
+int fsdp_remove_hook(int64_t id) {
+  for (int i = 0; i < g_n_live_hooks; i++)
+    if (g_live_hooks[i]->id == id) { g_live_hooks[i]->fn = NULL; unlive(g_live_hooks[i]); return 0; }
+  return 0;  // already gone with its tensor: removing twice is harmless
+}
+void fsdp_hooks_free(fsdp_hook* h) {
+  while (h) {
+    fsdp_hook* n = h->next;
+    if (h->fn) unlive(h);
+    free(h);
+    h = n;
+  }
+}
+// runs hooks on *g, replacing it when a hook returns a new gradient
+static int run_hooks(fsdp_hook* h, fsdp_tensor** g) {
+  for (; h; h = h->next) {
+    if (!h->fn) continue;
+    int err = 0;
+    fsdp_tensor* r = h->fn(*g, h->ctx, &err);
+    if (err) { fsdp_tensor_release(r); return -1; }
+    if (r) { fsdp_tensor_release(*g); *g = r; }
+  }
+  return 0;
+}
+
+// ---- listeners and callbacks -------------------------------------------------------------------------------
+typedef struct { int64_t id; int mask; fsdp_listener_fn fn; void* ctx; } listener;
+static listener g_listeners[64];
+static int g_n_listeners;
+static int64_t g_listener_id;
+
+int64_t fsdp_autograd_add_listener(int mask, fsdp_listener_fn fn, void* ctx) {
+  CHECK_INT(g_n_listeners < 64, "autograd: too many engine listeners (64)");
+  g_listeners[g_n_listeners] = (listener){++g_listener_id, mask, fn, ctx};
+  g_n_listeners++;
+  return g_listener_id;
+}
+int fsdp_autograd_remove_listener(int64_t id) {
+  for (int i = 0; i < g_n_listeners; i++)
+    if (g_listeners[i].id == id) {
+      memmove(&g_listeners[i], &g_listeners[i + 1], (g_n_listeners - i - 1) * sizeof(listener));
+      g_n_listeners--;
+      return 0;
+    }
+  return 0;
+}
+static int emit(int ev, fsdp_node* n, fsdp_tensor* t) {
+  for (int i = 0; i < g_n_listeners; i++)
+    if ((g_listeners[i].mask & ev) && g_listeners[i].fn(ev, n, t, g_listeners[i].ctx)) return -1;
+  return 0;
+}
+
+typedef struct { fsdp_callback_fn fn; void* ctx; } callback;
+static callback* g_callbacks;
+static int g_n_callbacks, g_cap_callbacks;
+
+int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx) {
+  CHECK_INT(g_backward_running, "queue_callback: only allowed while backward runs");
+  if (g_n_callbacks == g_cap_callbacks) {
+    g_cap_callbacks = g_cap_callbacks ? 2 * g_cap_callbacks : 8;
+    g_callbacks = realloc(g_callbacks, g_cap_callbacks * sizeof *g_callbacks);
+  }
+  g_callbacks[g_n_callbacks++] = (callback){fn, ctx};
+  return 0;
+}
+
+// ---- the engine -----------------------------------------------------------------------------------------------
+typedef struct { fsdp_node** v; int n, cap; } node_vec;
+static void vec_push(node_vec* a, fsdp_node* n) {
+  if (a->n == a->cap) { a->cap = a->cap ? 2 * a->cap : 64; a->v = realloc(a->v, a->cap * sizeof *a->v); }
+  a->v[a->n++] = n;
+}
+// max-heap on seq: the most recently created ready node runs first
+static void heap_push(node_vec* h, fsdp_node* n) {
+  vec_push(h, n);
+  for (int i = h->n - 1; i > 0;) {
+    int p = (i - 1) / 2;
+    if (h->v[p]->seq >= h->v[i]->seq) break;
+    fsdp_node* t = h->v[p]; h->v[p] = h->v[i]; h->v[i] = t; i = p;
+  }
+}
+static fsdp_node* heap_pop(node_vec* h) {
+  fsdp_node* top = h->v[0];
+  h->v[0] = h->v[--h->n];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && h->v[l]->seq > h->v[m]->seq) m = l;
+    if (r < h->n && h->v[r]->seq > h->v[m]->seq) m = r;
+    if (m == i) break;
+    fsdp_node* t = h->v[m]; h->v[m] = h->v[i]; h->v[i] = t; i = m;
+  }
+  return top;
+}
+
+typedef struct { fsdp_tensor** v; int n, cap; } leaf_vec;
+
+// step 1: nodes reachable from root, deps per node, pending contributions per leaf
+static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* leaves) {
+  node_vec stack = {0};
+  root->visit = pass; root->deps = 0;
+  vec_push(&stack, root);
+  while (stack.n) {
+    fsdp_node* n = stack.v[--stack.n];
+    vec_push(nodes, n);
+    for (int i = 0; i < n->n_inputs; i++) {
+      fsdp_node* m = n->next[i].node;
+      fsdp_tensor* l = n->next[i].leaf;
+      if (m) {
+        if (m->visit != pass) { m->visit = pass; m->deps = 0; vec_push(&stack, m); }
+        m->deps++;
+      } else if (l) {
+        if (l->bw_pending == 0 && !l->bw_got) {
+          if (leaves->n == leaves->cap) {
+            leaves->cap = leaves->cap ? 2 * leaves->cap : 64;
+            leaves->v = realloc(leaves->v, leaves->cap * sizeof *leaves->v);
+          }
+          leaves->v[leaves->n++] = l;
+          l->bw_got = -1;  // marks "listed" until the pass starts
+        }
+        l->bw_pending++;
+      }
+    }
+  }
+  free(stack.v);
+  for (int i = 0; i < leaves->n; i++) leaves->v[i]->bw_got = 0;
+}
+
+static int deliver_to_leaf(fsdp_tensor* leaf, fsdp_tensor* g) {
+  if (g) {
+    fsdp_tensor_retain(g);
+    int rc = run_hooks(leaf->hooks, &g);
+    if (!rc) rc = leaf_accumulate(leaf, g);
+    fsdp_tensor_release(g);
+    if (rc) return -1;
+    leaf->bw_got = 1;
+  }
+  if (--leaf->bw_pending == 0 && leaf->bw_got) return emit(FSDP_EV_GRAD_READY, NULL, leaf);
+  return 0;
+}
+
+static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
+  fsdp_tensor* g = n->grad_acc;
+  n->grad_acc = NULL;
+  fsdp_tensor* grad_in[FSDP_NODE_MAX_INPUTS] = {0};
+  int rc = 0;
+  if (g) {
+    rc = run_hooks(n->hooks, &g);
+    if (!rc) rc = emit(FSDP_EV_NODE_PRE, n, NULL);
+    if (!rc && n->released)
+      rc = (fsdp_errorf("%s: trying to backward through the graph a second time (its saved tensors were freed "
+                        "after the first backward; pass retain_graph = true to keep them)", n->name), -1);
+    if (!rc) rc = n->backward(n, g, grad_in);
+    if (!rc) rc = emit(FSDP_EV_NODE_POST, n, NULL);
+    if (!retain_graph) { node_free_saved(n); n->released = 1; }
+  }
+  for (int i = 0; i < n->n_inputs; i++) {
+    fsdp_edge e = n->next[i];
+    if (!rc && grad_in[i] && !n->needs_grad[i]) { fsdp_tensor_release(grad_in[i]); grad_in[i] = NULL; }
+    if (!rc && e.node) {
+      if (grad_in[i]) rc = fsdp_grad_accumulate(&e.node->grad_acc, grad_in[i]);
+      if (--e.node->deps == 0) heap_push(ready, e.node);
+    } else if (!rc && e.leaf) {
+      rc = deliver_to_leaf(e.leaf, grad_in[i]);
+    }
+    fsdp_tensor_release(grad_in[i]);
+  }
+  fsdp_tensor_release(g);
+  return rc;
+}
+
+int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
+  CHECK_INT(!g_backward_running, "backward: called while another backward is running (reentrant backward is "
+            "not supported)");
+  CHECK_INT(t->requires_grad, "backward: tensor of shape %s does not require grad and has no grad_fn "
+            "(did you freeze every parameter, or run the forward under no_grad?)", SH(t));
+  if (grad) {
+    CHECK_INT(fsdp_same_shape(t, grad), "backward: gradient of shape %s for a tensor of shape %s", SH(grad), SH(t));
+    fsdp_tensor_retain(grad);
+  } else {
+    CHECK_INT(fsdp_tensor_numel(t) == 1, "backward: grad can be implicitly created only for one-element outputs "
+              "(got shape %s)", SH(t));
+    grad = fsdp_full(t->ndim, t->shape, 1.0, FSDP_F32, fsdp_device_of(t));
+    if (!grad) return -1;
+  }
+  int prev_mode = g_grad_enabled, rc = 0;
+  g_grad_enabled = 0;
+  g_backward_running = 1;
+  g_n_callbacks = 0;
+  node_vec nodes = {0}, ready = {0};
+  leaf_vec leaves = {0};
+  int64_t pass = ++g_pass;
+
+  if (t->grad_fn) collect(t->grad_fn, pass, &nodes, &leaves);
+  else { t->bw_pending = 1; leaves.v = malloc(sizeof *leaves.v); leaves.v[0] = t; leaves.n = 1; }
+
+  rc = emit(FSDP_EV_BACKWARD_BEGIN, NULL, NULL);
+  if (!rc && t->grad_fn) {
+    t->grad_fn->grad_acc = grad;
+    grad = NULL;
+    heap_push(&ready, t->grad_fn);
+    while (!rc && ready.n) rc = run_node(heap_pop(&ready), &ready, retain_graph);
+  } else if (!rc) {
+    rc = deliver_to_leaf(t, grad);
+  }
+  for (int i = 0; !rc && i < g_n_callbacks; i++) rc = g_callbacks[i].fn(g_callbacks[i].ctx);
+
+  // on error some nodes never ran: drop their partial gradients and counters
+  for (int i = 0; i < nodes.n; i++) { fsdp_tensor_release(nodes.v[i]->grad_acc); nodes.v[i]->grad_acc = NULL; }
+  for (int i = 0; i < leaves.n; i++) { leaves.v[i]->bw_pending = 0; leaves.v[i]->bw_got = 0; }
+  free(nodes.v); free(ready.v); free(leaves.v);
+  fsdp_tensor_release(grad);
+  g_n_callbacks = 0;
+  g_backward_running = 0;
+  g_grad_enabled = prev_mode;
+  // BACKWARD_END always fires so listeners can return to a clean state after an error
+  if (rc) {
+    char saved[2048];
+    snprintf(saved, sizeof saved, "%s", fsdp_last_error());
+    emit(FSDP_EV_BACKWARD_END, NULL, NULL);
+    fsdp_set_error(saved);
+    return -1;
+  }
+  return emit(FSDP_EV_BACKWARD_END, NULL, NULL);
+}

@@ -1,0 +1,262 @@
+/*
+ * fsdp.h -- THE public C API of libfsdp.
+ *
+ * Overview
+ *   Tensors are refcounted handles (fsdp_tensor*). Every function that returns a tensor
+ *   returns a NEW reference (release it with fsdp_tensor_release) or NULL on error.
+ *   Every function that returns int returns 0 on success, non-zero on error.
+ *   On error, fsdp_last_error() holds a message naming the op, shapes and dtypes.
+ *   Nothing here exits or aborts on user error: the caller is a Lua VM.
+ *
+ *   Dimensions are 0-based in C; negative dims count from the end (-1 is the last).
+ *   The Lua layer converts its 1-based dims before calling.
+ *
+ *   Ops that take tensors requiring grad record an autograd node (see autograd.c);
+ *   fsdp_backward() runs the graph and fires engine events that FSDP listens to.
+ *
+ * The part between FFI-BEGIN and FFI-END is fed verbatim to LuaJIT's ffi.cdef
+ * (the Makefile extracts it into lua/fsdp/cdef.lua), so it holds no macros,
+ * no #includes and no comments other than line comments.
+ */
+#ifndef FSDP_H
+#define FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_MAX_DIMS 8
+
+// FFI-BEGIN
+typedef struct fsdp_tensor fsdp_tensor;
+typedef struct fsdp_node fsdp_node;
+typedef struct fsdp_st_file fsdp_st_file;
+
+typedef enum { FSDP_F32 = 0, FSDP_I64 = 1, FSDP_BF16 = 2, FSDP_F16 = 3, FSDP_NDTYPES = 4 } fsdp_dtype;
+typedef enum { FSDP_CPU = 0, FSDP_CUDA = 1, FSDP_NDEVICES = 2 } fsdp_device;
+
+// memory categories for the allocator's counters (fsdp.memory_stats())
+typedef enum {
+  FSDP_MEM_PARAMS = 0, FSDP_MEM_GRADS = 1, FSDP_MEM_OPTIM = 2, FSDP_MEM_ACTIVATIONS = 3,
+  FSDP_MEM_COMM = 4, FSDP_MEM_OTHER = 5, FSDP_MEM_NCAT = 6
+} fsdp_mem_cat;
+
+// autograd engine events (bit flags for listeners)
+typedef enum {
+  FSDP_EV_BACKWARD_BEGIN = 1, FSDP_EV_NODE_PRE = 2, FSDP_EV_NODE_POST = 4,
+  FSDP_EV_GRAD_READY = 8, FSDP_EV_BACKWARD_END = 16
+} fsdp_event;
+
+// listener: node is set for NODE_PRE/POST, tensor for GRAD_READY (the leaf whose .grad is final
+// for this backward). Returns 0, or non-zero to abort backward with fsdp_last_error().
+typedef int (*fsdp_listener_fn)(int event, fsdp_node* node, fsdp_tensor* tensor, void* ctx);
+// grad hook: returns a new reference to a replacement gradient, or NULL to keep `grad`.
+// To signal an error, set *err non-zero (fsdp_set_error() the message).
+typedef fsdp_tensor* (*fsdp_grad_hook_fn)(fsdp_tensor* grad, void* ctx, int* err);
+// end-of-backward callback queued with fsdp_queue_callback
+typedef int (*fsdp_callback_fn)(void* ctx);
+
+// ---- errors, threads -------------------------------------------------------------------
+const char* fsdp_last_error(void);
+void fsdp_set_error(const char* msg);
+void fsdp_clear_error(void);
+void fsdp_set_num_threads(int n);
+int fsdp_get_num_threads(void);
+
+// ---- memory ------------------------------------------------------------------------------
+// current and peak bytes per category (arrays of FSDP_MEM_NCAT)
+void fsdp_memory_stats(int64_t* current, int64_t* peak);
+void fsdp_memory_reset_peaks(void);
+// bytes of activations allocated since the last call to fsdp_memory_gc_done(); the Lua layer
+// uses it to decide when to run its garbage collector.
+int64_t fsdp_memory_gc_pressure(void);
+void fsdp_memory_gc_done(void);
+
+// ---- random numbers (one global generator, identical on every machine) --------------------
+void fsdp_manual_seed(uint64_t seed);
+void fsdp_rng_get_state(uint64_t* state4);
+void fsdp_rng_set_state(const uint64_t* state4);
+
+// ---- tensor lifetime and accessors ---------------------------------------------------------
+void fsdp_tensor_retain(fsdp_tensor* t);
+void fsdp_tensor_release(fsdp_tensor* t);
+int fsdp_tensor_ndim(const fsdp_tensor* t);
+int64_t fsdp_tensor_size(const fsdp_tensor* t, int dim);
+int64_t fsdp_tensor_stride(const fsdp_tensor* t, int dim);
+int64_t fsdp_tensor_numel(const fsdp_tensor* t);
+int64_t fsdp_tensor_offset(const fsdp_tensor* t);
+int fsdp_tensor_dtype(const fsdp_tensor* t);
+int fsdp_tensor_device(const fsdp_tensor* t);
+int fsdp_tensor_is_contiguous(const fsdp_tensor* t);
+int fsdp_tensor_mem_category(const fsdp_tensor* t);
+// moves the tensor's storage bytes to another memory category (e.g. params)
+void fsdp_tensor_set_mem_category(fsdp_tensor* t, int cat);
+// pointer to the first element (storage data + offset); valid while t is alive
+void* fsdp_tensor_data(const fsdp_tensor* t);
+int64_t fsdp_tensor_version(const fsdp_tensor* t);
+int fsdp_tensor_same_storage(const fsdp_tensor* a, const fsdp_tensor* b);
+size_t fsdp_dtype_size(int dtype);
+const char* fsdp_dtype_name(int dtype);
+// writes a shape like "(2, 3, 4)" into buf
+const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen);
+// scalar value of a one-element tensor, as double
+int fsdp_tensor_item(const fsdp_tensor* t, double* out);
+// copies all elements, in logical (row-major) order, converted to double / int64
+int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out);
+
+// ---- autograd attributes ----------------------------------------------------------------------
+int fsdp_tensor_requires_grad(const fsdp_tensor* t);
+int fsdp_tensor_set_requires_grad(fsdp_tensor* t, int flag);
+int fsdp_tensor_is_leaf(const fsdp_tensor* t);
+fsdp_tensor* fsdp_tensor_grad(fsdp_tensor* t);            // new ref, or NULL without error if none
+int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g); // g may be NULL (clears)
+const char* fsdp_tensor_grad_fn_name(const fsdp_tensor* t); // "" for leaves
+fsdp_node* fsdp_tensor_grad_fn(const fsdp_tensor* t);     // borrowed, NULL for leaves
+const char* fsdp_node_name(const fsdp_node* n);
+int64_t fsdp_node_seq(const fsdp_node* n);
+
+// ---- creation ---------------------------------------------------------------------------------
+fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device);
+fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device);
+fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const double* values);
+fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data); // copies
+fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype);
+fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi);     // uniform f32
+fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std); // normal f32
+fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape); // i64 in [lo,hi)
+fsdp_tensor* fsdp_randperm(int64_t n);                                            // i64
+
+// ---- in-place (no autograd; bump the version counter) ---------------------------------------
+int fsdp_fill_(fsdp_tensor* t, double value);
+int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src);     // same numel, any dtypes, broadcast src
+int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha); // t += alpha * other
+int fsdp_mul_scalar_(fsdp_tensor* t, double s);
+int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
+int fsdp_normal_(fsdp_tensor* t, double mean, double std);
+
+// ---- views and shape ops (0-based dims) -----------------------------------------------------
+fsdp_tensor* fsdp_detach(fsdp_tensor* a);            // shares storage, no grad
+fsdp_tensor* fsdp_clone(fsdp_tensor* a);             // contiguous copy, differentiable
+fsdp_tensor* fsdp_contiguous(fsdp_tensor* a);        // a itself (new ref) if already contiguous
+fsdp_tensor* fsdp_view(fsdp_tensor* a, int ndim, const int64_t* shape);    // one -1 allowed
+fsdp_tensor* fsdp_reshape(fsdp_tensor* a, int ndim, const int64_t* shape); // view or copy
+fsdp_tensor* fsdp_flatten(fsdp_tensor* a, int start_dim, int end_dim);
+fsdp_tensor* fsdp_transpose(fsdp_tensor* a, int d0, int d1);
+fsdp_tensor* fsdp_permute(fsdp_tensor* a, int ndim, const int* dims);
+fsdp_tensor* fsdp_unsqueeze(fsdp_tensor* a, int dim);
+fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim);
+fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape); // -1 keeps a size
+fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length);
+fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim);
+fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index);
+fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype); // differentiable between float dtypes
+
+// ---- elementwise (broadcasting) ------------------------------------------------------------
+fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_sub(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_mul(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_div(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_add_scalar(fsdp_tensor* a, double s);
+fsdp_tensor* fsdp_mul_scalar(fsdp_tensor* a, double s);
+fsdp_tensor* fsdp_rdiv_scalar(double s, fsdp_tensor* a);  // s / a
+fsdp_tensor* fsdp_pow_scalar(fsdp_tensor* a, double p);   // a ^ p
+fsdp_tensor* fsdp_neg(fsdp_tensor* a);
+fsdp_tensor* fsdp_exp(fsdp_tensor* a);
+fsdp_tensor* fsdp_log(fsdp_tensor* a);
+fsdp_tensor* fsdp_sqrt(fsdp_tensor* a);
+fsdp_tensor* fsdp_abs(fsdp_tensor* a);
+fsdp_tensor* fsdp_tanh(fsdp_tensor* a);
+fsdp_tensor* fsdp_sigmoid(fsdp_tensor* a);
+fsdp_tensor* fsdp_relu(fsdp_tensor* a);
+fsdp_tensor* fsdp_gelu(fsdp_tensor* a, int approximate_tanh);
+// comparison (no grad): returns f32 0/1 with broadcasting
+fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b);
+
+// ---- reductions (ndims == 0 means all dims) --------------------------------------------------
+fsdp_tensor* fsdp_sum(fsdp_tensor* a, int ndims, const int* dims, int keepdim);
+fsdp_tensor* fsdp_mean(fsdp_tensor* a, int ndims, const int* dims, int keepdim);
+// max over one dim: values (differentiable) and, if indices != NULL, a new ref to i64 indices
+fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices);
+fsdp_tensor* fsdp_max_all(fsdp_tensor* a);
+fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim);
+
+// ---- linear algebra (BLAS) --------------------------------------------------------------------
+fsdp_tensor* fsdp_matmul(fsdp_tensor* a, fsdp_tensor* b); // torch.matmul semantics
+fsdp_tensor* fsdp_bmm(fsdp_tensor* a, fsdp_tensor* b);    // (B,n,k) x (B,k,m)
+fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b); // x (*,in), w (out,in), b (out) or NULL
+
+// ---- convolution and pooling (NCHW) -----------------------------------------------------------
+// x (N,C,H,W), w (O,C/groups,kh,kw), b (O) or NULL; stride/padding/dilation are [h, w]
+fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride,
+                         const int* padding, const int* dilation, int groups);
+fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
+                             const int* dilation, int ceil_mode);
+fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
+                             int ceil_mode, int count_include_pad);
+fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w);
+
+// ---- neural-network ops ------------------------------------------------------------------------
+fsdp_tensor* fsdp_softmax(fsdp_tensor* a, int dim);
+fsdp_tensor* fsdp_log_softmax(fsdp_tensor* a, int dim);
+// logits (N,C) or (N,C,d1..), target i64 (N) or (N,d1..); mean over non-ignored targets
+fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_t ignore_index,
+                                double label_smoothing);
+fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignore_index);
+fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b);
+// normalizes over the last normalized_ndim dims; w and b may be NULL
+fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, fsdp_tensor* b, double eps);
+fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t padding_idx);
+fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training);
+// q (B..,Tq,D), k (B..,Tk,D), v (B..,Tk,Dv); mask NULL or broadcastable additive f32 (Tq,Tk);
+// scale <= 0 means 1/sqrt(D)
+fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v,
+                                               fsdp_tensor* mask, int causal, double dropout_p,
+                                               double scale);
+
+// ---- optimizer updates (in place on param and state, no autograd) ------------------------------
+// PyTorch's torch.optim.SGD: first_step tells whether the momentum buffer is uninitialized
+int fsdp_sgd_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* momentum_buf, double lr,
+                  double momentum, double dampening, double weight_decay, int nesterov,
+                  int first_step, int maximize);
+// PyTorch's Adam (decoupled == 0) and AdamW (decoupled == 1); step is the 1-based step count
+int fsdp_adam_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* exp_avg, fsdp_tensor* exp_avg_sq,
+                   fsdp_tensor* max_exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, int decoupled, int amsgrad, int maximize);
+
+// ---- autograd engine ------------------------------------------------------------------------------
+int fsdp_is_grad_enabled(void);
+void fsdp_set_grad_enabled(int enabled);
+// grad may be NULL for a one-element tensor (implicit 1)
+int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph);
+int fsdp_is_backward_running(void);
+// hook on a tensor's gradient (leaf: before accumulation; non-leaf: before its node runs)
+int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ctx);
+int fsdp_remove_hook(int64_t handle);
+// listeners for engine events, event_mask is an OR of fsdp_event
+int64_t fsdp_autograd_add_listener(int event_mask, fsdp_listener_fn fn, void* ctx);
+int fsdp_autograd_remove_listener(int64_t handle);
+// only during backward: fn runs after the last node, before BACKWARD_END
+int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx);
+
+// ---- safetensors ------------------------------------------------------------------------------------
+// writes atomically (temporary file, then rename); metadata_json may be NULL
+int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tensors,
+                 const char* metadata_json);
+fsdp_st_file* fsdp_st_open(const char* path);
+int fsdp_st_count(const fsdp_st_file* f);
+const char* fsdp_st_name(const fsdp_st_file* f, int i);
+fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i);
+const char* fsdp_st_metadata(const fsdp_st_file* f); // raw JSON of __metadata__ or ""
+void fsdp_st_close(fsdp_st_file* f);
+
+// ---- build information ------------------------------------------------------------------------------
+const char* fsdp_version(void);
+// FFI-END
+
+#ifdef __cplusplus
+}
+#endif
+#endif

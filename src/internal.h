@@ -1,0 +1,208 @@
+/*
+ * internal.h -- structures and helpers shared by the C core; not part of the public API.
+ *
+ * A tensor is a view (shape, strides, offset, dtype) onto a refcounted storage. A storage
+ * belongs to one device and one memory category; its bytes come from fsdp_alloc(), which
+ * keeps the per-category counters behind fsdp_memory_stats().
+ *
+ * Ops are written in two layers:
+ *   op layer   (ops_*.c, device independent): checks shapes/dtypes, allocates outputs,
+ *              records an autograd node, calls a kernel through the device's table;
+ *   kernels    (cpu_*.c now, cuda_*.cu later): raw loops over contiguous buffers.
+ * The tables live in kernels_*.h, one struct per op family, gathered into fsdp_backend.
+ */
+#ifndef FSDP_INTERNAL_H
+#define FSDP_INTERNAL_H
+
+#include "fsdp.h"
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- errors ----------------------------------------------------------------------------------
+// fsdp_errorf sets the thread's error message; CHECK keeps call sites to one line.
+void fsdp_errorf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+#define CHECK(cond, ret, ...)          \
+  do {                                 \
+    if (!(cond)) {                     \
+      fsdp_errorf(__VA_ARGS__);        \
+      return ret;                      \
+    }                                  \
+  } while (0)
+#define CHECK_NULL(cond, ...) CHECK(cond, NULL, __VA_ARGS__)
+#define CHECK_INT(cond, ...) CHECK(cond, -1, __VA_ARGS__)
+
+// a shape as "(2, 3)" in a rotating static buffer (good for a few uses in one message)
+const char* fsdp_shape_s(const fsdp_tensor* t);
+const char* fsdp_dims_s(int ndim, const int64_t* shape);
+#define DT(t) fsdp_dtype_name((t)->dtype)
+#define SH(t) fsdp_shape_s(t)
+
+// ---- memory ------------------------------------------------------------------------------------
+void* fsdp_alloc(size_t nbytes, int device, int cat);  // 64-byte aligned, counted
+void fsdp_free(void* p, size_t nbytes, int device, int cat);
+void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat);
+// the category new tensors are allocated in (activations unless changed, e.g. by optimizers)
+int fsdp_default_mem_category(void);
+void fsdp_set_default_mem_category(int cat);
+
+typedef struct fsdp_storage {
+  int refcount;
+  int device;
+  int cat;         // memory category
+  size_t nbytes;
+  void* data;
+  int64_t version; // bumped by in-place writes; autograd checks saved tensors against it
+} fsdp_storage;
+
+// ---- tensors ------------------------------------------------------------------------------------
+typedef struct fsdp_hook {
+  int64_t id;
+  fsdp_grad_hook_fn fn;  // NULL once removed
+  void* ctx;
+  struct fsdp_hook* next;
+} fsdp_hook;
+void fsdp_hooks_free(fsdp_hook* h);
+
+struct fsdp_tensor {
+  int refcount;
+  int ndim;
+  int dtype;
+  int64_t shape[FSDP_MAX_DIMS];
+  int64_t stride[FSDP_MAX_DIMS];  // in elements
+  int64_t offset;                 // in elements
+  fsdp_storage* storage;
+  // autograd
+  int requires_grad;              // leaves: user flag; non-leaves: 1 iff grad_fn != NULL
+  fsdp_node* grad_fn;             // owning ref; NULL for leaves
+  fsdp_tensor* grad;              // owning ref; accumulated gradient of a leaf
+  fsdp_hook* hooks;               // leaf hooks (non-leaf hooks live on grad_fn)
+  // engine scratch (leaves): contributions still to come in this backward, and whether any came
+  int bw_pending, bw_got;
+};
+
+static inline int fsdp_device_of(const fsdp_tensor* t) { return t->storage->device; }
+static inline void* fsdp_ptr(const fsdp_tensor* t) {
+  return (char*)t->storage->data + t->offset * (int64_t)fsdp_dtype_size(t->dtype);
+}
+static inline float* fsdp_f32(const fsdp_tensor* t) { return (float*)fsdp_ptr(t); }
+static inline int64_t* fsdp_i64(const fsdp_tensor* t) { return (int64_t*)fsdp_ptr(t); }
+
+// new tensor with fresh contiguous storage (uninitialised), refcount 1
+fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device);
+fsdp_tensor* fsdp_new_like(const fsdp_tensor* t);
+fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t);
+// new view on t's storage (no autograd), refcount 1
+fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape,
+                           const int64_t* stride, int64_t offset);
+void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride);
+int64_t fsdp_shape_numel(int ndim, const int64_t* shape);
+bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b);
+// normalises a possibly negative dim; returns -1 (and sets an error naming op) if out of range
+int fsdp_wrap_dim(const char* op, int dim, int ndim);
+// a contiguous f32 version of t (new ref: t itself when already contiguous f32)
+fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
+// strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat
+int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src);
+static inline void fsdp_bump_version(fsdp_tensor* t) { t->storage->version++; }
+// error unless t's dtype is one of the float dtypes we compute in (f32)
+int fsdp_check_f32(const char* op, const fsdp_tensor* t);
+// error unless a and b are on the same device
+int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b);
+
+// ---- broadcasting -----------------------------------------------------------------------------
+// computes the broadcast shape of a and b; returns -1 with an error naming op if incompatible
+int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim,
+                         int64_t* shape);
+// strides of t viewed as `shape` (0 on broadcast dims); t's dims align to the right
+void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride);
+// sums grad (shape of a broadcast result) down to `like`'s shape; new ref
+fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, const fsdp_tensor* like);
+
+// ---- random numbers ------------------------------------------------------------------------------
+uint64_t fsdp_rng_next(void);   // xoshiro256**
+double fsdp_rng_uniform(void);  // [0, 1)
+double fsdp_rng_normal(void);
+
+// ---- autograd ---------------------------------------------------------------------------------------
+#define FSDP_NODE_MAX_INPUTS 8
+#define FSDP_NODE_MAX_SAVED 8
+
+// backward: given the gradient of the node's (single) output, writes a NEW ref (or NULL when that
+// input needs no grad or gets zero) for each input i into grad_in[i]. Returns 0 or -1 (error set).
+typedef int (*fsdp_backward_fn)(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in);
+
+typedef struct fsdp_edge {
+  fsdp_node* node;     // producer of this input (owning ref), or NULL
+  fsdp_tensor* leaf;   // leaf that requires grad (owning ref), or NULL
+} fsdp_edge;
+
+struct fsdp_node {
+  int refcount;
+  const char* name;           // op name, e.g. "MatmulBackward"
+  int64_t seq;                // creation order; the engine runs later nodes first
+  fsdp_backward_fn backward;
+  int n_inputs;
+  fsdp_edge next[FSDP_NODE_MAX_INPUTS];
+  int needs_grad[FSDP_NODE_MAX_INPUTS];  // input i requires grad
+  int n_saved;
+  fsdp_tensor* saved[FSDP_NODE_MAX_SAVED];
+  int64_t saved_version[FSDP_NODE_MAX_SAVED];
+  double f[8];                // op parameters (scalars)
+  int64_t i[16];              // op parameters (ints, dims, shapes)
+  int64_t out_shape[FSDP_MAX_DIMS];
+  int out_ndim, out_dtype;
+  int released;               // saved tensors freed after a backward without retain_graph
+  fsdp_hook* hooks;           // grad hooks of the output tensor (non-leaf)
+  // engine scratch
+  int64_t visit;              // id of the backward pass that last reached this node
+  int deps;                   // producers of gradients for this node still to run
+  fsdp_tensor* grad_acc;      // sum of the gradients received so far
+};
+
+// Creates a node for op `name` if grad mode is on and any input requires grad; else NULL
+// (no error). Inputs may be NULL (absent optional inputs). The node takes refs to edges.
+// Typical op:
+//   fsdp_tensor* out = fsdp_new(...); kernel(...);
+//   fsdp_node* n = fsdp_node_new("MulBackward", mul_backward, 2, (fsdp_tensor*[]){a, b});
+//   if (n) { fsdp_node_save(n, a); fsdp_node_save(n, b); fsdp_node_set_output(n, out); }
+//   return out;
+fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs,
+                         fsdp_tensor** inputs);
+// saves a tensor (new ref) and its version for backward; returns its slot
+int fsdp_node_save(fsdp_node* n, fsdp_tensor* t);
+// returns saved tensor k, or NULL with an error if the graph was freed or it was modified in place
+fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k);
+// makes `out` the node's output (out takes over the caller's ref to n)
+void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out);
+void fsdp_node_release(fsdp_node* n);
+
+// accumulate `g` into *acc (consumes nothing; *acc gets a new ref or is summed in place)
+int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);
+
+// ---- device backends ---------------------------------------------------------------------------------
+#include "kernels_elem.h"
+#include "kernels_linalg.h"
+#include "kernels_nn.h"
+#include "kernels_optim.h"
+
+typedef struct fsdp_backend {
+  const char* name;
+  const fsdp_elem_kernels* elem;
+  const fsdp_linalg_kernels* linalg;
+  const fsdp_nn_kernels* nn;
+  const fsdp_optim_kernels* optim;
+} fsdp_backend;
+
+extern const fsdp_elem_kernels fsdp_cpu_elem_kernels;
+extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
+extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
+extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
+
+// the kernel table of a tensor's device (errors if the device has no backend loaded)
+const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t);
+const fsdp_backend* fsdp_backend_for(int device);
+
+#endif

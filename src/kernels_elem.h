@@ -1,0 +1,41 @@
+/*
+ * kernels_elem.h -- elementwise, copy and reduction kernels (one table per device).
+ * Kernels work on raw buffers; the op layer (ops_elem.c, tensor.c) checks shapes and dtypes.
+ */
+#ifndef FSDP_KERNELS_ELEM_H
+#define FSDP_KERNELS_ELEM_H
+#include <stdint.h>
+
+typedef struct fsdp_elem_kernels {
+  // dst (contiguous, dst_dtype) <- src (strided over `shape`, src_dtype), converting dtypes
+  void (*copy_strided)(void* dst, int dst_dtype, const void* src, int src_dtype, int ndim,
+                       const int64_t* shape, const int64_t* src_stride);
+  // dst[0..n) = v
+  void (*fill)(void* dst, int dtype, int64_t n, double v);
+  // y[0..n) += alpha * x[0..n)   (f32)
+  void (*axpy)(float* y, const float* x, int64_t n, float alpha);
+  // y[0..n) *= s                 (f32)
+  void (*scale)(float* y, int64_t n, float s);
+  // ---- ops_elem.c family (binary/unary/reductions) ----
+  // out (contiguous over shape) = a op b, a/b addressed by broadcast strides (0 on broadcast dims)
+  void (*binary)(int op, float* out, const float* a, const float* b, int ndim, const int64_t* shape,
+                 const int64_t* stride_a, const int64_t* stride_b);
+  // out[i] = f(x[i]; p)
+  void (*unary)(int op, float* out, const float* x, int64_t n, double p);
+  // gx[i] = gy[i] * f'(x[i]) (y = f(x) given too, for ops whose derivative uses it)
+  void (*unary_backward)(int op, float* gx, const float* gy, const float* x, const float* y,
+                         int64_t n, double p);
+  // view input as (outer, red, inner) contiguous; out (outer, inner) = sum over red
+  void (*sum_dim)(float* out, const float* in, int64_t outer, int64_t red, int64_t inner);
+  // view input as (outer, red, inner) contiguous; max over red with i64 argmax
+  void (*max_dim)(float* out, int64_t* idx, const float* in, int64_t outer, int64_t red, int64_t inner);
+} fsdp_elem_kernels;
+
+enum { FSDP_BIN_ADD = 0, FSDP_BIN_SUB, FSDP_BIN_MUL, FSDP_BIN_DIV, FSDP_BIN_EQ };
+enum {
+  FSDP_UN_NEG = 0, FSDP_UN_EXP, FSDP_UN_LOG, FSDP_UN_SQRT, FSDP_UN_ABS, FSDP_UN_TANH,
+  FSDP_UN_SIGMOID, FSDP_UN_RELU, FSDP_UN_GELU, FSDP_UN_GELU_TANH, FSDP_UN_POW, FSDP_UN_ADD_SCALAR,
+  FSDP_UN_MUL_SCALAR, FSDP_UN_RDIV_SCALAR
+};
+
+#endif

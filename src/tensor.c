@@ -1,0 +1,497 @@
+/*
+ * tensor.c -- errors, the counting allocator, the RNG, storage and tensor lifetime, views,
+ * creation, in-place fills/copies, broadcasting helpers and the device backend table.
+ */
+#include "internal.h"
+
+#include <math.h>
+
+// ---- errors ------------------------------------------------------------------------------------
+static _Thread_local char g_error[2048];
+
+const char* fsdp_last_error(void) { return g_error; }
+void fsdp_clear_error(void) { g_error[0] = 0; }
+void fsdp_set_error(const char* msg) { snprintf(g_error, sizeof g_error, "%s", msg ? msg : ""); }
+void fsdp_errorf(const char* fmt, ...) {
+  char tmp[sizeof g_error];  // the message may quote the previous error
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  memcpy(g_error, tmp, sizeof g_error);
+}
+
+const char* fsdp_dims_s(int ndim, const int64_t* shape) {
+  static _Thread_local char bufs[8][160];
+  static _Thread_local int k;
+  char* b = bufs[k++ & 7];
+  int n = snprintf(b, 160, "(");
+  for (int i = 0; i < ndim && n < 150; i++) n += snprintf(b + n, 160 - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+  snprintf(b + n, 160 - n, ")");
+  return b;
+}
+const char* fsdp_shape_s(const fsdp_tensor* t) { return fsdp_dims_s(t->ndim, t->shape); }
+const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen) {
+  snprintf(buf, buflen, "%s", fsdp_shape_s(t));
+  return buf;
+}
+
+static int g_num_threads = 1;
+void fsdp_set_num_threads(int n) { g_num_threads = n < 1 ? 1 : n; }
+int fsdp_get_num_threads(void) { return g_num_threads; }
+const char* fsdp_version(void) { return "0.1.0"; }
+
+// ---- memory: every byte goes through here, counted per category --------------------------------
+static int64_t g_mem_cur[FSDP_MEM_NCAT], g_mem_peak[FSDP_MEM_NCAT];
+static int64_t g_gc_pressure;
+static int g_default_cat = FSDP_MEM_ACTIVATIONS;
+
+static void mem_count(int cat, int64_t delta) {
+  g_mem_cur[cat] += delta;
+  if (g_mem_cur[cat] > g_mem_peak[cat]) g_mem_peak[cat] = g_mem_cur[cat];
+}
+
+void* fsdp_alloc(size_t nbytes, int device, int cat) {
+  CHECK_NULL(device == FSDP_CPU, "alloc: device %d has no allocator in this build", device);
+  size_t padded = (nbytes + 63) & ~(size_t)63;
+  void* p = aligned_alloc(64, padded ? padded : 64);
+  CHECK_NULL(p, "alloc: out of memory allocating %zu bytes", nbytes);
+  mem_count(cat, (int64_t)nbytes);
+  if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
+  return p;
+}
+void fsdp_free(void* p, size_t nbytes, int device, int cat) {
+  (void)device;
+  if (!p) return;
+  free(p);
+  mem_count(cat, -(int64_t)nbytes);
+}
+void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat) {
+  mem_count(from_cat, -(int64_t)nbytes);
+  mem_count(to_cat, (int64_t)nbytes);
+}
+void fsdp_memory_stats(int64_t* current, int64_t* peak) {
+  for (int c = 0; c < FSDP_MEM_NCAT; c++) {
+    if (current) current[c] = g_mem_cur[c];
+    if (peak) peak[c] = g_mem_peak[c];
+  }
+}
+void fsdp_memory_reset_peaks(void) { memcpy(g_mem_peak, g_mem_cur, sizeof g_mem_peak); }
+int64_t fsdp_memory_gc_pressure(void) { return g_gc_pressure; }
+void fsdp_memory_gc_done(void) { g_gc_pressure = 0; }
+int fsdp_default_mem_category(void) { return g_default_cat; }
+void fsdp_set_default_mem_category(int cat) { g_default_cat = cat; }
+
+// ---- RNG: xoshiro256** seeded by splitmix64; same stream on every machine ---------------------
+static uint64_t g_rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 1};
+
+static uint64_t splitmix64(uint64_t* x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+void fsdp_manual_seed(uint64_t seed) {
+  for (int i = 0; i < 4; i++) g_rng[i] = splitmix64(&seed);
+}
+void fsdp_rng_get_state(uint64_t* s) { memcpy(s, g_rng, sizeof g_rng); }
+void fsdp_rng_set_state(const uint64_t* s) { memcpy(g_rng, s, sizeof g_rng); }
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t fsdp_rng_next(void) {
+  uint64_t* s = g_rng;
+  uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+  return r;
+}
+double fsdp_rng_uniform(void) { return (double)(fsdp_rng_next() >> 11) * 0x1.0p-53; }
+double fsdp_rng_normal(void) {  // Box-Muller, one value per call (no hidden cached state)
+  double u1 = fsdp_rng_uniform(), u2 = fsdp_rng_uniform();
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+// ---- dtypes ---------------------------------------------------------------------------------------
+size_t fsdp_dtype_size(int dtype) {
+  static const size_t sz[FSDP_NDTYPES] = {4, 8, 2, 2};
+  return dtype >= 0 && dtype < FSDP_NDTYPES ? sz[dtype] : 0;
+}
+const char* fsdp_dtype_name(int dtype) {
+  static const char* names[FSDP_NDTYPES] = {"float32", "int64", "bfloat16", "float16"};
+  return dtype >= 0 && dtype < FSDP_NDTYPES ? names[dtype] : "unknown";
+}
+
+// ---- backends -------------------------------------------------------------------------------------
+static const fsdp_backend g_cpu_backend = {"cpu", &fsdp_cpu_elem_kernels, &fsdp_cpu_linalg_kernels,
+                                           &fsdp_cpu_nn_kernels, &fsdp_cpu_optim_kernels};
+const fsdp_backend* fsdp_backend_for(int device) {
+  CHECK_NULL(device == FSDP_CPU, "device %d has no backend in this build (only cpu)", device);
+  return &g_cpu_backend;
+}
+const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return fsdp_backend_for(fsdp_device_of(t)); }
+
+// ---- storage and tensor lifetime ------------------------------------------------------------------
+static fsdp_storage* storage_new(size_t nbytes, int device, int cat) {
+  fsdp_storage* s = calloc(1, sizeof *s);
+  CHECK_NULL(s, "alloc: out of memory");
+  s->data = fsdp_alloc(nbytes, device, cat);
+  if (!s->data) { free(s); return NULL; }
+  s->refcount = 1; s->device = device; s->cat = cat; s->nbytes = nbytes;
+  return s;
+}
+static void storage_release(fsdp_storage* s) {
+  if (s && --s->refcount == 0) {
+    fsdp_free(s->data, s->nbytes, s->device, s->cat);
+    free(s);
+  }
+}
+
+void fsdp_tensor_retain(fsdp_tensor* t) { if (t) t->refcount++; }
+
+void fsdp_tensor_release(fsdp_tensor* t) {
+  if (!t || --t->refcount > 0) return;
+  storage_release(t->storage);
+  if (t->grad_fn) fsdp_node_release(t->grad_fn);
+  if (t->grad) fsdp_tensor_release(t->grad);
+  fsdp_hooks_free(t->hooks);
+  free(t);
+}
+
+int64_t fsdp_shape_numel(int ndim, const int64_t* shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) { stride[i] = s; s *= shape[i] > 0 ? shape[i] : 1; }
+}
+
+static fsdp_tensor* tensor_alloc(int ndim, const int64_t* shape, int dtype) {
+  CHECK_NULL(ndim >= 0 && ndim <= FSDP_MAX_DIMS, "tensor: %d dims (at most %d supported)", ndim, FSDP_MAX_DIMS);
+  CHECK_NULL(dtype >= 0 && dtype < FSDP_NDTYPES, "tensor: unknown dtype %d", dtype);
+  for (int i = 0; i < ndim; i++)
+    CHECK_NULL(shape[i] >= 0, "tensor: negative size %lld in shape %s", (long long)shape[i], fsdp_dims_s(ndim, shape));
+  fsdp_tensor* t = calloc(1, sizeof *t);
+  CHECK_NULL(t, "alloc: out of memory");
+  t->refcount = 1; t->ndim = ndim; t->dtype = dtype;
+  memcpy(t->shape, shape, ndim * sizeof(int64_t));
+  return t;
+}
+
+fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device) {
+  fsdp_tensor* t = tensor_alloc(ndim, shape, dtype);
+  if (!t) return NULL;
+  fsdp_contiguous_strides(ndim, shape, t->stride);
+  t->storage = storage_new(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, g_default_cat);
+  if (!t->storage) { free(t); return NULL; }
+  return t;
+}
+fsdp_tensor* fsdp_new_like(const fsdp_tensor* t) { return fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t)); }
+fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t) {
+  fsdp_tensor* r = fsdp_new_like(t);
+  if (r) fsdp_backend_of(r)->elem->fill(r->storage->data, r->dtype, fsdp_tensor_numel(r), 0.0);
+  return r;
+}
+fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape, const int64_t* stride,
+                           int64_t offset) {
+  fsdp_tensor* v = tensor_alloc(ndim, shape, t->dtype);
+  if (!v) return NULL;
+  memcpy(v->stride, stride, ndim * sizeof(int64_t));
+  v->offset = offset;
+  v->storage = t->storage;
+  v->storage->refcount++;
+  return v;
+}
+
+// ---- accessors -------------------------------------------------------------------------------------
+int fsdp_tensor_ndim(const fsdp_tensor* t) { return t->ndim; }
+int64_t fsdp_tensor_size(const fsdp_tensor* t, int dim) {
+  if (dim < 0) dim += t->ndim;
+  return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1;
+}
+int64_t fsdp_tensor_stride(const fsdp_tensor* t, int dim) {
+  if (dim < 0) dim += t->ndim;
+  return dim >= 0 && dim < t->ndim ? t->stride[dim] : -1;
+}
+int64_t fsdp_tensor_numel(const fsdp_tensor* t) { return fsdp_shape_numel(t->ndim, t->shape); }
+int64_t fsdp_tensor_offset(const fsdp_tensor* t) { return t->offset; }
+int fsdp_tensor_dtype(const fsdp_tensor* t) { return t->dtype; }
+int fsdp_tensor_device(const fsdp_tensor* t) { return fsdp_device_of(t); }
+int fsdp_tensor_mem_category(const fsdp_tensor* t) { return t->storage->cat; }
+void fsdp_tensor_set_mem_category(fsdp_tensor* t, int cat) {
+  if (cat < 0 || cat >= FSDP_MEM_NCAT || cat == t->storage->cat) return;
+  fsdp_mem_move(t->storage->nbytes, t->storage->cat, cat);
+  t->storage->cat = cat;
+}
+void* fsdp_tensor_data(const fsdp_tensor* t) { return fsdp_ptr(t); }
+int64_t fsdp_tensor_version(const fsdp_tensor* t) { return t->storage->version; }
+int fsdp_tensor_same_storage(const fsdp_tensor* a, const fsdp_tensor* b) { return a->storage == b->storage; }
+int fsdp_tensor_is_contiguous(const fsdp_tensor* t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b) {
+  return a->ndim == b->ndim && memcmp(a->shape, b->shape, a->ndim * sizeof(int64_t)) == 0;
+}
+int fsdp_wrap_dim(const char* op, int dim, int ndim) {
+  int n = ndim > 0 ? ndim : 1;
+  CHECK_INT(dim >= -n && dim < n, "%s: dimension %d out of range for a tensor with %d dims (0-based in C)", op, dim, ndim);
+  return dim < 0 ? dim + n : dim;
+}
+int fsdp_check_f32(const char* op, const fsdp_tensor* t) {
+  CHECK_INT(t->dtype == FSDP_F32, "%s: expected a float32 tensor, got %s of shape %s", op, DT(t), SH(t));
+  return 0;
+}
+int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
+  CHECK_INT(fsdp_device_of(a) == fsdp_device_of(b), "%s: tensors on different devices (%d and %d)", op,
+            fsdp_device_of(a), fsdp_device_of(b));
+  return 0;
+}
+
+// ---- copies -------------------------------------------------------------------------------------------
+int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
+  CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld",
+            SH(dst), (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
+  const fsdp_elem_kernels* k = fsdp_backend_of(dst)->elem;
+  if (fsdp_tensor_is_contiguous(dst)) {
+    k->copy_strided(fsdp_ptr(dst), dst->dtype, fsdp_ptr(src), src->dtype, src->ndim, src->shape, src->stride);
+    return 0;
+  }
+  // non-contiguous destination: go through a contiguous temporary, then scatter it.
+  // (the scatter is a strided copy read from a contiguous source with dst's layout)
+  fsdp_tensor* tmp = fsdp_new(dst->ndim, dst->shape, dst->dtype, fsdp_device_of(dst));
+  if (!tmp) return -1;
+  k->copy_strided(fsdp_ptr(tmp), dst->dtype, fsdp_ptr(src), src->dtype, src->ndim, src->shape, src->stride);
+  // walk dst's elements in logical order
+  int64_t n = fsdp_tensor_numel(dst), idx[FSDP_MAX_DIMS] = {0};
+  size_t es = fsdp_dtype_size(dst->dtype);
+  char *d = (char*)fsdp_ptr(dst), *s = (char*)fsdp_ptr(tmp);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int j = 0; j < dst->ndim; j++) off += idx[j] * dst->stride[j];
+    memcpy(d + off * es, s + i * es, es);
+    for (int j = dst->ndim - 1; j >= 0; j--) { if (++idx[j] < dst->shape[j]) break; idx[j] = 0; }
+  }
+  fsdp_tensor_release(tmp);
+  return 0;
+}
+
+fsdp_tensor* fsdp_as_contig(fsdp_tensor* t) {
+  if (t->dtype == FSDP_F32 && fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  fsdp_tensor* r = fsdp_new(t->ndim, t->shape, FSDP_F32, fsdp_device_of(t));
+  if (r && fsdp_copy_strided(r, t)) { fsdp_tensor_release(r); return NULL; }
+  return r;
+}
+
+int fsdp_tensor_item(const fsdp_tensor* t, double* out) {
+  CHECK_INT(fsdp_tensor_numel(t) == 1, "item: tensor of shape %s has %lld elements, expected 1", SH(t),
+            (long long)fsdp_tensor_numel(t));
+  return fsdp_tensor_to_doubles(t, out);
+}
+static double load_elem(const void* p, int dtype);
+int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
+  int64_t n = fsdp_tensor_numel(t), idx[FSDP_MAX_DIMS] = {0};
+  size_t es = fsdp_dtype_size(t->dtype);
+  const char* base = (const char*)fsdp_ptr(t);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int j = 0; j < t->ndim; j++) off += idx[j] * t->stride[j];
+    out[i] = load_elem(base + off * es, t->dtype);
+    for (int j = t->ndim - 1; j >= 0; j--) { if (++idx[j] < t->shape[j]) break; idx[j] = 0; }
+  }
+  return 0;
+}
+
+// bf16/f16 conversions live in cpu_elem.c; this one is for slow paths (item, totable)
+float fsdp_bf16_to_f32(uint16_t h);
+float fsdp_f16_to_f32(uint16_t h);
+static double load_elem(const void* p, int dtype) {
+  switch (dtype) {
+    case FSDP_F32: return *(const float*)p;
+    case FSDP_I64: return (double)*(const int64_t*)p;
+    case FSDP_BF16: return fsdp_bf16_to_f32(*(const uint16_t*)p);
+    default: return fsdp_f16_to_f32(*(const uint16_t*)p);
+  }
+}
+
+// ---- creation -----------------------------------------------------------------------------------------
+fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device) {
+  return fsdp_new(ndim, shape, dtype, device);
+}
+fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, device);
+  if (t) fsdp_backend_of(t)->elem->fill(t->storage->data, dtype, fsdp_tensor_numel(t), value);
+  return t;
+}
+fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const double* values) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t n = fsdp_tensor_numel(t);
+  // element by element through the fill kernel's conversion (tensors built from Lua tables are small)
+  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
+  size_t es = fsdp_dtype_size(dtype);
+  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, values[i]);
+  return t;
+}
+fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
+  if (t) memcpy(t->storage->data, data, t->storage->nbytes);
+  return t;
+}
+fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
+  CHECK_NULL(step != 0, "arange: step must be non-zero");
+  double len = ceil((end - start) / step);
+  int64_t n = len > 0 ? (int64_t)len : 0;
+  fsdp_tensor* t = fsdp_new(1, &n, dtype, FSDP_CPU);
+  if (!t) return NULL;
+  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
+  size_t es = fsdp_dtype_size(dtype);
+  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, start + i * step);
+  return t;
+}
+int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
+  if (fsdp_check_f32("uniform_", t)) return -1;
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "uniform_: tensor of shape %s is not contiguous", SH(t));
+  float* p = fsdp_f32(t);
+  int64_t n = fsdp_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
+  fsdp_bump_version(t);
+  return 0;
+}
+int fsdp_normal_(fsdp_tensor* t, double mean, double std) {
+  if (fsdp_check_f32("normal_", t)) return -1;
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "normal_: tensor of shape %s is not contiguous", SH(t));
+  float* p = fsdp_f32(t);
+  int64_t n = fsdp_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(mean + std * fsdp_rng_normal());
+  fsdp_bump_version(t);
+  return 0;
+}
+fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
+  if (t) fsdp_uniform_(t, lo, hi);
+  return t;
+}
+fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
+  if (t) fsdp_normal_(t, mean, std);
+  return t;
+}
+fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape) {
+  CHECK_NULL(hi > lo, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_I64, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t* p = fsdp_i64(t), n = fsdp_tensor_numel(t);
+  uint64_t range = (uint64_t)(hi - lo);
+  for (int64_t i = 0; i < n; i++) p[i] = lo + (int64_t)(fsdp_rng_next() % range);
+  return t;
+}
+fsdp_tensor* fsdp_randperm(int64_t n) {
+  CHECK_NULL(n >= 0, "randperm: negative n %lld", (long long)n);
+  fsdp_tensor* t = fsdp_new(1, &n, FSDP_I64, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t* p = fsdp_i64(t);
+  for (int64_t i = 0; i < n; i++) p[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
+    int64_t j = (int64_t)(fsdp_rng_next() % (uint64_t)(i + 1)), tmp = p[i];
+    p[i] = p[j]; p[j] = tmp;
+  }
+  return t;
+}
+
+// ---- in-place writes (no autograd) ---------------------------------------------------------------------
+static int check_inplace(const char* op, const fsdp_tensor* t) {
+  CHECK_INT(!(fsdp_is_grad_enabled() && t->requires_grad && !t->grad_fn),
+            "%s: a leaf tensor of shape %s that requires grad is used in an in-place operation "
+            "(wrap it in fsdp.no_grad)", op, SH(t));
+  return 0;
+}
+int fsdp_fill_(fsdp_tensor* t, double value) {
+  if (check_inplace("fill_", t)) return -1;
+  if (fsdp_tensor_is_contiguous(t)) {
+    fsdp_backend_of(t)->elem->fill(fsdp_ptr(t), t->dtype, fsdp_tensor_numel(t), value);
+  } else {
+    int64_t one = 1;
+    fsdp_tensor* v = fsdp_full(1, &one, value, t->dtype, fsdp_device_of(t));
+    if (!v) return -1;
+    fsdp_tensor* e = fsdp_new_view(v, t->ndim, t->shape, (int64_t[FSDP_MAX_DIMS]){0}, 0);
+    int rc = e ? fsdp_copy_strided(t, e) : -1;
+    fsdp_tensor_release(e); fsdp_tensor_release(v);
+    if (rc) return rc;
+  }
+  fsdp_bump_version(t);
+  return 0;
+}
+int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src) {
+  if (check_inplace("copy_", dst)) return -1;
+  if (fsdp_check_same_device("copy_", dst, src)) return -1;
+  fsdp_tensor* s = (fsdp_tensor*)src;
+  fsdp_tensor* b = NULL;
+  if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
+    b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape
+    if (!b) { fsdp_errorf("copy_: cannot copy %s into %s", SH(src), SH(dst)); return -1; }
+    s = b;
+  }
+  int rc = fsdp_copy_strided(dst, s);
+  fsdp_tensor_release(b);
+  if (!rc) fsdp_bump_version(dst);
+  return rc;
+}
+int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha) {
+  if (check_inplace("add_", t)) return -1;
+  if (fsdp_check_f32("add_", t) || fsdp_check_same_device("add_", t, other)) return -1;
+  CHECK_INT(fsdp_same_shape(t, other), "add_: shapes %s and %s differ", SH(t), SH(other));
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
+  fsdp_tensor* o = fsdp_as_contig((fsdp_tensor*)other);
+  if (!o) return -1;
+  fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), fsdp_f32(o), fsdp_tensor_numel(t), (float)alpha);
+  fsdp_tensor_release(o);
+  fsdp_bump_version(t);
+  return 0;
+}
+int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
+  if (check_inplace("mul_", t) || fsdp_check_f32("mul_", t)) return -1;
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "mul_: tensor of shape %s is not contiguous", SH(t));
+  fsdp_backend_of(t)->elem->scale(fsdp_f32(t), fsdp_tensor_numel(t), (float)s);
+  fsdp_bump_version(t);
+  return 0;
+}
+
+// ---- broadcasting -----------------------------------------------------------------------------------------
+int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape) {
+  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+  for (int i = 0; i < n; i++) {
+    int ia = a->ndim - n + i, ib = b->ndim - n + i;
+    int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+    CHECK_INT(sa == sb || sa == 1 || sb == 1, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)",
+              op, SH(a), SH(b), i, (long long)sa, (long long)sb);
+    shape[i] = sa == 1 ? sb : sa;
+  }
+  *ndim = n;
+  return 0;
+}
+void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride) {
+  for (int i = 0; i < ndim; i++) {
+    int it = t->ndim - ndim + i;
+    stride[i] = (it < 0 || (t->shape[it] == 1 && shape[i] != 1)) ? 0 : t->stride[it];
+  }
+}
+fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, const fsdp_tensor* like) {
+  if (fsdp_same_shape(grad, like)) { fsdp_tensor_retain(grad); return grad; }
+  int dims[FSDP_MAX_DIMS], nd = 0, lead = grad->ndim - like->ndim;
+  for (int i = 0; i < grad->ndim; i++) {
+    int il = i - lead;
+    if (il < 0 || (like->shape[il] == 1 && grad->shape[i] != 1)) dims[nd++] = i;
+  }
+  int prev = fsdp_is_grad_enabled();
+  fsdp_set_grad_enabled(0);
+  fsdp_tensor* s = nd ? fsdp_sum(grad, nd, dims, 1) : (fsdp_tensor_retain(grad), grad);
+  fsdp_tensor* r = s ? fsdp_reshape(s, like->ndim, like->shape) : NULL;
+  fsdp_set_grad_enabled(prev);
+  fsdp_tensor_release(s);
+  return r;
+}

@@ -1,0 +1,107 @@
+-- Shared test helpers: value comparison and finite-difference gradient checks.
+-- Used by every *_spec.lua:  local H = require "helpers"
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+
+local H = {}
+
+-- max |a - b| over all elements; a, b tensors or (nested) tables / numbers
+local function flat(x)
+  if fsdp.is_tensor(x) then return x:tolist() end
+  if type(x) == "number" then return { x } end
+  local out = {}
+  local function walk(t) for _, v in ipairs(t) do if type(v) == "table" then walk(v) else out[#out + 1] = v end end end
+  walk(x)
+  return out
+end
+H.flat = flat
+
+function H.max_abs_diff(a, b)
+  local fa, fb = flat(a), flat(b)
+  assert(#fa == #fb, ("element counts differ: %d vs %d"):format(#fa, #fb))
+  local m = 0
+  for i = 1, #fa do m = math.max(m, math.abs(fa[i] - fb[i])) end
+  return m
+end
+
+-- asserts |a - b| <= atol + rtol * |b| elementwise, with a message naming the worst element
+function H.assert_close(a, b, atol, rtol, what)
+  atol, rtol = atol or 1e-5, rtol or 1e-5
+  local fa, fb = flat(a), flat(b)
+  if #fa ~= #fb then error(("%s: element counts differ: %d vs %d"):format(what or "assert_close", #fa, #fb), 2) end
+  for i = 1, #fa do
+    local d = math.abs(fa[i] - fb[i])
+    if not (d <= atol + rtol * math.abs(fb[i])) then
+      error(("%s: element %d differs: got %.8g, expected %.8g (|diff| %.3g > atol %.1g + rtol %.1g)")
+        :format(what or "assert_close", i, fa[i], fb[i], d, atol, rtol), 2)
+    end
+  end
+end
+
+-- Finite-difference check of autograd.
+--   fn(inputs...) -> tensor (any shape); inputs: float32 tensors (those with requires_grad are checked)
+-- The scalar checked is sum(fn(...) * w) with fixed random weights w, so every output element
+-- matters. Central differences in float32 with step eps; tolerances are float32-appropriate.
+function H.gradcheck(fn, inputs, opts)
+  opts = opts or {}
+  local eps, atol, rtol = opts.eps or 1e-2, opts.atol or 2e-2, opts.rtol or 2e-2
+  local out = fn(unpack(inputs))
+  local w = fsdp.randn(out:shape())
+  local function scalar()
+    return fsdp.no_grad(function() return (fn(unpack(inputs)) * w):sum():item() end)
+  end
+  for _, x in ipairs(inputs) do if fsdp.is_tensor(x) and x.requires_grad then x.grad = nil end end
+  local loss = (out * w):sum()
+  loss:backward()
+  for k, x in ipairs(inputs) do
+    if fsdp.is_tensor(x) and x.requires_grad then
+      assert(x:is_contiguous() and x.dtype == "float32", "gradcheck: inputs must be contiguous float32")
+      local g = x.grad
+      assert(g, ("gradcheck: input %d got no gradient"):format(k))
+      local analytic = g:tolist()
+      local p = ffi.cast("float*", x:data_ptr())
+      for i = 0, x:numel() - 1 do
+        local orig = p[i]
+        p[i] = orig + eps
+        local fp = scalar()
+        p[i] = orig - eps
+        local fm = scalar()
+        p[i] = orig
+        local numeric = (fp - fm) / (2 * eps)
+        local a = analytic[i + 1]
+        if math.abs(a - numeric) > atol + rtol * math.abs(numeric) then
+          error(("gradcheck: input %d element %d: analytic %.6g vs numeric %.6g"):format(k, i + 1, a, numeric), 2)
+        end
+      end
+    end
+  end
+  return true
+end
+
+-- a float32 tensor from a Lua table with requires_grad set
+function H.leaf(data)
+  local t = fsdp.tensor(data)
+  t.requires_grad = true
+  return t
+end
+
+function H.randn_leaf(...)
+  local t = fsdp.randn(...)
+  t.requires_grad = true
+  return t
+end
+
+-- expects fn to raise an error whose message contains every given fragment (plain find)
+function H.assert_error(fn, ...)
+  local ok, err = pcall(fn)
+  if ok then error("expected an error, but the call succeeded", 2) end
+  err = tostring(err)
+  for _, frag in ipairs({ ... }) do
+    if not err:find(frag, 1, true) then
+      error(("error message %q does not mention %q"):format(err, frag), 2)
+    end
+  end
+  return err
+end
+
+return H
