@@ -155,7 +155,7 @@ static int leaf_accumulate(fsdp_tensor* leaf, fsdp_tensor* g) {
     }
     return fsdp_grad_accumulate(&leaf->grad, g);
   }
-  if (exclusively_owned(g) && g->refcount == 1) {  // steal the buffer
+  if (exclusively_owned(g)) {  // nobody else holds this buffer: steal it
     g->refcount++;
     leaf->grad = g;
   } else {
@@ -317,9 +317,9 @@ static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* le
   for (int i = 0; i < leaves->n; i++) leaves->v[i]->bw_got = 0;
 }
 
+// consumes the caller's reference to g (may be NULL: this producer sent no gradient)
 static int deliver_to_leaf(fsdp_tensor* leaf, fsdp_tensor* g) {
   if (g) {
-    fsdp_tensor_retain(g);
     int rc = run_hooks(leaf->hooks, &g);
     if (!rc) rc = leaf_accumulate(leaf, g);
     fsdp_tensor_release(g);
@@ -353,6 +353,7 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
       if (--e.node->deps == 0) heap_push(ready, e.node);
     } else if (!rc && e.leaf) {
       rc = deliver_to_leaf(e.leaf, grad_in[i]);
+      grad_in[i] = NULL;
     }
     fsdp_tensor_release(grad_in[i]);
   }
@@ -393,6 +394,7 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
     while (!rc && ready.n) rc = run_node(heap_pop(&ready), &ready, retain_graph);
   } else if (!rc) {
     rc = deliver_to_leaf(t, grad);
+    grad = NULL;
   }
   for (int i = 0; !rc && i < g_n_callbacks; i++) rc = g_callbacks[i].fn(g_callbacks[i].ctx);
 
