@@ -28,8 +28,9 @@ all: libfsdp.so lua/fsdp/cdef.lua
 
 build/%.o: src/%.c $(HDRS) | build
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
-# sqrtf without its errno branch, so the fused Adam loop vectorizes
-build/cpu_optim.o: CFLAGS += -fno-math-errno
+# optimizer kernels: sqrtf without its errno branch (so the Adam loop vectorizes), and no FMA
+# contraction, so an element's update never depends on where it falls in the vector loop
+build/cpu_optim.o: CFLAGS += -fno-math-errno -ffp-contract=off
 
 build:
 	mkdir -p build

@@ -122,9 +122,347 @@ static void cpu_scale(float* y, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) y[i] *= s;
 }
 
+// ============================================================================================
+// elementwise / reduction family (ops_elem.c, ops_shape.c)
+// ============================================================================================
+// no errno from sqrtf/logf and no FP-trap semantics, so math loops vectorise (we never read errno
+// or FP exception flags)
+#pragma GCC optimize("no-math-errno", "no-trapping-math")
+
+#define PAR_MIN 32768  // below this many elements a loop stays on one thread
+#define CHUNK 16384    // binary loops split long rows into chunks of this many elements for threads
+
+// ---- binary with broadcasting ------------------------------------------------------------------
+// Drops size-1 dims and merges neighbours that are contiguous in both inputs (out is contiguous),
+// so most calls end up with 1 dim (same shape) or 2 dims (row / column broadcast).
+static int coalesce(int ndim, const int64_t* shape, const int64_t* sa, const int64_t* sb, int64_t* cs,
+                    int64_t* ca, int64_t* cb) {
+  int n = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue;
+    if (n > 0 && ca[n - 1] == sa[d] * shape[d] && cb[n - 1] == sb[d] * shape[d]) {
+      cs[n - 1] *= shape[d]; ca[n - 1] = sa[d]; cb[n - 1] = sb[d];
+    } else {
+      cs[n] = shape[d]; ca[n] = sa[d]; cb[n] = sb[d]; n++;
+    }
+  }
+  return n;
+}
+
+// One function per op: EXPR computes from x (a's element) and y (b's element). Work is split into
+// (row, chunk) items; the innermost loop is specialised for contiguous/broadcast operands so it
+// vectorises.
+#define DEFINE_BINARY(NAME, EXPR)                                                                        \
+  static void NAME(float* out, const float* a, const float* b, int ndim, const int64_t* shape,           \
+                   const int64_t* sa_, const int64_t* sb_) {                                             \
+    int64_t cs[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];                                     \
+    int nd = coalesce(ndim, shape, sa_, sb_, cs, sa, sb);                                                \
+    if (fsdp_shape_numel(ndim, shape) == 0) return;                                                      \
+    if (nd == 0) { float x = a[0], y = b[0]; out[0] = (EXPR); return; }                                 \
+    int64_t len = cs[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1], rows = 1;                                \
+    for (int d = 0; d < nd - 1; d++) rows *= cs[d];                                                      \
+    int64_t n = rows * len, chunk = len > CHUNK ? CHUNK : len, nch = (len + chunk - 1) / chunk;          \
+    _Pragma("omp parallel for if (n > PAR_MIN)")                                                        \
+    for (int64_t w = 0; w < rows * nch; w++) {                                                           \
+      int64_t r = w / nch, i0 = (w % nch) * chunk, i1 = i0 + chunk < len ? i0 + chunk : len;             \
+      int64_t oa = 0, ob = 0, rem = r;                                                                   \
+      for (int d = nd - 2; d >= 0; d--) {                                                                \
+        int64_t k = rem % cs[d]; rem /= cs[d]; oa += k * sa[d]; ob += k * sb[d];                         \
+      }                                                                                                  \
+      const float* pa = a + oa;                                                                          \
+      const float* pb = b + ob;                                                                          \
+      float* po = out + r * len;                                                                         \
+      if (ia == 1 && ib == 1) {                                                                          \
+        for (int64_t i = i0; i < i1; i++) { float x = pa[i], y = pb[i]; po[i] = (EXPR); }                \
+      } else if (ia == 1 && ib == 0) {                                                                   \
+        float y = pb[0];                                                                                 \
+        for (int64_t i = i0; i < i1; i++) { float x = pa[i]; po[i] = (EXPR); }                          \
+      } else if (ia == 0 && ib == 1) {                                                                   \
+        float x = pa[0];                                                                                 \
+        for (int64_t i = i0; i < i1; i++) { float y = pb[i]; po[i] = (EXPR); }                          \
+      } else {                                                                                           \
+        for (int64_t i = i0; i < i1; i++) { float x = pa[i * ia], y = pb[i * ib]; po[i] = (EXPR); }      \
+      }                                                                                                  \
+    }                                                                                                    \
+  }
+
+DEFINE_BINARY(bin_add, x + y)
+DEFINE_BINARY(bin_sub, x - y)
+DEFINE_BINARY(bin_mul, x * y)
+DEFINE_BINARY(bin_div, x / y)
+DEFINE_BINARY(bin_eq, x == y ? 1.0f : 0.0f)
+
+typedef void (*binary_fn)(float*, const float*, const float*, int, const int64_t*, const int64_t*, const int64_t*);
+static const binary_fn binary_fns[] = {
+    [FSDP_BIN_ADD] = bin_add, [FSDP_BIN_SUB] = bin_sub, [FSDP_BIN_MUL] = bin_mul,
+    [FSDP_BIN_DIV] = bin_div, [FSDP_BIN_EQ] = bin_eq,
+};
+static void cpu_binary(int op, float* out, const float* a, const float* b, int ndim, const int64_t* shape,
+                       const int64_t* stride_a, const int64_t* stride_b) {
+  binary_fns[op](out, a, b, ndim, shape, stride_a, stride_b);
+}
+
+// ---- unary -----------------------------------------------------------------------------------------
+// Vectorisable float32 exp (Cephes' expf: exp(x) = 2^k * exp(r), |r| <= ln2/2, degree-6 polynomial);
+// within 2 ulp of expf. 2^k is applied as two factors so results down to the subnormals and up to
+// overflow (inf) come out right; NaN stays NaN.
+static inline float exp_f(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
+  float k = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
+  int32_t e1 = (k1 + 127) << 23, e2 = (k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &e1, 4);
+  memcpy(&s2, &e2, 4);
+  float y = p * s1 * s2;
+  return x != x ? x : y;
+}
+// tanh(x) = 1 - 2 / (exp(2x) + 1), with the odd polynomial near 0 where that form cancels
+static inline float tanh_f(float x) {
+  float ax = x < 0 ? -x : x;
+  float e = exp_f(2.0f * ax);
+  float big = 1.0f - 2.0f / (e + 1.0f);
+  float x2 = x * x;  // Cephes tanhf polynomial for |x| < 0.625
+  float small = ((((-5.70498872745e-3f * x2 + 2.06390887954e-2f) * x2 - 5.37397155531e-2f) * x2 +
+                  1.33314422036e-1f) * x2 - 3.33332819422e-1f) * x2 * ax + ax;
+  float t = ax < 0.625f ? small : big;
+  t = x < 0 ? -t : t;
+  return x != x ? x : t;
+}
+static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+
+#define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
+#define GELU_K1 0.3989422804014327f   // 1/sqrt(2*pi)
+#define GELU_BETA 0.7978845608028654f // sqrt(2/pi)
+#define GELU_KAPPA 0.044715f
+
+#define UNARY_LOOP(EXPR)                                          \
+  _Pragma("omp parallel for simd if (n > PAR_MIN)")              \
+  for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
+
+static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) {
+  float p = (float)pd;
+  switch (op) {
+    case FSDP_UN_NEG: UNARY_LOOP(-v); break;
+    case FSDP_UN_EXP: UNARY_LOOP(exp_f(v)); break;
+    case FSDP_UN_LOG: UNARY_LOOP(logf(v)); break;
+    case FSDP_UN_SQRT: UNARY_LOOP(sqrtf(v)); break;
+    case FSDP_UN_ABS: UNARY_LOOP(fabsf(v)); break;
+    case FSDP_UN_TANH: UNARY_LOOP(tanh_f(v)); break;
+    case FSDP_UN_SIGMOID: UNARY_LOOP(sigmoid_f(v)); break;
+    case FSDP_UN_RELU: UNARY_LOOP(v > 0.0f ? v : (v != v ? v : 0.0f)); break;
+    case FSDP_UN_GELU: UNARY_LOOP(0.5f * v * (1.0f + erff(v * GELU_K0))); break;
+    case FSDP_UN_GELU_TANH: UNARY_LOOP(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v)))); break;
+    case FSDP_UN_POW:
+      if (p == 2.0f) { UNARY_LOOP(v * v); }
+      else if (p == 1.0f) { UNARY_LOOP(v); }
+      else if (p == 0.5f) { UNARY_LOOP(sqrtf(v)); }
+      else if (p == -1.0f) { UNARY_LOOP(1.0f / v); }
+      else if (p == 3.0f) { UNARY_LOOP(v * v * v); }
+      else { UNARY_LOOP(powf(v, p)); }
+      break;
+    case FSDP_UN_ADD_SCALAR: UNARY_LOOP(v + p); break;
+    case FSDP_UN_MUL_SCALAR: UNARY_LOOP(v * p); break;
+    case FSDP_UN_RDIV_SCALAR: UNARY_LOOP(p / v); break;
+  }
+}
+
+// gx = gy * f'(x); ops read x or y (the forward output), whichever the op layer saved
+#define UNARY_BW_LOOP(EXPR)                                                   \
+  _Pragma("omp parallel for simd if (n > PAR_MIN)")                          \
+  for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
+
+static void cpu_unary_backward(int op, float* gx, const float* gy, const float* x, const float* y, int64_t n,
+                               double pd) {
+  float p = (float)pd;
+  switch (op) {
+    case FSDP_UN_NEG: UNARY_BW_LOOP(-g); break;
+    case FSDP_UN_EXP: UNARY_BW_LOOP(g * y[i]); break;
+    case FSDP_UN_LOG: UNARY_BW_LOOP(g / x[i]); break;
+    case FSDP_UN_SQRT: UNARY_BW_LOOP(g / (2.0f * y[i])); break;
+    case FSDP_UN_ABS: UNARY_BW_LOOP(x[i] > 0.0f ? g : (x[i] < 0.0f ? -g : 0.0f)); break;
+    case FSDP_UN_TANH: UNARY_BW_LOOP(g * (1.0f - y[i] * y[i])); break;
+    case FSDP_UN_SIGMOID: UNARY_BW_LOOP(g * y[i] * (1.0f - y[i])); break;
+    case FSDP_UN_RELU: UNARY_BW_LOOP(y[i] > 0.0f ? g : 0.0f); break;
+    case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
+      UNARY_BW_LOOP(g * (0.5f * (1.0f + erff(x[i] * GELU_K0)) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
+      break;
+    case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
+      UNARY_BW_LOOP(({
+        float v = x[i], t = tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v));
+        g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v * v));
+      }));
+      break;
+    case FSDP_UN_POW:
+      if (p == 0.0f) { UNARY_BW_LOOP(0.0f * g); }
+      else if (p == 1.0f) { UNARY_BW_LOOP(g); }
+      else if (p == 2.0f) { UNARY_BW_LOOP(2.0f * g * x[i]); }
+      else { UNARY_BW_LOOP(g * p * powf(x[i], p - 1.0f)); }
+      break;
+    case FSDP_UN_ADD_SCALAR: UNARY_BW_LOOP(g); break;
+    case FSDP_UN_MUL_SCALAR: UNARY_BW_LOOP(g * p); break;
+    case FSDP_UN_RDIV_SCALAR: UNARY_BW_LOOP(-g * p / (x[i] * x[i])); break;
+  }
+}
+
+// ---- reductions --------------------------------------------------------------------------------------
+// sum of a contiguous run: float lanes over blocks of 128, blocks added in double (accurate and
+// deterministic for any thread count)
+static inline double sum_run(const float* x, int64_t n) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += 128) {
+    int64_t e = b + 128 < n ? b + 128 : n;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; i++) s += x[i];
+    total += s;
+  }
+  return total;
+}
+
+static void cpu_sum_dim(float* out, const float* in, int64_t outer, int64_t red, int64_t inner) {
+  int64_t n = outer * red * inner;
+  if (inner == 1 && outer == 1) {  // full reduction: fixed partials, summed in order
+    double part[256];
+    int64_t per = (red + 255) / 256;
+    if (per < 4096) per = 4096;
+    int np = (int)((red + per - 1) / per);
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int c = 0; c < np; c++) {
+      int64_t b = c * per, e = b + per < red ? b + per : red;
+      part[c] = sum_run(in + b, e - b);
+    }
+    double total = 0;
+    for (int c = 0; c < np; c++) total += part[c];
+    out[0] = (float)total;
+  } else if (inner == 1) {  // rows
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t o = 0; o < outer; o++) out[o] = (float)sum_run(in + o * red, red);
+  } else {  // columns: out[o, j] = sum_r in[o, r, j], j in blocks so threads split wide rows too
+    int64_t jb = inner > 2048 ? 2048 : inner, nb = (inner + jb - 1) / jb;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t w = 0; w < outer * nb; w++) {
+      int64_t o = w / nb, j0 = (w % nb) * jb, j1 = j0 + jb < inner ? j0 + jb : inner;
+      float* po = out + o * inner;
+      const float* pi = in + o * red * inner;
+      for (int64_t j = j0; j < j1; j++) po[j] = 0.0f;
+      for (int64_t r = 0; r < red; r++) {
+        const float* row = pi + r * inner;
+        for (int64_t j = j0; j < j1; j++) po[j] += row[j];
+      }
+    }
+  }
+}
+
+// max over red with the index of the first maximum; NaN wins (as in PyTorch)
+static void cpu_max_dim(float* out, int64_t* idx, const float* in, int64_t outer, int64_t red, int64_t inner) {
+  int64_t n = outer * red * inner;
+  if (inner == 1) {
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t o = 0; o < outer; o++) {
+      const float* p = in + o * red;
+      float best = p[0];
+      int64_t bi = 0;
+      for (int64_t r = 1; r < red && best == best; r++)
+        if (p[r] > best || p[r] != p[r]) { best = p[r]; bi = r; }
+      out[o] = best;
+      idx[o] = bi;
+    }
+  } else {
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t o = 0; o < outer; o++) {
+      float* po = out + o * inner;
+      int64_t* pi = idx + o * inner;
+      const float* p = in + o * red * inner;
+      for (int64_t j = 0; j < inner; j++) { po[j] = p[j]; pi[j] = 0; }
+      for (int64_t r = 1; r < red; r++) {
+        const float* row = p + r * inner;
+        for (int64_t j = 0; j < inner; j++) {
+          float v = row[j];
+          int take = v > po[j] || (v != v && po[j] == po[j]);
+          po[j] = take ? v : po[j];
+          pi[j] = take ? r : pi[j];
+        }
+      }
+    }
+  }
+}
+
+static void cpu_scatter_dim(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red,
+                            int64_t inner) {
+  int64_t n = outer * red * inner;
+  memset(gx, 0, n * sizeof(float));
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < inner; j++) gx[(o * red + idx[o * inner + j]) * inner + j] = gy[o * inner + j];
+}
+
+// ---- indexing ------------------------------------------------------------------------------------------
+static int64_t cpu_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t i = 0; i < n; i++)
+    if (idx[i] < lo || idx[i] >= hi) return i;
+  return -1;
+}
+
+static void cpu_index_select(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer,
+                             int64_t n_in, int64_t n_idx, int64_t inner) {
+  int64_t n = outer * n_idx * inner;
+  if (inner == 1 && es == 4) {
+    const float* s = in;
+    float* d = out;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < n_idx; j++) d[o * n_idx + j] = s[o * n_in + idx[j]];
+  } else if (inner == 1 && es == 8) {
+    const int64_t* s = in;
+    int64_t* d = out;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < n_idx; j++) d[o * n_idx + j] = s[o * n_in + idx[j]];
+  } else {
+    size_t row = inner * es;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t w = 0; w < outer * n_idx; w++) {
+      int64_t o = w / n_idx, j = w % n_idx;
+      memcpy((char*)out + w * row, (const char*)in + (o * n_in + idx[j]) * row, row);
+    }
+  }
+}
+
+// repeated indices add up, so threads split the independent outer slices only
+static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in,
+                          int64_t n_idx, int64_t inner) {
+  int64_t n = outer * n_idx * inner;
+#pragma omp parallel for if (n > PAR_MIN && outer > 1)
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < n_idx; j++) {
+      float* d = gx + (o * n_in + idx[j]) * inner;
+      const float* s = gy + (o * n_idx + j) * inner;
+      for (int64_t k = 0; k < inner; k++) d[k] += s[k];
+    }
+}
+
 const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .copy_strided = cpu_copy_strided,
     .fill = cpu_fill,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
+    .binary = cpu_binary,
+    .unary = cpu_unary,
+    .unary_backward = cpu_unary_backward,
+    .sum_dim = cpu_sum_dim,
+    .max_dim = cpu_max_dim,
+    .scatter_dim = cpu_scatter_dim,
+    .index_check = cpu_index_check,
+    .index_select = cpu_index_select,
+    .index_add = cpu_index_add,
 };

@@ -4,6 +4,7 @@
  */
 #ifndef FSDP_KERNELS_ELEM_H
 #define FSDP_KERNELS_ELEM_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct fsdp_elem_kernels {
@@ -29,6 +30,17 @@ typedef struct fsdp_elem_kernels {
   void (*sum_dim)(float* out, const float* in, int64_t outer, int64_t red, int64_t inner);
   // view input as (outer, red, inner) contiguous; max over red with i64 argmax
   void (*max_dim)(float* out, int64_t* idx, const float* in, int64_t outer, int64_t red, int64_t inner);
+  // max backward: gx (outer, red, inner) = 0 except gx[o, idx[o, j], j] = gy[o, j]
+  void (*scatter_dim)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red, int64_t inner);
+  // position of the first idx[0..n) outside [lo, hi), or -1 when all are in range
+  int64_t (*index_check)(const int64_t* idx, int64_t n, int64_t lo, int64_t hi);
+  // out (outer, n_idx, inner) = in (outer, n_in, inner) gathered along the middle dim; es = element
+  // size in bytes (any dtype)
+  void (*index_select)(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer, int64_t n_in,
+                       int64_t n_idx, int64_t inner);
+  // gx (outer, n_in, inner) += gy (outer, n_idx, inner) added along the middle dim at idx (f32)
+  void (*index_add)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in, int64_t n_idx,
+                    int64_t inner);
 } fsdp_elem_kernels;
 
 enum { FSDP_BIN_ADD = 0, FSDP_BIN_SUB, FSDP_BIN_MUL, FSDP_BIN_DIV, FSDP_BIN_EQ };

@@ -6,6 +6,14 @@
 #define FSDP_KERNELS_LINALG_H
 #include <stdint.h>
 
+// geometry of a 2-D convolution or pooling window over NCHW tensors
+typedef struct fsdp_conv_geom {
+  int64_t N, C, H, W;     // input (N, C, H, W)
+  int64_t O, OH, OW;      // output (N, O, OH, OW); O = C for pooling
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  int groups;
+} fsdp_conv_geom;
+
 typedef struct fsdp_linalg_kernels {
   // C (M,N) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T when tX; lda/ldb/ldc are row strides
   void (*gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -14,6 +22,27 @@ typedef struct fsdp_linalg_kernels {
   void (*gemm_batched)(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
                        float beta, float* C, int64_t ldc, int64_t sc);
+  // ---- linear -----------------------------------------------------------------------------------
+  // every row of y (M, N) = b (N)
+  void (*bias_rows)(float* y, const float* b, int64_t M, int64_t N);
+  // gb (N) = sum over the rows of gy (M, N)
+  void (*sum_rows)(float* gb, const float* gy, int64_t M, int64_t N);
+  // ---- convolution (return 0, or -1 with the error set when scratch memory runs out) -------------
+  // y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O) (b may be NULL)
+  int (*conv2d_forward)(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b);
+  // any of gx (N,C,H,W), gw (O,C/groups,kh,kw), gb (O) may be NULL (not wanted); all are overwritten
+  int (*conv2d_backward)(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
+                         const float* x, const float* w);
+  // ---- pooling (geometry: O = C, groups unused) -------------------------------------------------------
+  // y (N, C, OH, OW) = max over each window; idx = flat argmax h*W + w within the plane
+  void (*max_pool2d_forward)(const fsdp_conv_geom* g, float* y, int64_t* idx, const float* x);
+  // gx (N, C, H, W) = scatter-add of gy at idx (gx overwritten)
+  void (*max_pool2d_backward)(const fsdp_conv_geom* g, float* gx, const float* gy, const int64_t* idx);
+  void (*avg_pool2d_forward)(const fsdp_conv_geom* g, float* y, const float* x, int count_include_pad);
+  void (*avg_pool2d_backward)(const fsdp_conv_geom* g, float* gx, const float* gy, int count_include_pad);
+  // adaptive: window i covers [floor(i*H/OH), ceil((i+1)*H/OH)) (kernel/stride fields unused)
+  void (*adaptive_avg_pool2d_forward)(const fsdp_conv_geom* g, float* y, const float* x);
+  void (*adaptive_avg_pool2d_backward)(const fsdp_conv_geom* g, float* gx, const float* gy);
 } fsdp_linalg_kernels;
 
 #endif

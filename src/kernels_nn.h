@@ -1,13 +1,69 @@
 /*
  * kernels_nn.h -- the nn kernel table (one per device). Kernels work on raw f32 buffers;
  * the op layer (ops_nn.c) checks shapes and dtypes and records autograd nodes.
+ *
+ * Layout conventions:
+ *   softmax family: a contiguous (outer, n, inner) view; the softmax runs over n.
+ *   losses:         logits/logp (N, C, S) and targets (N, S), S = prod of the extra dims (1 for (N, C)).
+ *   layer_norm:     x (M, D), normalized over D.
+ *   dropout:        the keep mask is a pure function of (seed, element index), so forward and
+ *                   backward regenerate it instead of storing it (and it is thread-count independent).
  */
 #ifndef FSDP_KERNELS_NN_H
 #define FSDP_KERNELS_NN_H
 #include <stdint.h>
 
 typedef struct fsdp_nn_kernels {
-  int placeholder_;  // replaced by the family's kernels
+  // y = softmax(x) (log_softmax when log) over n of (outer, n, inner)
+  void (*softmax_forward)(float* y, const float* x, int64_t outer, int64_t n, int64_t inner, int log);
+  // gx from gy and the forward output y; gx may alias gy
+  void (*softmax_backward)(float* gx, const float* gy, const float* y, int64_t outer, int64_t n,
+                           int64_t inner, int log);
+
+  // first target in (N*S) that is neither in [0, C) nor ignore_index: returns 1 and *bad = its
+  // value, else 0
+  int (*check_targets)(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad);
+  // fused log_softmax + nll with label smoothing: writes the logsumexp lse (N, S), returns the
+  // loss summed over non-ignored targets and their count in *count
+  double (*cross_entropy_forward)(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
+                                  int64_t S, int64_t ignore_index, float smoothing, int64_t* count);
+  // gx (N, C, S) = scale * (softmax - smoothed one-hot), zero on ignored targets
+  void (*cross_entropy_backward)(float* gx, const float* logits, const float* lse, const int64_t* target,
+                                 int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing,
+                                 float scale);
+  // -sum of logp[n, target, s] over non-ignored targets, and their count
+  double (*nll_forward)(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S,
+                        int64_t ignore_index, int64_t* count);
+  // gx (N, C, S) = -scale at the targets, zero elsewhere
+  void (*nll_backward)(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S,
+                       int64_t ignore_index, float scale);
+
+  // sum of (a - b)^2
+  double (*mse_forward)(const float* a, const float* b, int64_t n);
+  // ga = scale * (a - b), gb = -ga; either may be NULL
+  void (*mse_backward)(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale);
+
+  // y (M, D) = (x - mean) * rstd * w + b; w, b (D) may be NULL; writes mean, rstd (M)
+  void (*layer_norm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, int64_t M, int64_t D, float eps);
+  // dx (M, D), dw (D), db (D), each may be NULL (dx needs w, or NULL w meaning ones)
+  void (*layer_norm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
+                              const float* mean, const float* rstd, const float* w, int64_t M, int64_t D);
+
+  // y (n, D) = w[idx[i]] for i < n; idx already checked to lie in [0, V)
+  void (*embedding_forward)(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D);
+  // gw (V, D) = 0, then gw[idx[i]] += gy[i] for idx[i] != padding_idx
+  void (*embedding_backward)(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V, int64_t D,
+                             int64_t padding_idx);
+
+  // y = x * keep(seed, i) / (1 - p); also the backward (gx from gy); y may alias x
+  void (*dropout)(float* y, const float* x, int64_t n, float p, uint64_t seed);
+
+  // attention scores -> probabilities, in place on P (B, Tq, Tk): adds the additive mask (when
+  // mask != NULL: element (b, i, j) at mask[mask_boff[b] + i * msq + j * msk]), masks j > i when
+  // causal, then softmax over each row
+  void (*attn_softmax)(float* P, int64_t B, int64_t Tq, int64_t Tk, const float* mask, const int64_t* mask_boff,
+                       int64_t msq, int64_t msk, int causal);
 } fsdp_nn_kernels;
 
 #endif

@@ -1,0 +1,103 @@
+-- The benchmark models, ours: identical to bench/torch_models.py (sizes, layer order, optimizer
+-- settings). Each case returns the model, its optimizer and a function computing the loss of one
+-- fixed random batch, so a training step is `opt:zero_grad(); loss_fn():backward(); opt:step()`.
+local fsdp = require "fsdp"
+local nn, optim = fsdp.nn, fsdp.optim
+local F = nn.functional
+
+local M = {}
+
+M.order = { "mlp", "conv", "transformer" }
+M.describe = {
+  mlp = "MLP 784-1024-1024-10, batch 256, SGD momentum",
+  conv = "ConvNet 1-32-64 3x3 on 28x28, batch 64, Adam",
+  transformer = "Transformer d256 h4 L2 T128 V1000, batch 16, AdamW",
+}
+
+function M.mlp()
+  return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+    nn.Linear(1024, 10))
+end
+
+function M.convnet()
+  return nn.Sequential(nn.Conv2d(1, 32, 3, { padding = 1 }), nn.ReLU(),
+    nn.Conv2d(32, 64, 3, { padding = 1 }), nn.ReLU(),
+    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+end
+
+-- ---- a small GPT: pre-norm blocks, causal self-attention, GELU MLP 4x ------------------------------
+local Attention = nn.Module:extend("Attention")
+function Attention:__init(d, heads)
+  self.heads = heads
+  self.qkv = nn.Linear(d, 3 * d)
+  self.proj = nn.Linear(d, d)
+end
+function Attention:forward(x) -- (B, T, d)
+  local s = x:shape()
+  local B, T, d, H = s[1], s[2], s[3], self.heads
+  local qkv = self.qkv(x) -- (B, T, 3d)
+  local function head(i) -- (B, H, T, hd)
+    return qkv:narrow(3, i * d + 1, d):reshape(B, T, H, d / H):transpose(2, 3)
+  end
+  local y = F.scaled_dot_product_attention(head(0), head(1), head(2), { causal = true })
+  return self.proj(y:transpose(2, 3):reshape(B, T, d))
+end
+
+local Block = nn.Module:extend("Block")
+function Block:__init(d, heads)
+  self.ln1 = nn.LayerNorm(d)
+  self.attn = Attention(d, heads)
+  self.ln2 = nn.LayerNorm(d)
+  self.fc = nn.Linear(d, 4 * d)
+  self.act = nn.GELU()
+  self.out = nn.Linear(4 * d, d)
+end
+function Block:forward(x)
+  x = x + self.attn(self.ln1(x))
+  return x + self.out(self.act(self.fc(self.ln2(x))))
+end
+
+local Transformer = nn.Module:extend("Transformer")
+function Transformer:__init(vocab, d, heads, layers, seq)
+  self.tok = nn.Embedding(vocab, d)
+  self.pos = nn.Embedding(seq, d)
+  local blocks = {}
+  for i = 1, layers do blocks[i] = Block(d, heads) end
+  self.blocks = nn.Sequential(unpack(blocks))
+  self.ln = nn.LayerNorm(d)
+  self.head = nn.Linear(d, vocab)
+end
+function Transformer:forward(idx) -- (B, T) int64
+  local T = idx:size(2)
+  local x = self.tok(idx) + self.pos(fsdp.arange(T))
+  return self.head(self.ln(self.blocks(x))) -- (B, T, vocab)
+end
+M.Transformer = Transformer
+
+-- ---- cases ---------------------------------------------------------------------------------------------
+function M.case(name)
+  fsdp.manual_seed(0)
+  local model, opt, loss_fn
+  if name == "mlp" then
+    model = M.mlp()
+    opt = optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+    local x, y = fsdp.randn(256, 784), fsdp.randint(0, 10, { 256 })
+    loss_fn = function() return F.cross_entropy(model(x), y) end
+  elseif name == "conv" then
+    model = M.convnet()
+    opt = optim.Adam(model:parameters(), { lr = 1e-3 })
+    local x, y = fsdp.randn(64, 1, 28, 28), fsdp.randint(0, 10, { 64 })
+    loss_fn = function() return F.cross_entropy(model(x), y) end
+  elseif name == "transformer" then
+    local vocab, B, T = 1000, 16, 128
+    model = Transformer(vocab, 256, 4, 2, T)
+    opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.01 })
+    local x, y = fsdp.randint(0, vocab, { B, T }), fsdp.randint(0, vocab, { B, T })
+    loss_fn = function() return F.cross_entropy(model(x):view(B * T, vocab), y:view(B * T)) end
+  else
+    error(("bench/models.lua: unknown model %q (mlp, conv, transformer)"):format(tostring(name)), 2)
+  end
+  return model, opt, loss_fn
+end
+
+return M

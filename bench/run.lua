@@ -1,0 +1,161 @@
+-- Benchmarks: training-step time of three models, ours (bench/models.lua) and PyTorch's
+-- (bench/torch_models.py run by /usr/bin/python3), side by side, with the ratio ours/torch.
+--
+--   make bench                       (THREADS=2 by default; sets OPENBLAS/OMP_NUM_THREADS)
+--   luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer]
+--                        [--no-torch] [--python /usr/bin/python3]
+--
+-- A step is zero_grad + forward + loss + backward + optimizer step on one fixed random batch;
+-- the number reported is the median over the timed steps, after warmup steps. Ours and torch
+-- run alternately, model by model, so a change in machine load hits both sides alike.
+-- See bench/README.md for how to read the table.
+local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
+package.cpath = root .. "/?.so;" .. package.cpath
+
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local models = require "models"
+
+-- ---- arguments -------------------------------------------------------------------------------------
+local opts = {
+  threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2,
+  warmup = 3, iters = 10, models = table.concat(models.order, ","), torch = true,
+  python = "/usr/bin/python3", target = 0.8,
+}
+local i = 1
+while arg and i <= #arg do
+  local a = arg[i]
+  local key = a:match("^%-%-([%w%-]+)$")
+  if a == "--no-torch" then opts.torch = false
+  elseif a == "-h" or a == "--help" then
+    print("usage: luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer] [--no-torch] [--python PATH]")
+    os.exit(0)
+  elseif key and opts[key] ~= nil and arg[i + 1] then
+    local v = arg[i + 1]
+    opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
+    i = i + 1
+  else
+    io.stderr:write("bench/run.lua: unknown argument " .. a .. " (try --help)\n")
+    os.exit(2)
+  end
+  i = i + 1
+end
+fsdp.set_num_threads(opts.threads)
+
+-- ---- timing ---------------------------------------------------------------------------------------
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } fsdp_bench_timespec;
+int clock_gettime(int clk_id, fsdp_bench_timespec* tp);
+]])
+local ts = ffi.new("fsdp_bench_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1e3 + tonumber(ts.tv_nsec) * 1e-6
+end
+
+local function median(t)
+  local s = { unpack(t) }
+  table.sort(s)
+  local n = #s
+  if n % 2 == 1 then return s[(n + 1) / 2] end
+  return (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+local function bench_ours(name)
+  local model, opt, loss_fn = models.case(name)
+  local function step()
+    opt:zero_grad()
+    local loss = loss_fn()
+    loss:backward()
+    opt:step()
+    return loss
+  end
+  for _ = 1, opts.warmup do step() end
+  collectgarbage("collect")
+  local times, loss = {}, nil
+  for k = 1, opts.iters do
+    local t0 = now_ms()
+    loss = step()
+    times[k] = now_ms() - t0
+  end
+  return median(times), loss:item()
+end
+
+local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local torch_ok, torch_why = false, "skipped (--no-torch)"
+if opts.torch then
+  local ok = os.execute(shell_quote(opts.python) .. " -c 'import torch' >/dev/null 2>&1")
+  torch_ok = ok == 0 or ok == true
+  torch_why = torch_ok and "" or ("PyTorch not available to " .. opts.python .. " (apt-get install python3-torch)")
+end
+
+local function bench_torch(name)
+  local cmd = ("%s %s --threads %d --warmup %d --iters %d --models %s 2>&1"):format(
+    shell_quote(opts.python), shell_quote(root .. "/bench/torch_models.py"), opts.threads, opts.warmup,
+    opts.iters, name)
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  local ms = out:match('"ms":%s*([-%d%.eE+]+)')
+  local loss = out:match('"loss":%s*([-%d%.eE+]+)')
+  local ver = out:match('"torch":%s*"([^"]*)"')
+  if not ms then return nil, out end
+  return tonumber(ms), tonumber(loss), ver
+end
+
+-- ---- run ---------------------------------------------------------------------------------------------
+print(("fsdp %s benchmark: %d thread(s), %d warmup + %d timed steps, median ms per training step")
+  :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.warmup, opts.iters))
+io.stdout:flush()
+local rows, torch_ver = {}, nil
+for name in opts.models:gmatch("[^,]+") do
+  io.stderr:write(("  %s: ours ...\n"):format(name))
+  local ok, ms, loss = pcall(bench_ours, name)
+  local row = { name = name, ours = ok and ms or nil, ours_loss = ok and loss or nil, err = not ok and ms or nil }
+  if torch_ok then
+    io.stderr:write(("  %s: torch ...\n"):format(name))
+    local tms, tloss, ver = bench_torch(name)
+    if tms then row.torch, row.torch_loss, torch_ver = tms, tloss, ver
+    else row.torch_err = tloss end
+  end
+  rows[#rows + 1] = row
+  collectgarbage("collect")
+end
+
+print(("%-12s %-52s %10s %10s %11s %16s"):format("model", "configuration", "fsdp ms", "torch ms", "fsdp/torch", "loss fsdp/torch"))
+local failed, slow = 0, 0
+for _, r in ipairs(rows) do
+  local ratio = (r.ours and r.torch) and r.ours / r.torch or nil
+  if not r.ours then failed = failed + 1 end
+  if ratio and ratio > opts.target then slow = slow + 1 end
+  print(("%-12s %-52s %10s %10s %11s %16s"):format(r.name, models.describe[r.name] or "",
+    r.ours and ("%.2f"):format(r.ours) or "FAILED",
+    r.torch and ("%.2f"):format(r.torch) or (torch_ok and "FAILED" or "-"),
+    ratio and ("%.2f%s"):format(ratio, ratio <= opts.target and "" or " !") or "-",
+    (r.ours_loss and ("%.3f"):format(r.ours_loss) or "-") .. "/" .. (r.torch_loss and ("%.3f"):format(r.torch_loss) or "-")))
+end
+for _, r in ipairs(rows) do
+  if r.err then print(("  %s (fsdp) failed: %s"):format(r.name, tostring(r.err))) end
+  if r.torch_err then print(("  %s (torch) failed: %s"):format(r.name, r.torch_err:sub(-600))) end
+end
+if torch_ok then
+  print(("torch %s; target fsdp/torch <= %.2f: %d of %d model(s) slower than that (marked !)")
+    :format(torch_ver or "?", opts.target, slow, #rows))
+else
+  print("note: " .. torch_why .. "; only our times are shown")
+end
+
+-- engineer B's GEMM micro-benchmark, when present
+local sgemm = root .. "/bench/linear_sgemm.lua"
+local f = io.open(sgemm, "r")
+if f then
+  f:close()
+  print("\n== bench/linear_sgemm.lua")
+  io.stdout:flush()
+  local luajit = arg and arg[-1] or "luajit"
+  os.execute(shell_quote(luajit) .. " " .. shell_quote(sgemm))
+end
+
+if failed > 0 then os.exit(1) end

@@ -1,0 +1,222 @@
+-- fsdp.nn.functional (also fsdp.F): PyTorch's torch.nn.functional, each a thin call into a C op.
+--
+-- Arguments follow PyTorch: positional ones in PyTorch's order, keyword ones in a trailing
+-- options table (F.conv2d(x, w, b, {stride = 2, padding = 1}) == F.conv2d(x, w, b, 2, 1)).
+-- Dimensions are 1-based (negative from the end); class-index VALUES (targets, embedding
+-- indices, padding_idx, ignore_index) are 0-based like PyTorch's, since they are data.
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+local wrap, dim = fsdp._wrap, fsdp._dim
+local is_tensor = fsdp.is_tensor
+
+local F = {}
+
+-- ---- argument helpers ---------------------------------------------------------------------------
+-- a trailing options table: a plain table without array part ({2, 2} is a pair, not options)
+local function is_opts(x) return type(x) == "table" and not is_tensor(x) and x[1] == nil end
+
+-- merges positional arguments (named by `names`, in order) and a trailing options table
+function F._args(names, ...)
+  local n = select("#", ...)
+  local args = { ... }
+  local o = {}
+  if n > 0 and is_opts(args[n]) then
+    for k, v in pairs(args[n]) do o[k] = v end
+    n = n - 1
+  end
+  for i = 1, math.min(n, #names) do
+    if args[i] ~= nil then
+      if o[names[i]] ~= nil then error(("argument %q given twice"):format(names[i]), 3) end
+      o[names[i]] = args[i]
+    end
+  end
+  if n > #names then error(("too many positional arguments (%d, at most %d)"):format(n, #names), 3) end
+  return o
+end
+local args_of = F._args
+
+-- an int or {h, w} pair -> int[2]
+local function pair(op, what, v, default)
+  if v == nil then v = default end
+  local a, b
+  if type(v) == "number" then a, b = v, v
+  elseif type(v) == "table" and #v == 2 then a, b = v[1], v[2]
+  else error(("%s: %s must be an integer or a pair {h, w}, got %s"):format(op, what, tostring(v)), 3) end
+  if a ~= math.floor(a) or b ~= math.floor(b) then
+    error(("%s: %s must be integers, got {%s, %s}"):format(op, what, tostring(a), tostring(b)), 3)
+  end
+  return ffi.new("int[2]", a, b), { a, b }
+end
+F._pair = pair
+
+local function check_reduction(op, o)
+  if o.reduction ~= nil and o.reduction ~= "mean" then
+    error(("%s: only reduction = \"mean\" is supported, got %q"):format(op, tostring(o.reduction)), 3)
+  end
+  if o.weight ~= nil then error(op .. ": class weights are not supported", 3) end
+end
+
+-- ---- linear and convolution ------------------------------------------------------------------------
+-- x (*, in), w (out, in), b (out) or nil
+function F.linear(x, w, b) return wrap(C.fsdp_linear(x, w, b)) end
+
+-- padding may be an int, a pair, "valid" (0) or "same" (stride 1, symmetric padding)
+local function conv_padding(o, w)
+  local p = o.padding
+  if p == "valid" then return 0 end
+  if p == "same" then
+    local s = o.stride or 1
+    if s ~= 1 and not (type(s) == "table" and s[1] == 1 and s[2] == 1) then
+      error("conv2d: padding = \"same\" requires stride 1", 4)
+    end
+    local _, d = pair("conv2d", "dilation", o.dilation, 1)
+    local pads = {}
+    for i = 1, 2 do
+      local total = d[i] * (w:size(2 + i) - 1)
+      if total % 2 ~= 0 then
+        error(("conv2d: padding = \"same\" needs an odd effective kernel size (kernel %d, dilation %d)")
+          :format(w:size(2 + i), d[i]), 4)
+      end
+      pads[i] = total / 2
+    end
+    return pads
+  end
+  return p or 0
+end
+
+-- F.conv2d(x, w, b, stride, padding, dilation, groups) or F.conv2d(x, w, b, {stride =, ...})
+-- x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or nil
+function F.conv2d(x, w, b, ...)
+  local o = args_of({ "stride", "padding", "dilation", "groups" }, ...)
+  local stride = pair("conv2d", "stride", o.stride, 1)
+  local padding = pair("conv2d", "padding", conv_padding(o, w), 0)
+  local dilation = pair("conv2d", "dilation", o.dilation, 1)
+  return wrap(C.fsdp_conv2d(x, w, b, stride, padding, dilation, o.groups or 1))
+end
+
+-- ---- activations --------------------------------------------------------------------------------------
+function F.relu(x) return wrap(C.fsdp_relu(x)) end
+function F.tanh(x) return wrap(C.fsdp_tanh(x)) end
+function F.sigmoid(x) return wrap(C.fsdp_sigmoid(x)) end
+-- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
+function F.gelu(x, opts)
+  local approx = type(opts) == "table" and opts.approximate or opts or "none"
+  if approx ~= "none" and approx ~= "tanh" then
+    error(("gelu: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(approx)), 2)
+  end
+  return wrap(C.fsdp_gelu(x, approx == "tanh" and 1 or 0))
+end
+function F.softmax(x, d) return wrap(C.fsdp_softmax(x, dim(d, x:dim()))) end
+function F.log_softmax(x, d) return wrap(C.fsdp_log_softmax(x, dim(d, x:dim()))) end
+
+-- ---- losses (mean reduction) ---------------------------------------------------------------------------
+-- logits (N, C) or (N, C, d1, ...), target int64 (N) or (N, d1, ...) with 0-based class indices
+function F.cross_entropy(logits, target, opts)
+  local o = opts or {}
+  check_reduction("cross_entropy", o)
+  local ignore = o.ignore_index or -100
+  return wrap(C.fsdp_cross_entropy(logits, target, ignore, o.label_smoothing or 0))
+end
+function F.nll_loss(logp, target, opts)
+  local o = opts or {}
+  check_reduction("nll_loss", o)
+  return wrap(C.fsdp_nll_loss(logp, target, o.ignore_index or -100))
+end
+function F.mse_loss(a, b, opts)
+  check_reduction("mse_loss", opts or {})
+  return wrap(C.fsdp_mse_loss(a, b))
+end
+
+-- ---- normalization, embedding, dropout -------------------------------------------------------------------
+local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
+
+-- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
+-- normalized_shape (an int or a table), w and b of that shape or nil
+function F.layer_norm(x, normalized_shape, w, b, eps)
+  if is_opts(eps) then eps = eps.eps end
+  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
+  if type(ns) ~= "table" then error("layer_norm: normalized_shape must be an integer or a table of integers", 2) end
+  local xs = x:shape()
+  local k = #ns
+  local ok = k >= 1 and k <= #xs
+  for i = 1, k do if not ok or xs[#xs - k + i] ~= ns[i] then ok = false; break end end
+  if not ok then
+    error(("layer_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
+  end
+  return wrap(C.fsdp_layer_norm(x, k, w, b, eps or 1e-5))
+end
+
+-- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
+-- indices idx (any shape) -> (idx..., D). The padding row gets no gradient.
+function F.embedding(idx, weight, opts)
+  local pad = type(opts) == "table" and opts.padding_idx or opts
+  local V = weight:size(1)
+  if pad == nil then
+    pad = -1
+  else
+    if pad < 0 then pad = pad + V end
+    if pad < 0 or pad >= V then
+      error(("embedding: padding_idx %d out of range for %d embeddings"):format(pad, V), 2)
+    end
+  end
+  return wrap(C.fsdp_embedding(weight, idx, pad))
+end
+
+-- F.dropout(x, p = 0.5, training = true)
+function F.dropout(x, p, training)
+  if is_opts(p) then training, p = p.training, p.p end
+  p = p or 0.5
+  if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
+  return wrap(C.fsdp_dropout(x, p, training == false and 0 or 1))
+end
+
+-- ---- pooling and shape ------------------------------------------------------------------------------------
+-- F.max_pool2d(x, kernel_size, stride = kernel_size, padding = 0, dilation = 1, ceil_mode = false)
+function F.max_pool2d(x, kernel_size, ...)
+  local o = args_of({ "stride", "padding", "dilation", "ceil_mode" }, ...)
+  local k = pair("max_pool2d", "kernel_size", kernel_size)
+  local s = pair("max_pool2d", "stride", o.stride or kernel_size)
+  local p = pair("max_pool2d", "padding", o.padding, 0)
+  local d = pair("max_pool2d", "dilation", o.dilation, 1)
+  return wrap(C.fsdp_max_pool2d(x, k, s, p, d, o.ceil_mode and 1 or 0))
+end
+
+-- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
+--              count_include_pad = true)
+function F.avg_pool2d(x, kernel_size, ...)
+  local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad" }, ...)
+  if o.divisor_override ~= nil then error("avg_pool2d: divisor_override is not supported", 2) end
+  local k = pair("avg_pool2d", "kernel_size", kernel_size)
+  local s = pair("avg_pool2d", "stride", o.stride or kernel_size)
+  local p = pair("avg_pool2d", "padding", o.padding, 0)
+  return wrap(C.fsdp_avg_pool2d(x, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1))
+end
+
+-- output_size: an int or {h, w}
+function F.adaptive_avg_pool2d(x, output_size)
+  local _, hw = pair("adaptive_avg_pool2d", "output_size", output_size)
+  return wrap(C.fsdp_adaptive_avg_pool2d(x, hw[1], hw[2]))
+end
+
+-- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
+function F.flatten(x, start_dim, end_dim)
+  local nd = x:dim()
+  return wrap(C.fsdp_flatten(x, dim(start_dim or 1, nd), dim(end_dim or -1, nd)))
+end
+
+-- ---- attention --------------------------------------------------------------------------------------------
+-- F.scaled_dot_product_attention(q, k, v[, {attn_mask =, is_causal = (or causal =), dropout_p =, scale =}])
+-- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv); attn_mask: an additive float mask broadcastable
+-- to (Tq, Tk). Positional (q, k, v, attn_mask, dropout_p, is_causal, scale) works as in PyTorch.
+function F.scaled_dot_product_attention(q, k, v, ...)
+  local o = args_of({ "attn_mask", "dropout_p", "is_causal", "scale" }, ...)
+  local causal = o.is_causal or o.causal
+  if o.attn_mask ~= nil and not is_tensor(o.attn_mask) then
+    error("scaled_dot_product_attention: attn_mask must be a float tensor (additive mask)", 2)
+  end
+  return wrap(C.fsdp_scaled_dot_product_attention(q, k, v, o.attn_mask, causal and 1 or 0, o.dropout_p or 0,
+    o.scale or 0))
+end
+
+return F

@@ -1,0 +1,70 @@
+-- fsdp.nn.init: weight initialization helpers (torch.nn.init). Each fills a tensor in place
+-- without recording autograd and returns it.
+local fsdp = require "fsdp"
+
+local init = {}
+
+local function no_grad(fn, ...) return fsdp.no_grad(fn, ...) end
+
+-- (fan_in, fan_out) of a weight (out, in, k...): fan_in = in * prod(k), fan_out = out * prod(k)
+function init._calculate_fan_in_and_fan_out(t)
+  local s = t:shape()
+  if #s < 2 then
+    error(("init: fan in and fan out cannot be computed for a tensor with fewer than 2 dims (shape (%s))")
+      :format(table.concat(s, ", ")), 3)
+  end
+  local field = 1
+  for i = 3, #s do field = field * s[i] end
+  return s[2] * field, s[1] * field
+end
+
+function init.calculate_gain(nonlinearity, param)
+  nonlinearity = nonlinearity or "leaky_relu"
+  if nonlinearity == "linear" or nonlinearity == "sigmoid" or nonlinearity:find("^conv") then return 1 end
+  if nonlinearity == "tanh" then return 5 / 3 end
+  if nonlinearity == "relu" then return math.sqrt(2) end
+  if nonlinearity == "leaky_relu" then
+    local slope = param or 0.01
+    return math.sqrt(2 / (1 + slope * slope))
+  end
+  if nonlinearity == "selu" then return 3 / 4 end
+  error(("init.calculate_gain: unsupported nonlinearity %q"):format(tostring(nonlinearity)), 2)
+end
+
+function init.uniform_(t, a, b) return no_grad(function() return t:uniform_(a or 0, b or 1) end) end
+function init.normal_(t, mean, std) return no_grad(function() return t:normal_(mean or 0, std or 1) end) end
+function init.constant_(t, v) return no_grad(function() return t:fill_(v) end) end
+function init.zeros_(t) return init.constant_(t, 0) end
+function init.ones_(t) return init.constant_(t, 1) end
+
+local function fan(t, mode)
+  local fan_in, fan_out = init._calculate_fan_in_and_fan_out(t)
+  if mode == nil or mode == "fan_in" then return fan_in end
+  if mode == "fan_out" then return fan_out end
+  error(("init: mode must be \"fan_in\" or \"fan_out\", got %q"):format(tostring(mode)), 3)
+end
+
+-- kaiming_uniform_(t, {a = 0, mode = "fan_in", nonlinearity = "leaky_relu"}) (a may be positional)
+-- PyTorch's default Linear/Conv init is kaiming_uniform_(w, {a = math.sqrt(5)}): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+function init.kaiming_uniform_(t, opts)
+  local o = type(opts) == "table" and opts or { a = opts }
+  local gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0)
+  local bound = math.sqrt(3) * gain / math.sqrt(fan(t, o.mode))
+  return init.uniform_(t, -bound, bound)
+end
+function init.kaiming_normal_(t, opts)
+  local o = type(opts) == "table" and opts or { a = opts }
+  local gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0)
+  return init.normal_(t, 0, gain / math.sqrt(fan(t, o.mode)))
+end
+function init.xavier_uniform_(t, gain)
+  local fan_in, fan_out = init._calculate_fan_in_and_fan_out(t)
+  local bound = (gain or 1) * math.sqrt(6 / (fan_in + fan_out))
+  return init.uniform_(t, -bound, bound)
+end
+function init.xavier_normal_(t, gain)
+  local fan_in, fan_out = init._calculate_fan_in_and_fan_out(t)
+  return init.normal_(t, 0, (gain or 1) * math.sqrt(2 / (fan_in + fan_out)))
+end
+
+return init

@@ -1,0 +1,372 @@
+-- The standard layers: PyTorch's positional constructor arguments, keyword options in a trailing
+-- table, PyTorch's default initialization, PyTorch's parameter names and shapes.
+local fsdp = require "fsdp"
+local Module = require "fsdp.nn.module"
+local F = require "fsdp.nn.functional"
+local init = require "fsdp.nn.init_fns"
+
+local Parameter, is_module = Module.Parameter, Module.is_module
+local args_of = F._args
+local L = {}
+
+local function check_int(cls, what, v, min)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < (min or 1) then
+    error(("%s: %s must be an integer >= %d, got %s"):format(cls, what, min or 1, tostring(v)), 4)
+  end
+  return v
+end
+local function pair_of(v)
+  if type(v) == "table" then return { v[1], v[2] } end
+  return { v, v }
+end
+local function pair_str(p) return ("(%s, %s)"):format(tostring(p[1]), tostring(p[2])) end
+local function pybool(b) return b and "True" or "False" end
+
+-- U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's kaiming_uniform_(a = sqrt(5)) for weights and the
+-- matching bias init
+local function uniform_param(shape, fan_in)
+  local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
+  return Parameter(init.uniform_(fsdp.empty(shape), -bound, bound))
+end
+
+-- ---- Linear -----------------------------------------------------------------------------------------
+-- nn.Linear(in_features, out_features[, {bias = true}]): weight (out, in), bias (out)
+local Linear = Module:extend("Linear")
+L.Linear = Linear
+function Linear:__init(in_features, out_features, ...)
+  local o = args_of({ "bias" }, ...)
+  self.in_features = check_int("Linear", "in_features", in_features, 0)
+  self.out_features = check_int("Linear", "out_features", out_features, 0)
+  self.weight = uniform_param({ out_features, in_features }, in_features)
+  if o.bias ~= false then
+    self.bias = uniform_param({ out_features }, in_features)
+  else
+    self:register_parameter("bias", nil)
+  end
+end
+function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+function Linear:extra_repr()
+  return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features, self.out_features, pybool(self.bias ~= nil))
+end
+
+-- ---- Conv2d -------------------------------------------------------------------------------------------
+-- nn.Conv2d(in_channels, out_channels, kernel_size[, stride, padding, dilation, groups, bias]) or
+-- nn.Conv2d(cin, cout, k, {stride =, padding =, dilation =, groups =, bias =}); sizes are ints or
+-- {h, w}; padding may also be "valid" or "same". weight (cout, cin/groups, kh, kw), bias (cout)
+local Conv2d = Module:extend("Conv2d")
+L.Conv2d = Conv2d
+function Conv2d:__init(in_channels, out_channels, kernel_size, ...)
+  local o = args_of({ "stride", "padding", "dilation", "groups", "bias", "padding_mode" }, ...)
+  check_int("Conv2d", "in_channels", in_channels)
+  check_int("Conv2d", "out_channels", out_channels)
+  local groups = check_int("Conv2d", "groups", o.groups or 1)
+  if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
+    error(("Conv2d: in_channels (%d) and out_channels (%d) must be divisible by groups (%d)")
+      :format(in_channels, out_channels, groups), 2)
+  end
+  if o.padding_mode ~= nil and o.padding_mode ~= "zeros" then
+    error(("Conv2d: only padding_mode = \"zeros\" is supported, got %q"):format(tostring(o.padding_mode)), 2)
+  end
+  self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+  self.kernel_size = pair_of(kernel_size)
+  self.stride = pair_of(o.stride or 1)
+  self.padding = type(o.padding) == "string" and o.padding or pair_of(o.padding or 0)
+  self.dilation = pair_of(o.dilation or 1)
+  local kh, kw = self.kernel_size[1], self.kernel_size[2]
+  check_int("Conv2d", "kernel_size", kh); check_int("Conv2d", "kernel_size", kw)
+  local fan_in = in_channels / groups * kh * kw
+  self.weight = uniform_param({ out_channels, in_channels / groups, kh, kw }, fan_in)
+  if o.bias ~= false then
+    self.bias = uniform_param({ out_channels }, fan_in)
+  else
+    self:register_parameter("bias", nil)
+  end
+end
+function Conv2d:forward(x)
+  return F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+    dilation = self.dilation, groups = self.groups })
+end
+function Conv2d:extra_repr()
+  local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+    pair_str(self.kernel_size), pair_str(self.stride))
+  local p = self.padding
+  if type(p) == "string" then s = s .. ", padding=" .. p
+  elseif p[1] ~= 0 or p[2] ~= 0 then s = s .. ", padding=" .. pair_str(p) end
+  if self.dilation[1] ~= 1 or self.dilation[2] ~= 1 then s = s .. ", dilation=" .. pair_str(self.dilation) end
+  if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+  if self.bias == nil then s = s .. ", bias=False" end
+  return s
+end
+
+-- ---- activations and other parameter-free layers -----------------------------------------------------------
+local function simple(name, fn)
+  local cls = Module:extend(name)
+  cls.forward = function(_, x) return fn(x) end
+  L[name] = cls
+  return cls
+end
+simple("ReLU", F.relu)
+simple("Tanh", F.tanh)
+simple("Sigmoid", F.sigmoid)
+simple("Identity", function(x) return x end)
+
+local GELU = Module:extend("GELU")
+L.GELU = GELU
+function GELU:__init(...)
+  local o = args_of({ "approximate" }, ...)
+  self.approximate = o.approximate or "none"
+  if self.approximate ~= "none" and self.approximate ~= "tanh" then
+    error(("GELU: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(self.approximate)), 2)
+  end
+end
+function GELU:forward(x) return F.gelu(x, self.approximate) end
+function GELU:extra_repr() return ("approximate='%s'"):format(self.approximate) end
+
+-- nn.Softmax(dim), nn.LogSoftmax(dim): dim is 1-based
+for _, name in ipairs { "Softmax", "LogSoftmax" } do
+  local cls = Module:extend(name)
+  local fn = name == "Softmax" and F.softmax or F.log_softmax
+  function cls:__init(d)
+    if d == nil then error(name .. ": dim is required (1-based, negative from the end)", 3) end
+    self.dim = d
+  end
+  function cls:forward(x) return fn(x, self.dim) end
+  function cls:extra_repr() return "dim=" .. self.dim end
+  L[name] = cls
+end
+
+-- nn.Flatten({start_dim = 2, end_dim = -1}) (Lua dims: PyTorch's default start_dim=1 is Lua's 2)
+local Flatten = Module:extend("Flatten")
+L.Flatten = Flatten
+function Flatten:__init(...)
+  local o = args_of({ "start_dim", "end_dim" }, ...)
+  self.start_dim, self.end_dim = o.start_dim or 2, o.end_dim or -1
+end
+function Flatten:forward(x) return F.flatten(x, self.start_dim, self.end_dim) end
+function Flatten:extra_repr() return ("start_dim=%d, end_dim=%d"):format(self.start_dim, self.end_dim) end
+
+-- nn.Dropout(p = 0.5): active in training mode only
+local Dropout = Module:extend("Dropout")
+L.Dropout = Dropout
+function Dropout:__init(...)
+  local o = args_of({ "p", "inplace" }, ...)
+  local p = o.p or 0.5
+  if type(p) ~= "number" or p < 0 or p > 1 then
+    error(("Dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
+  end
+  self.p = p
+end
+function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function Dropout:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
+
+-- ---- pooling ---------------------------------------------------------------------------------------------------
+-- nn.MaxPool2d(kernel_size[, stride = kernel_size, padding = 0, dilation = 1, return_indices, ceil_mode])
+local MaxPool2d = Module:extend("MaxPool2d")
+L.MaxPool2d = MaxPool2d
+function MaxPool2d:__init(kernel_size, ...)
+  local o = args_of({ "stride", "padding", "dilation", "return_indices", "ceil_mode" }, ...)
+  if o.return_indices then error("MaxPool2d: return_indices is not supported", 2) end
+  self.kernel_size, self.stride = kernel_size, o.stride or kernel_size
+  self.padding, self.dilation, self.ceil_mode = o.padding or 0, o.dilation or 1, o.ceil_mode and true or false
+end
+function MaxPool2d:forward(x)
+  return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+end
+local function size_str(v) return type(v) == "table" and pair_str(v) or tostring(v) end
+function MaxPool2d:extra_repr()
+  return ("kernel_size=%s, stride=%s, padding=%s, dilation=%s, ceil_mode=%s"):format(size_str(self.kernel_size),
+    size_str(self.stride), size_str(self.padding), size_str(self.dilation), pybool(self.ceil_mode))
+end
+
+-- nn.AvgPool2d(kernel_size[, stride = kernel_size, padding = 0, ceil_mode = false, count_include_pad = true])
+local AvgPool2d = Module:extend("AvgPool2d")
+L.AvgPool2d = AvgPool2d
+function AvgPool2d:__init(kernel_size, ...)
+  local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override" }, ...)
+  if o.divisor_override ~= nil then error("AvgPool2d: divisor_override is not supported", 2) end
+  self.kernel_size, self.stride, self.padding = kernel_size, o.stride or kernel_size, o.padding or 0
+  self.ceil_mode, self.count_include_pad = o.ceil_mode and true or false, o.count_include_pad ~= false
+end
+function AvgPool2d:forward(x)
+  return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+end
+function AvgPool2d:extra_repr()
+  return ("kernel_size=%s, stride=%s, padding=%s"):format(size_str(self.kernel_size), size_str(self.stride),
+    size_str(self.padding))
+end
+
+-- nn.AdaptiveAvgPool2d(output_size): an int or {h, w}
+local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
+L.AdaptiveAvgPool2d = AdaptiveAvgPool2d
+function AdaptiveAvgPool2d:__init(output_size) self.output_size = output_size end
+function AdaptiveAvgPool2d:forward(x) return F.adaptive_avg_pool2d(x, self.output_size) end
+function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. size_str(self.output_size) end
+
+-- ---- normalization and embedding ----------------------------------------------------------------------------------
+-- nn.LayerNorm(normalized_shape[, {eps = 1e-5, elementwise_affine = true, bias = true}])
+local LayerNorm = Module:extend("LayerNorm")
+L.LayerNorm = LayerNorm
+function LayerNorm:__init(normalized_shape, ...)
+  local o = args_of({ "eps", "elementwise_affine", "bias" }, ...)
+  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
+  if type(ns) ~= "table" or #ns == 0 then error("LayerNorm: normalized_shape must be an integer or a table of integers", 2) end
+  for _, v in ipairs(ns) do check_int("LayerNorm", "normalized_shape", v) end
+  self.normalized_shape = ns
+  self.eps = o.eps or 1e-5
+  self.elementwise_affine = o.elementwise_affine ~= false
+  if self.elementwise_affine then
+    self.weight = Parameter(fsdp.ones(ns))
+    if o.bias ~= false then self.bias = Parameter(fsdp.zeros(ns)) else self:register_parameter("bias", nil) end
+  else
+    self:register_parameter("weight", nil)
+    self:register_parameter("bias", nil)
+  end
+end
+function LayerNorm:forward(x) return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) end
+function LayerNorm:extra_repr()
+  local ns = self.normalized_shape
+  return ("(%s%s), eps=%s, elementwise_affine=%s"):format(table.concat(ns, ", "), #ns == 1 and "," or "",
+    tostring(self.eps), pybool(self.elementwise_affine))
+end
+
+-- nn.Embedding(num_embeddings, embedding_dim[, {padding_idx =}]): weight (num, dim) ~ N(0, 1), the
+-- padding row (0-based, negative from the end) zeroed and excluded from gradients
+local Embedding = Module:extend("Embedding")
+L.Embedding = Embedding
+function Embedding:__init(num_embeddings, embedding_dim, ...)
+  local o = args_of({ "padding_idx" }, ...)
+  self.num_embeddings = check_int("Embedding", "num_embeddings", num_embeddings)
+  self.embedding_dim = check_int("Embedding", "embedding_dim", embedding_dim)
+  local pad = o.padding_idx
+  if pad ~= nil then
+    if pad < 0 then pad = pad + num_embeddings end
+    if pad < 0 or pad >= num_embeddings then
+      error(("Embedding: padding_idx %d out of range for %d embeddings"):format(o.padding_idx, num_embeddings), 2)
+    end
+  end
+  self.padding_idx = pad
+  local w = init.normal_(fsdp.empty(num_embeddings, embedding_dim), 0, 1)
+  if pad then fsdp.no_grad(function() w:narrow(1, pad + 1, 1):fill_(0) end) end
+  self.weight = Parameter(w)
+end
+function Embedding:forward(idx) return F.embedding(idx, self.weight, self.padding_idx) end
+function Embedding:extra_repr()
+  local s = ("%d, %d"):format(self.num_embeddings, self.embedding_dim)
+  if self.padding_idx then s = s .. ", padding_idx=" .. self.padding_idx end
+  return s
+end
+
+-- ---- losses (mean reduction) ------------------------------------------------------------------------------------------
+-- nn.CrossEntropyLoss({ignore_index = -100, label_smoothing = 0}); loss(logits, target)
+local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
+L.CrossEntropyLoss = CrossEntropyLoss
+function CrossEntropyLoss:__init(opts)
+  opts = opts or {}
+  if opts.reduction ~= nil and opts.reduction ~= "mean" then
+    error(("CrossEntropyLoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
+  end
+  if opts.weight ~= nil then error("CrossEntropyLoss: class weights are not supported", 2) end
+  self.ignore_index, self.label_smoothing = opts.ignore_index or -100, opts.label_smoothing or 0
+end
+function CrossEntropyLoss:forward(logits, target)
+  return F.cross_entropy(logits, target, { ignore_index = self.ignore_index, label_smoothing = self.label_smoothing })
+end
+
+local NLLLoss = Module:extend("NLLLoss")
+L.NLLLoss = NLLLoss
+function NLLLoss:__init(opts)
+  opts = opts or {}
+  if opts.reduction ~= nil and opts.reduction ~= "mean" then
+    error(("NLLLoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
+  end
+  self.ignore_index = opts.ignore_index or -100
+end
+function NLLLoss:forward(logp, target) return F.nll_loss(logp, target, { ignore_index = self.ignore_index }) end
+
+local MSELoss = Module:extend("MSELoss")
+L.MSELoss = MSELoss
+function MSELoss:__init(opts)
+  if opts and opts.reduction ~= nil and opts.reduction ~= "mean" then
+    error(("MSELoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
+  end
+end
+function MSELoss:forward(a, b) return F.mse_loss(a, b) end
+
+-- ---- containers ----------------------------------------------------------------------------------------------------------
+-- the modules given as arguments, or as one list
+local function module_list(cls, ...)
+  local n = select("#", ...)
+  local mods = { ... }
+  if n == 1 and type(mods[1]) == "table" and not is_module(mods[1]) then
+    mods = mods[1]
+    n = #mods
+  end
+  for i = 1, n do
+    if not is_module(mods[i]) then
+      error(("%s: argument %d is not a Module (got %s)"):format(cls, i, type(mods[i])), 4)
+    end
+  end
+  return mods, n
+end
+
+-- nn.Sequential(m1, m2, ...) or nn.Sequential{m1, m2, ...}: children "0", "1", ...; forward
+-- feeds each child's output to the next
+local Sequential = Module:extend("Sequential")
+L.Sequential = Sequential
+function Sequential:__init(...)
+  local mods, n = module_list("Sequential", ...)
+  for i = 1, n do self:add_module(tostring(i - 1), mods[i]) end
+end
+function Sequential:forward(x)
+  local mods = self._modules
+  for _, name in ipairs(mods.names) do
+    local m = mods.values[name]
+    if m then x = m(x) end
+  end
+  return x
+end
+
+-- nn.ModuleList(list): holds children "0", "1", ... (no forward)
+local ModuleList = Module:extend("ModuleList")
+L.ModuleList = ModuleList
+function ModuleList:__init(...)
+  local mods, n = module_list("ModuleList", ...)
+  for i = 1, n do self:add_module(tostring(i - 1), mods[i]) end
+end
+
+-- shared by both containers (Torch7 and PyTorch spellings)
+for _, cls in ipairs { Sequential, ModuleList } do
+  function cls:len() return #self._modules.names end
+  -- 1-based, negative from the end
+  function cls:get(i)
+    local n = self:len()
+    if i < 0 then i = i + n + 1 end
+    if i < 1 or i > n then error(("%s:get(%d): index out of range (%d modules)"):format(self.__name, i, n), 2) end
+    return self._modules.values[self._modules.names[i]]
+  end
+  function cls:append(m)
+    if not is_module(m) then error(self.__name .. ":append: expected a Module", 2) end
+    self:add_module(tostring(self:len()), m)
+    return self
+  end
+  cls.add = cls.append
+  function cls:extend(list)
+    for _, m in ipairs(list) do self:append(m) end
+    return self
+  end
+  -- for i, m in list:ipairs() do (1-based i)
+  function cls:ipairs() return ipairs(self:children()) end
+end
+-- ModuleList:extend(list) appends; the class method Module.extend(cls, name) still makes subclasses
+local list_extend = ModuleList.extend
+ModuleList.extend = function(self, arg)
+  if type(arg) == "string" then return Module.extend(self, arg) end
+  return list_extend(self, arg)
+end
+local seq_extend = Sequential.extend
+Sequential.extend = function(self, arg)
+  if type(arg) == "string" then return Module.extend(self, arg) end
+  return seq_extend(self, arg)
+end
+
+return L

@@ -1,0 +1,510 @@
+-- nn.Module: the base class of every layer and model (Torch7 idioms, PyTorch names).
+--
+--   local Block = nn.Module:extend("Block")   -- a class; Block(...) makes an instance, calls __init
+--   function Block:__init(cin, cout)
+--     self.conv = nn.Conv2d(cin, cout, 3)     -- assigning a Module registers a child, in order
+--     self.scale = nn.Parameter(fsdp.ones{1}) -- assigning a leaf that requires grad: a parameter
+--   end
+--   function Block:forward(x) return self.conv(x) * self.scale end
+--
+-- Registered children, parameters and buffers live in ordered tables (_modules, _parameters,
+-- _buffers) rather than as raw fields, so every later assignment to their names passes through
+-- __newindex: a parameter stays a parameter when it is replaced or frozen, a child can be
+-- swapped. Names and traversal order are PyTorch's, so state_dict keys match a PyTorch model of
+-- the same structure.
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+local is_tensor = fsdp.is_tensor
+
+local Module = {}
+Module.__name = "Module"
+Module.__is_class = true
+
+local function is_module(x)
+  return type(x) == "table" and rawget(x, "_modules") ~= nil
+end
+Module.is_module = is_module
+
+-- the identity of a tensor handle (two cdata wrapping the same C tensor are the same parameter)
+local function tensor_key(t) return tonumber(ffi.cast("intptr_t", t)) end
+
+-- an ordered name -> value table: names in insertion order; a name may map to nil (e.g. a
+-- Linear without bias registers "bias" = nil, as PyTorch does)
+local function ordered() return { names = {}, values = {}, has = {} } end
+local function oset(o, name, value)
+  if not o.has[name] then o.has[name] = true; o.names[#o.names + 1] = name end
+  o.values[name] = value
+end
+local function oremove(o, name)
+  if not o.has[name] then return end
+  o.has[name] = nil
+  o.values[name] = nil
+  for i, n in ipairs(o.names) do if n == name then table.remove(o.names, i); break end end
+end
+local function ohas(o, name) return o.has[name] == true end
+
+-- nn.Parameter(t): marks t as trainable (requires_grad) and returns it
+function Module.Parameter(t, requires_grad)
+  assert(is_tensor(t), "nn.Parameter: expected a tensor")
+  if not t.is_leaf then t = t:detach() end  -- nn.Parameter(fsdp.randn{3} * 0.1) is a new leaf
+  t.requires_grad = requires_grad ~= false
+  return t
+end
+
+-- ---- classes ---------------------------------------------------------------------------------------
+-- instance metamethods; every class carries them raw (Lua looks metamethods up with rawget)
+local function instance_index(self, k)
+  local p = rawget(self, "_parameters")
+  if p then
+    local v = p.values[k]
+    if v ~= nil then return v end
+    local m = rawget(self, "_modules").values[k]
+    if m ~= nil then return m end
+    v = rawget(self, "_buffers").values[k]
+    if v ~= nil then return v end
+  end
+  return getmetatable(self).__class_index[k]
+end
+
+local function register_tensor_param(t)
+  C.fsdp_tensor_set_mem_category(t, C.FSDP_MEM_PARAMS)
+end
+
+local function instance_newindex(self, k, v)
+  local params, mods, bufs = rawget(self, "_parameters"), rawget(self, "_modules"), rawget(self, "_buffers")
+  if not params then rawset(self, k, v); return end
+  if is_module(v) then
+    oremove(params, k); oremove(bufs, k)
+    oset(mods, k, v)
+  elseif ohas(params, k) then
+    -- an existing parameter stays a parameter (frozen, replaced or set to nil)
+    if v ~= nil and not is_tensor(v) then
+      error(("cannot assign %s to parameter %q of %s (expected a tensor or nil)"):format(type(v), k, self.__name), 2)
+    end
+    if v ~= nil then register_tensor_param(v) end
+    params.values[k] = v
+  elseif ohas(bufs, k) then
+    if v ~= nil and not is_tensor(v) then
+      error(("cannot assign %s to buffer %q of %s (expected a tensor or nil)"):format(type(v), k, self.__name), 2)
+    end
+    bufs.values[k] = v
+  elseif ohas(mods, k) then
+    if v ~= nil then
+      error(("cannot assign %s to child module %q of %s (expected a Module or nil)"):format(type(v), k, self.__name), 2)
+    end
+    oremove(mods, k)
+  elseif is_tensor(v) and v.requires_grad and v.is_leaf then
+    oset(params, k, v)
+    register_tensor_param(v)
+  else
+    rawset(self, k, v)
+  end
+end
+
+-- Class:extend("Name") -> a subclass. Calling the class makes an instance and runs __init.
+function Module.extend(parent, name)
+  assert(type(name) == "string", "Module:extend(name): the class needs a name")
+  local cls = {}
+  cls.__name = name
+  cls.__is_class = true
+  cls.__parent = parent
+  cls.__class_index = cls
+  cls.__index = instance_index
+  cls.__newindex = instance_newindex
+  cls.__call = parent.__call
+  cls.__tostring = parent.__tostring
+  return setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...) return c.new(c, ...) end,
+    __tostring = function(c) return "class " .. c.__name end,
+  })
+end
+
+function Module.new(cls, ...)
+  local self = {
+    _parameters = ordered(), _buffers = ordered(), _modules = ordered(),
+    _forward_pre_hooks = {}, _forward_hooks = {}, training = true,
+  }
+  setmetatable(self, cls)
+  self:__init(...)
+  return self
+end
+
+function Module:__init() end
+
+-- is_module(x) also as a method: nn.Module.is(x)
+function Module.is(x) return is_module(x) end
+
+function Module:forward()
+  error(("%s: forward() is not implemented"):format(self.__name), 2)
+end
+
+-- ---- registration ------------------------------------------------------------------------------------
+function Module:register_parameter(name, t)
+  assert(type(name) == "string" and not name:find(".", 1, true), "register_parameter: name must be a string without '.'")
+  if t ~= nil then
+    assert(is_tensor(t), "register_parameter: expected a tensor or nil")
+    register_tensor_param(t)
+  end
+  oremove(self._modules, name); oremove(self._buffers, name); rawset(self, name, nil)
+  oset(self._parameters, name, t)
+  return t
+end
+
+-- buffers are state that is not trained (running stats, masks); persistent ones go into state_dict
+function Module:register_buffer(name, t, persistent)
+  assert(type(name) == "string" and not name:find(".", 1, true), "register_buffer: name must be a string without '.'")
+  assert(t == nil or is_tensor(t), "register_buffer: expected a tensor or nil")
+  oremove(self._modules, name); oremove(self._parameters, name); rawset(self, name, nil)
+  oset(self._buffers, name, t)
+  if persistent == false then
+    rawset(self, "_non_persistent", rawget(self, "_non_persistent") or {})
+    self._non_persistent[name] = true
+  end
+  return t
+end
+
+function Module:add_module(name, m)
+  assert(is_module(m), "add_module: expected a Module")
+  oremove(self._parameters, name); oremove(self._buffers, name); rawset(self, name, nil)
+  oset(self._modules, name, m)
+  return m
+end
+Module.register_module = Module.add_module
+
+-- ---- traversal ---------------------------------------------------------------------------------------
+-- iterators yield (name, value); lists hold values
+local function list_iter(list)
+  local i = 0
+  return function()
+    i = i + 1
+    local e = list[i]
+    if e then return e[1], e[2] end
+  end
+end
+
+local function collect_modules(self, prefix, seen, out)
+  if seen[self] then return out end
+  seen[self] = true
+  out[#out + 1] = { prefix, self }
+  for _, name in ipairs(self._modules.names) do
+    local m = self._modules.values[name]
+    if m then collect_modules(m, prefix == "" and name or (prefix .. "." .. name), seen, out) end
+  end
+  return out
+end
+
+function Module:named_modules(prefix)
+  return list_iter(collect_modules(self, prefix or "", {}, {}))
+end
+function Module:modules()
+  local r = {}
+  for _, m in self:named_modules() do r[#r + 1] = m end
+  return r
+end
+function Module:named_children()
+  local out = {}
+  for _, name in ipairs(self._modules.names) do
+    local m = self._modules.values[name]
+    if m then out[#out + 1] = { name, m } end
+  end
+  return list_iter(out)
+end
+function Module:children()
+  local r = {}
+  for _, m in self:named_children() do r[#r + 1] = m end
+  return r
+end
+
+-- (name, tensor) pairs of `kind` ("_parameters" or "_buffers") over all modules, shared tensors once
+local function collect_tensors(self, kind, recurse, skip_non_persistent)
+  local out, seen = {}, {}
+  local mods = recurse == false and { { "", self } } or collect_modules(self, "", {}, {})
+  for _, e in ipairs(mods) do
+    local prefix, m = e[1], e[2]
+    local o = m[kind]
+    local np = skip_non_persistent and rawget(m, "_non_persistent") or nil
+    for _, name in ipairs(o.names) do
+      local t = o.values[name]
+      if t ~= nil and not (np and np[name]) then
+        local key = tensor_key(t)
+        if not seen[key] then
+          seen[key] = true
+          out[#out + 1] = { prefix == "" and name or (prefix .. "." .. name), t }
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- for name, p in model:named_parameters() do ... end  (PyTorch names: "0.conv.weight")
+function Module:named_parameters(recurse)
+  return list_iter(collect_tensors(self, "_parameters", recurse))
+end
+function Module:parameters(recurse)
+  local r = {}
+  for _, e in ipairs(collect_tensors(self, "_parameters", recurse)) do r[#r + 1] = e[2] end
+  return r
+end
+function Module:named_buffers(recurse)
+  return list_iter(collect_tensors(self, "_buffers", recurse))
+end
+function Module:buffers(recurse)
+  local r = {}
+  for _, e in ipairs(collect_tensors(self, "_buffers", recurse)) do r[#r + 1] = e[2] end
+  return r
+end
+
+-- fn(module) on every child (recursively), then self
+function Module:apply(fn)
+  for _, m in ipairs(self:children()) do m:apply(fn) end
+  fn(self)
+  return self
+end
+
+function Module:train(mode)
+  if mode == nil then mode = true end
+  for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
+  return self
+end
+function Module:eval() return self:train(false) end
+
+-- drops every parameter's gradient (PyTorch's set_to_none default); zero_grad(false) zeroes them
+function Module:zero_grad(set_to_none)
+  for _, p in ipairs(self:parameters()) do
+    if set_to_none == false then
+      local g = p.grad
+      if g ~= nil then fsdp.no_grad(function() g:zero_() end) end
+    else
+      p.grad = nil
+    end
+  end
+end
+
+function Module:requires_grad_(flag)
+  for _, p in ipairs(self:parameters()) do p.requires_grad = flag ~= false end
+  return self
+end
+
+-- total number of parameter elements (handy in examples)
+function Module:num_parameters()
+  local n = 0
+  for _, p in ipairs(self:parameters()) do n = n + p:numel() end
+  return n
+end
+
+-- ---- state_dict -----------------------------------------------------------------------------------
+-- name -> detached alias of every parameter and persistent buffer (PyTorch keys)
+function Module:state_dict()
+  local sd = {}
+  local mods = collect_modules(self, "", {}, {})
+  for _, e in ipairs(mods) do
+    local prefix, m = e[1], e[2]
+    local np = rawget(m, "_non_persistent")
+    for _, kind in ipairs { "_parameters", "_buffers" } do
+      local o = m[kind]
+      for _, name in ipairs(o.names) do
+        local t = o.values[name]
+        if t ~= nil and not (kind == "_buffers" and np and np[name]) then
+          sd[prefix == "" and name or (prefix .. "." .. name)] = t:detach()
+        end
+      end
+    end
+  end
+  return sd
+end
+
+local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+local function quoted(list)
+  local q = {}
+  for i, k in ipairs(list) do q[i] = ("%q"):format(k) end
+  return table.concat(q, ", ")
+end
+
+-- load_state_dict(sd[, strict = true]) copies every entry into the matching parameter/buffer
+-- under no_grad. Nothing is copied unless all checks pass. strict: missing or unexpected keys are
+-- an error; otherwise they are returned as {missing_keys = {...}, unexpected_keys = {...}}.
+-- Shape mismatches are always an error.
+function Module:load_state_dict(sd, strict)
+  if type(strict) == "table" then strict = strict.strict end
+  if strict == nil then strict = true end
+  assert(type(sd) == "table", "load_state_dict: expected a table name -> tensor")
+  local own = {}
+  for _, e in ipairs(collect_modules(self, "", {}, {})) do
+    local prefix, m = e[1], e[2]
+    local np = rawget(m, "_non_persistent")
+    for _, kind in ipairs { "_parameters", "_buffers" } do
+      for _, name in ipairs(m[kind].names) do
+        local t = m[kind].values[name]
+        if t ~= nil and not (kind == "_buffers" and np and np[name]) then
+          own[prefix == "" and name or (prefix .. "." .. name)] = t
+        end
+      end
+    end
+  end
+  local missing, unexpected, mismatch = {}, {}, {}
+  for k, t in pairs(own) do
+    local src = sd[k]
+    if src == nil then
+      missing[#missing + 1] = k
+    elseif not is_tensor(src) then
+      error(("load_state_dict: entry %q is a %s, expected a tensor"):format(k, type(src)), 2)
+    elseif src:numel() ~= t:numel() or src:dim() ~= t:dim() or shape_str(src) ~= shape_str(t) then
+      mismatch[#mismatch + 1] = ("size mismatch for %q: copying a tensor of shape %s, the model has shape %s")
+        :format(k, shape_str(src), shape_str(t))
+    end
+  end
+  for k in pairs(sd) do
+    if own[k] == nil then unexpected[#unexpected + 1] = tostring(k) end
+  end
+  table.sort(missing); table.sort(unexpected); table.sort(mismatch)
+  local errs = {}
+  if strict and #missing > 0 then errs[#errs + 1] = "Missing key(s) in state_dict: " .. quoted(missing) .. "." end
+  if strict and #unexpected > 0 then errs[#errs + 1] = "Unexpected key(s) in state_dict: " .. quoted(unexpected) .. "." end
+  for _, m in ipairs(mismatch) do errs[#errs + 1] = m .. "." end
+  if #errs > 0 then
+    error(("Error(s) in loading state_dict for %s:\n\t%s"):format(self.__name, table.concat(errs, "\n\t")), 2)
+  end
+  fsdp.no_grad(function()
+    for k, t in pairs(own) do
+      local src = sd[k]
+      if src ~= nil then t:copy_(src) end
+    end
+  end)
+  return { missing_keys = missing, unexpected_keys = unexpected }
+end
+
+-- ---- hooks ---------------------------------------------------------------------------------------------
+local function add_hook(list, fn)
+  assert(type(fn) == "function" or (type(fn) == "table" and getmetatable(fn) and getmetatable(fn).__call),
+    "hook must be callable")
+  local entry = { fn = fn }
+  list[#list + 1] = entry
+  return {
+    remove = function()
+      for i, e in ipairs(list) do if e == entry then table.remove(list, i); return end end
+    end,
+  }
+end
+-- fn(module, args) runs before forward; args is the list of inputs. Returning a table replaces
+-- the inputs, returning a tensor (or any other single value) replaces them with that one value.
+function Module:register_forward_pre_hook(fn) return add_hook(self._forward_pre_hooks, fn) end
+-- fn(module, args, output) runs after forward; returning a value replaces the output
+function Module:register_forward_hook(fn) return add_hook(self._forward_hooks, fn) end
+
+-- ---- calling: hooks around forward, and the module path on errors ------------------------------------
+-- The modules currently inside __call, outermost first. When an error leaves a forward, the
+-- deepest module records the stack; the outermost one turns it into a path and appends
+-- "in module 0.conv (Conv2d)" to the message once.
+local active, depth = {}, 0
+local err_record = nil  -- { msg = error value, stack = {modules...} }
+
+-- the dotted name of `child` inside `parent` (searching descendants), or nil
+local function path_in(parent, child)
+  for name, m in parent:named_modules() do
+    if m == child then return name end
+  end
+end
+
+local function module_path(stack)
+  local parts = {}
+  for i = 2, #stack do
+    local name = path_in(stack[i - 1], stack[i])
+    if name == nil then return nil end
+    if name ~= "" then parts[#parts + 1] = name end
+  end
+  return table.concat(parts, ".")
+end
+
+local unpack, select = unpack, select
+local function pack(...) return { n = select("#", ...), ... } end
+
+local function run_forward(self, ...)
+  local pre, post = self._forward_pre_hooks, self._forward_hooks
+  if #pre == 0 and #post == 0 then return self:forward(...) end
+  local args = pack(...)
+  for _, h in ipairs(pre) do
+    local r = h.fn(self, args)
+    if r ~= nil then
+      if type(r) == "table" and not is_module(r) and not is_tensor(r) then
+        args = r
+        args.n = args.n or #r
+      else
+        args = { n = 1, r }
+      end
+    end
+  end
+  local out = pack(self:forward(unpack(args, 1, args.n)))
+  for _, h in ipairs(post) do
+    local r = h.fn(self, args, out.n <= 1 and out[1] or out)
+    if r ~= nil then out = { n = 1, r } end
+  end
+  return unpack(out, 1, out.n)
+end
+
+local function finish(self, d, ok, ...)
+  if not ok then
+    local e = ...
+    if err_record == nil or err_record.msg ~= e then  -- the deepest failing call records the stack
+      local stack = {}
+      for i = 1, d do stack[i] = active[i] end
+      err_record = { msg = e, stack = stack }
+    end
+  end
+  active[d] = nil
+  depth = d - 1
+  if ok then return ... end
+  local e = ...
+  if d == 1 then
+    local stack = err_record.stack
+    err_record = nil
+    if type(e) == "string" then
+      local path = module_path(stack) or "?"
+      e = ("%s (in module %s (%s))"):format(e, path ~= "" and path or "<root>", stack[#stack].__name)
+    end
+  end
+  error(e, 0)
+end
+
+function Module:__call(...)
+  local d = depth + 1
+  depth = d
+  if d == 1 then err_record = nil end
+  active[d] = self
+  return finish(self, d, pcall(run_forward, self, ...))
+end
+
+-- ---- printing ------------------------------------------------------------------------------------------
+-- layers override extra_repr() to describe their configuration
+function Module:extra_repr() return "" end
+
+function Module:__tostring()
+  local lines = {}
+  local extra = self:extra_repr()
+  local names = self._modules.names
+  if #names == 0 then return ("%s(%s)"):format(self.__name, extra) end
+  lines[1] = self.__name .. "("
+  if extra ~= "" then lines[#lines + 1] = "  " .. extra end
+  for _, name in ipairs(names) do
+    local m = self._modules.values[name]
+    if m then
+      local s = tostring(m):gsub("\n", "\n  ")
+      lines[#lines + 1] = ("  (%s): %s"):format(name, s)
+    end
+  end
+  lines[#lines + 1] = ")"
+  return table.concat(lines, "\n")
+end
+
+-- Module itself is a class too: nn.Module() makes an empty module
+Module.__class_index = Module
+Module.__index = instance_index
+Module.__newindex = instance_newindex
+setmetatable(Module, {
+  __call = function(c, ...) return c.new(c, ...) end,
+  __tostring = function(c) return "class " .. c.__name end,
+})
+
+return Module

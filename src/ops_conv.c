@@ -1,0 +1,250 @@
+/*
+ * ops_conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW float32) with their
+ * backward. Shapes follow PyTorch's formulas; the work happens in the device's linalg kernels
+ * (im2col + GEMM for convolution, window loops for pooling).
+ */
+#include "internal.h"
+
+// the node keeps the geometry in its int slots: N C H W OH OW kh kw sh sw ph pw dh dw groups
+static void geom_save(fsdp_node* n, const fsdp_conv_geom* g) {
+  int64_t v[16] = {g->N, g->C, g->H, g->W, g->OH, g->OW, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw,
+                   g->groups, g->O};
+  memcpy(n->i, v, sizeof v);
+}
+static fsdp_conv_geom geom_load(const fsdp_node* n) {
+  const int64_t* v = n->i;
+  return (fsdp_conv_geom){.N = v[0], .C = v[1], .H = v[2], .W = v[3], .OH = v[4], .OW = v[5], .kh = (int)v[6],
+                          .kw = (int)v[7], .sh = (int)v[8], .sw = (int)v[9], .ph = (int)v[10], .pw = (int)v[11],
+                          .dh = (int)v[12], .dw = (int)v[13], .groups = (int)v[14], .O = v[15]};
+}
+
+// floor division that rounds toward -inf
+static int64_t div_floor(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// PyTorch's pooling_output_shape
+static int64_t pool_out_size(int64_t in, int k, int pad, int stride, int dil, int ceil_mode) {
+  int64_t out = div_floor(in + 2 * pad - (int64_t)dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) out--;
+  return out;
+}
+
+// ---- conv2d -----------------------------------------------------------------------------------------------
+
+static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* x = fsdp_node_saved(node, 0);
+  fsdp_tensor* w = x ? fsdp_node_saved(node, 1) : NULL;
+  if (!x || !w) return -1;
+  fsdp_conv_geom g = geom_load(node);
+  int dev = fsdp_device_of(x);
+  fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *gy = fsdp_as_contig(grad_out);
+  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
+  int rc = -1;
+  if (!xc || !wc || !gy) goto done;
+  if (node->needs_grad[0] && !(gx = fsdp_new(4, x->shape, FSDP_F32, dev))) goto done;
+  if (node->needs_grad[1] && !(gw = fsdp_new(4, w->shape, FSDP_F32, dev))) goto done;
+  if (node->needs_grad[2] && !(gb = fsdp_new(1, &g.O, FSDP_F32, dev))) goto done;
+  rc = fsdp_backend_of(x)->linalg->conv2d_backward(&g, gx ? fsdp_f32(gx) : NULL, gw ? fsdp_f32(gw) : NULL,
+                                                   gb ? fsdp_f32(gb) : NULL, fsdp_f32(gy), fsdp_f32(xc), fsdp_f32(wc));
+done:
+  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(gy);
+  if (rc) {
+    fsdp_tensor_release(gx); fsdp_tensor_release(gw); fsdp_tensor_release(gb);
+    return -1;
+  }
+  grad_in[0] = gx; grad_in[1] = gw; grad_in[2] = gb;
+  return 0;
+}
+
+fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride, const int* padding,
+                         const int* dilation, int groups) {
+  CHECK_NULL(x && w, "conv2d: input or weight is nil");
+  CHECK_NULL(x->dtype == FSDP_F32 && w->dtype == FSDP_F32 && (!b || b->dtype == FSDP_F32),
+             "conv2d: expected float32 tensors, got input %s %s, weight %s %s%s%s%s", DT(x), SH(x), DT(w), SH(w),
+             b ? ", bias " : "", b ? DT(b) : "", b ? SH(b) : "");
+  if (fsdp_check_same_device("conv2d", x, w) || (b && fsdp_check_same_device("conv2d", x, b))) return NULL;
+  CHECK_NULL(x->ndim == 4, "conv2d: expected a 4-D input (N, C, H, W), got %s", SH(x));
+  CHECK_NULL(w->ndim == 4, "conv2d: expected a 4-D weight (out_channels, in_channels/groups, kh, kw), got %s", SH(w));
+  int s[2] = {stride ? stride[0] : 1, stride ? stride[1] : 1};
+  int p[2] = {padding ? padding[0] : 0, padding ? padding[1] : 0};
+  int d[2] = {dilation ? dilation[0] : 1, dilation ? dilation[1] : 1};
+  CHECK_NULL(s[0] > 0 && s[1] > 0 && d[0] > 0 && d[1] > 0 && p[0] >= 0 && p[1] >= 0,
+             "conv2d: stride (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", s[0],
+             s[1], d[0], d[1], p[0], p[1]);
+  CHECK_NULL(groups >= 1, "conv2d: groups must be positive, got %d", groups);
+  int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+  int64_t O = w->shape[0], kh = w->shape[2], kw = w->shape[3];
+  CHECK_NULL(C % groups == 0 && O % groups == 0,
+             "conv2d: input %s channels %lld and weight %s out_channels %lld must be divisible by groups %d", SH(x),
+             (long long)C, SH(w), (long long)O, groups);
+  CHECK_NULL(w->shape[1] * groups == C,
+             "conv2d: input %s has %lld channels but weight %s expects %lld (in_channels/groups %lld x groups %d)",
+             SH(x), (long long)C, SH(w), (long long)(w->shape[1] * groups), (long long)w->shape[1], groups);
+  CHECK_NULL(!b || (b->ndim == 1 && b->shape[0] == O), "conv2d: bias %s does not match weight %s: expected (%lld)",
+             b ? SH(b) : "", SH(w), (long long)O);
+  int64_t ekh = (int64_t)d[0] * (kh - 1) + 1, ekw = (int64_t)d[1] * (kw - 1) + 1;
+  CHECK_NULL(C > 0, "conv2d: input %s has no channels", SH(x));
+  CHECK_NULL(kh > 0 && kw > 0 && ekh <= H + 2 * p[0] && ekw <= W + 2 * p[1],
+             "conv2d: kernel %s (dilated size (%lld, %lld)) is larger than the padded input (%lld, %lld) of %s",
+             SH(w), (long long)ekh, (long long)ekw, (long long)(H + 2 * p[0]), (long long)(W + 2 * p[1]), SH(x));
+  fsdp_conv_geom g = {.N = N, .C = C, .H = H, .W = W, .O = O, .OH = (H + 2 * p[0] - ekh) / s[0] + 1,
+                      .OW = (W + 2 * p[1] - ekw) / s[1] + 1, .kh = (int)kh, .kw = (int)kw, .sh = s[0], .sw = s[1],
+                      .ph = p[0], .pw = p[1], .dh = d[0], .dw = d[1], .groups = groups};
+
+  int dev = fsdp_device_of(x);
+  fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *bc = b ? fsdp_as_contig(b) : NULL, *y = NULL;
+  int rc = -1;
+  if (xc && wc && (!b || bc) && (y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, dev)))
+    rc = fsdp_backend_of(x)->linalg->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc), bc ? fsdp_f32(bc) : NULL);
+  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(bc);
+  if (rc) { fsdp_tensor_release(y); return NULL; }
+
+  fsdp_node* n = fsdp_node_new("ConvolutionBackward", conv2d_backward, 3, (fsdp_tensor*[]){x, w, b});
+  if (n) {
+    fsdp_node_save(n, x);
+    fsdp_node_save(n, w);
+    geom_save(n, &g);
+    fsdp_node_set_output(n, y);
+  }
+  return y;
+}
+
+// ---- pooling ------------------------------------------------------------------------------------------------
+// Inputs are (N, C, H, W) or (C, H, W); the kernels see planes, so a 3-D input is N = 1.
+
+static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
+                     const int* dilation, int ceil_mode, fsdp_conv_geom* g) {
+  CHECK_INT(x, "%s: input is nil", op);
+  CHECK_INT(x->dtype == FSDP_F32, "%s: expected a float32 input, got %s %s", op, DT(x), SH(x));
+  CHECK_INT(x->ndim == 4 || x->ndim == 3, "%s: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", op, SH(x));
+  CHECK_INT(kernel, "%s: kernel size is missing", op);
+  int k[2] = {kernel[0], kernel[1]};
+  int s[2] = {stride && stride[0] > 0 ? stride[0] : k[0], stride && stride[1] > 0 ? stride[1] : k[1]};
+  int p[2] = {padding ? padding[0] : 0, padding ? padding[1] : 0};
+  int d[2] = {dilation ? dilation[0] : 1, dilation ? dilation[1] : 1};
+  CHECK_INT(k[0] > 0 && k[1] > 0 && d[0] > 0 && d[1] > 0 && p[0] >= 0 && p[1] >= 0,
+            "%s: kernel (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", op, k[0],
+            k[1], d[0], d[1], p[0], p[1]);
+  CHECK_INT(p[0] <= k[0] / 2 && p[1] <= k[1] / 2, "%s: padding (%d, %d) should be at most half of kernel (%d, %d)",
+            op, p[0], p[1], k[0], k[1]);
+  int nd = x->ndim;
+  int64_t H = x->shape[nd - 2], W = x->shape[nd - 1];
+  int64_t OH = pool_out_size(H, k[0], p[0], s[0], d[0], ceil_mode), OW = pool_out_size(W, k[1], p[1], s[1], d[1], ceil_mode);
+  CHECK_INT(OH > 0 && OW > 0,
+            "%s: kernel (%d, %d) with dilation (%d, %d) is larger than the padded input (%lld, %lld) of %s "
+            "(output size (%lld, %lld))", op, k[0], k[1], d[0], d[1], (long long)(H + 2 * p[0]),
+            (long long)(W + 2 * p[1]), SH(x), (long long)OH, (long long)OW);
+  *g = (fsdp_conv_geom){.N = nd == 4 ? x->shape[0] : 1, .C = x->shape[nd - 3], .H = H, .W = W,
+                        .O = x->shape[nd - 3], .OH = OH, .OW = OW, .kh = k[0], .kw = k[1], .sh = s[0], .sw = s[1],
+                        .ph = p[0], .pw = p[1], .dh = d[0], .dw = d[1], .groups = 1};
+  return 0;
+}
+
+// output (or input) shape of a pooling op with x's rank
+static void pool_shape(int ndim, const fsdp_conv_geom* g, int out, int64_t* shape) {
+  int64_t full[4] = {g->N, g->C, out ? g->OH : g->H, out ? g->OW : g->W};
+  memcpy(shape, full + (4 - ndim), ndim * sizeof(int64_t));
+}
+
+static int max_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* idx = fsdp_node_saved(node, 0);
+  if (!idx) return -1;
+  fsdp_conv_geom g = geom_load(node);
+  int64_t shape[4];
+  pool_shape((int)node->f[1], &g, 0, shape);
+  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  if (gx) fsdp_backend_of(gy)->linalg->max_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy), fsdp_i64(idx));
+  fsdp_tensor_release(gy);
+  if (!gx) return -1;
+  grad_in[0] = gx;
+  return 0;
+}
+
+fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
+                             const int* dilation, int ceil_mode) {
+  fsdp_conv_geom g;
+  if (pool_geom("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode, &g)) return NULL;
+  int64_t shape[4];
+  pool_shape(x->ndim, &g, 1, shape);
+  int dev = fsdp_device_of(x);
+  fsdp_tensor *xc = fsdp_as_contig(x), *y = NULL, *idx = NULL;
+  if (!xc || !(y = fsdp_new(x->ndim, shape, FSDP_F32, dev)) || !(idx = fsdp_new(x->ndim, shape, FSDP_I64, dev))) {
+    fsdp_tensor_release(xc); fsdp_tensor_release(y);
+    return NULL;
+  }
+  fsdp_backend_of(x)->linalg->max_pool2d_forward(&g, fsdp_f32(y), fsdp_i64(idx), fsdp_f32(xc));
+  fsdp_tensor_release(xc);
+  fsdp_node* n = fsdp_node_new("MaxPool2DBackward", max_pool2d_backward, 1, (fsdp_tensor*[]){x});
+  if (n) {
+    fsdp_node_save(n, idx);
+    geom_save(n, &g);
+    n->f[1] = x->ndim;
+    fsdp_node_set_output(n, y);
+  }
+  fsdp_tensor_release(idx);
+  return y;
+}
+
+static int avg_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_conv_geom g = geom_load(node);
+  int64_t shape[4];
+  pool_shape((int)node->f[1], &g, 0, shape);
+  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  if (gx) {
+    const fsdp_linalg_kernels* k = fsdp_backend_of(gy)->linalg;
+    if (node->f[2]) k->adaptive_avg_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy));
+    else k->avg_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy), (int)node->f[0]);
+  }
+  fsdp_tensor_release(gy);
+  if (!gx) return -1;
+  grad_in[0] = gx;
+  return 0;
+}
+
+fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding, int ceil_mode,
+                             int count_include_pad) {
+  fsdp_conv_geom g;
+  if (pool_geom("avg_pool2d", x, kernel, stride, padding, NULL, ceil_mode, &g)) return NULL;
+  int64_t shape[4];
+  pool_shape(x->ndim, &g, 1, shape);
+  fsdp_tensor *xc = fsdp_as_contig(x), *y = xc ? fsdp_new(x->ndim, shape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if (y) fsdp_backend_of(x)->linalg->avg_pool2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), count_include_pad);
+  fsdp_tensor_release(xc);
+  if (!y) return NULL;
+  fsdp_node* n = fsdp_node_new("AvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
+  if (n) {
+    geom_save(n, &g);
+    n->f[0] = count_include_pad != 0;
+    n->f[1] = x->ndim;
+    fsdp_node_set_output(n, y);
+  }
+  return y;
+}
+
+fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w) {
+  CHECK_NULL(x, "adaptive_avg_pool2d: input is nil");
+  CHECK_NULL(x->dtype == FSDP_F32, "adaptive_avg_pool2d: expected a float32 input, got %s %s", DT(x), SH(x));
+  CHECK_NULL(x->ndim == 4 || x->ndim == 3,
+             "adaptive_avg_pool2d: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", SH(x));
+  CHECK_NULL(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size (%d, %d) must be positive (input %s)", out_h,
+             out_w, SH(x));
+  int nd = x->ndim;
+  CHECK_NULL(x->shape[nd - 2] > 0 && x->shape[nd - 1] > 0, "adaptive_avg_pool2d: empty spatial dims in input %s",
+             SH(x));
+  fsdp_conv_geom g = {.N = nd == 4 ? x->shape[0] : 1, .C = x->shape[nd - 3], .H = x->shape[nd - 2],
+                      .W = x->shape[nd - 1], .OH = out_h, .OW = out_w, .groups = 1};
+  g.O = g.C;
+  int64_t shape[4];
+  pool_shape(nd, &g, 1, shape);
+  fsdp_tensor *xc = fsdp_as_contig(x), *y = xc ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if (y) fsdp_backend_of(x)->linalg->adaptive_avg_pool2d_forward(&g, fsdp_f32(y), fsdp_f32(xc));
+  fsdp_tensor_release(xc);
+  if (!y) return NULL;
+  fsdp_node* n = fsdp_node_new("AdaptiveAvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
+  if (n) {
+    geom_save(n, &g);
+    n->f[1] = nd;
+    n->f[2] = 1;  // adaptive
+    fsdp_node_set_output(n, y);
+  }
+  return y;
+}

@@ -1,0 +1,475 @@
+/*
+ * ops_elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
+ * reductions (sum, mean, max, argmax). Device independent: kernels come from the backend table.
+ *
+ * Binary ops read their inputs in place through broadcast strides (no copies, any layout);
+ * unary ops and reductions work on a contiguous float32 version of the input.
+ * Backward of a broadcasting op sums the gradient back to each input's shape (fsdp_sum_to).
+ */
+#include "internal.h"
+
+#include <math.h>
+
+// sums g down to `shape` (reverse of broadcasting); new ref
+static fsdp_tensor* sum_to_shape(fsdp_tensor* g, int ndim, const int64_t* shape) {
+  fsdp_tensor like;  // only ndim and shape are read by fsdp_sum_to
+  like.ndim = ndim;
+  memcpy(like.shape, shape, ndim * sizeof(int64_t));
+  return fsdp_sum_to(g, &like);
+}
+
+typedef struct { int ndim; int64_t shape[FSDP_MAX_DIMS]; } shape_rec;
+
+// ---- binary ----------------------------------------------------------------------------------------------
+static const char* bin_names[] = {"add", "sub", "mul", "div", "eq"};
+
+// out = a op b with broadcasting; a and b are f32 (any layout)
+static fsdp_tensor* binary_forward(int op, fsdp_tensor* a, fsdp_tensor* b) {
+  const char* name = bin_names[op];
+  int nd;
+  int64_t shape[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];
+  if (fsdp_check_same_device(name, a, b)) return NULL;
+  if (fsdp_broadcast_shape(name, a, b, &nd, shape)) return NULL;
+  fsdp_tensor* out = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a));
+  if (!out) return NULL;
+  fsdp_broadcast_strides(a, nd, shape, sa);
+  fsdp_broadcast_strides(b, nd, shape, sb);
+  fsdp_backend_of(out)->elem->binary(op, fsdp_f32(out), fsdp_f32(a), fsdp_f32(b), nd, shape, sa, sb);
+  return out;
+}
+
+// binary nodes keep both input shapes: i[0] = ndim(a), i[1..8] = shape(a), i[9] = ndim(b) and
+// f[0..7] = shape(b) (integers, exact as doubles); saved slots 0/1 hold what each grad reads
+static void save_shapes(fsdp_node* n, const fsdp_tensor* a, const fsdp_tensor* b) {
+  n->i[0] = a->ndim;
+  for (int d = 0; d < a->ndim; d++) n->i[1 + d] = a->shape[d];
+  n->i[9] = b->ndim;
+  for (int d = 0; d < b->ndim; d++) n->f[d] = (double)b->shape[d];
+}
+static void shape_of_input(const fsdp_node* n, int which, shape_rec* r) {
+  r->ndim = (int)n->i[which ? 9 : 0];
+  for (int d = 0; d < r->ndim; d++) r->shape[d] = which ? (int64_t)n->f[d] : n->i[1 + d];
+}
+
+// grad of input `which`: g (full broadcast shape) summed down to that input's shape
+static int reduce_grad(fsdp_node* n, int which, fsdp_tensor* g, fsdp_tensor** out) {
+  shape_rec r;
+  shape_of_input(n, which, &r);
+  *out = sum_to_shape(g, r.ndim, r.shape);
+  return *out ? 0 : -1;
+}
+
+static int add_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  if (n->needs_grad[0] && reduce_grad(n, 0, g, &gin[0])) return -1;
+  if (n->needs_grad[1] && reduce_grad(n, 1, g, &gin[1])) return -1;
+  return 0;
+}
+
+static int sub_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  if (n->needs_grad[0] && reduce_grad(n, 0, g, &gin[0])) return -1;
+  if (n->needs_grad[1]) {
+    fsdp_tensor* s;
+    if (reduce_grad(n, 1, g, &s)) return -1;
+    gin[1] = fsdp_neg(s);
+    fsdp_tensor_release(s);
+    if (!gin[1]) return -1;
+  }
+  return 0;
+}
+
+// saved: [0] = b (for grad a), [1] = a (for grad b)
+static int mul_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  for (int k = 0; k < 2; k++) {
+    if (!n->needs_grad[k]) continue;
+    fsdp_tensor* other = fsdp_node_saved(n, k);
+    if (!other) return -1;
+    fsdp_tensor* full = fsdp_mul(g, other);
+    if (!full) return -1;
+    int rc = reduce_grad(n, k, full, &gin[k]);
+    fsdp_tensor_release(full);
+    if (rc) return -1;
+  }
+  return 0;
+}
+
+// out = a / b; saved: [0] = b, [1] = out.  ga = g / b;  gb = -g * a / b^2 = -(g / b) * out
+static int div_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  fsdp_tensor* b = fsdp_node_saved(n, 0);
+  if (!b) return -1;
+  fsdp_tensor* gdb = fsdp_div(g, b);
+  if (!gdb) return -1;
+  int rc = 0;
+  if (n->needs_grad[0]) rc = reduce_grad(n, 0, gdb, &gin[0]);
+  if (!rc && n->needs_grad[1]) {
+    fsdp_tensor* out = fsdp_node_saved(n, 1);
+    fsdp_tensor* full = out ? fsdp_mul(gdb, out) : NULL;
+    fsdp_tensor* s = NULL;
+    rc = full ? reduce_grad(n, 1, full, &s) : -1;
+    if (!rc) { gin[1] = fsdp_neg(s); rc = gin[1] ? 0 : -1; }
+    fsdp_tensor_release(s);
+    fsdp_tensor_release(full);
+  }
+  fsdp_tensor_release(gdb);
+  return rc;
+}
+
+static int check_binary(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
+  CHECK_INT(a && b, "%s: input tensor is NULL", op);
+  CHECK_INT(a->dtype == FSDP_F32 && b->dtype == FSDP_F32, "%s: expected float32 tensors, got %s %s and %s %s",
+            op, DT(a), SH(a), DT(b), SH(b));
+  return 0;
+}
+
+static fsdp_tensor* binary_op(int op, fsdp_backward_fn bw, const char* bwname, fsdp_tensor* a, fsdp_tensor* b) {
+  if (check_binary(bin_names[op], a, b)) return NULL;
+  fsdp_tensor* out = binary_forward(op, a, b);
+  if (!out) return NULL;
+  fsdp_node* n = fsdp_node_new(bwname, bw, 2, (fsdp_tensor*[]){a, b});
+  if (n) {
+    save_shapes(n, a, b);
+    if (op == FSDP_BIN_MUL) {
+      fsdp_node_save(n, n->needs_grad[0] ? b : NULL);
+      fsdp_node_save(n, n->needs_grad[1] ? a : NULL);
+    } else if (op == FSDP_BIN_DIV) {
+      fsdp_node_save(n, b);
+      fsdp_node_save(n, n->needs_grad[1] ? out : NULL);
+    } else {
+      fsdp_node_save(n, NULL);
+      fsdp_node_save(n, NULL);
+    }
+    fsdp_node_set_output(n, out);
+  }
+  return out;
+}
+
+fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_ADD, add_backward, "AddBackward", a, b); }
+fsdp_tensor* fsdp_sub(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_SUB, sub_backward, "SubBackward", a, b); }
+fsdp_tensor* fsdp_mul(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_MUL, mul_backward, "MulBackward", a, b); }
+fsdp_tensor* fsdp_div(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_DIV, div_backward, "DivBackward", a, b); }
+
+// f32 0/1, no grad; int64 (and other) inputs are compared after conversion to float32
+fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) {
+  CHECK_NULL(a && b, "eq: input tensor is NULL");
+  fsdp_tensor* ac = a->dtype == FSDP_F32 ? (fsdp_tensor_retain(a), a) : fsdp_as_contig(a);
+  fsdp_tensor* bc = b->dtype == FSDP_F32 ? (fsdp_tensor_retain(b), b) : fsdp_as_contig(b);
+  fsdp_tensor* out = ac && bc ? binary_forward(FSDP_BIN_EQ, ac, bc) : NULL;
+  fsdp_tensor_release(ac);
+  fsdp_tensor_release(bc);
+  return out;
+}
+
+// ---- unary -------------------------------------------------------------------------------------------------
+// which tensors the backward of each unary op reads: 1 = x, 2 = y
+static int unary_saves(int op) {
+  switch (op) {
+    case FSDP_UN_EXP: case FSDP_UN_SQRT: case FSDP_UN_TANH: case FSDP_UN_SIGMOID: case FSDP_UN_RELU: return 2;
+    case FSDP_UN_LOG: case FSDP_UN_ABS: case FSDP_UN_GELU: case FSDP_UN_GELU_TANH: case FSDP_UN_POW:
+    case FSDP_UN_RDIV_SCALAR: return 1;
+    default: return 0;
+  }
+}
+
+// node: i[0] = op; f[0] = parameter; saved [0] = x or NULL, [1] = y or NULL
+static int unary_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  int op = (int)n->i[0], s = unary_saves(op);
+  fsdp_tensor* x = s == 1 ? fsdp_node_saved(n, 0) : NULL;
+  fsdp_tensor* y = s == 2 ? fsdp_node_saved(n, 1) : NULL;
+  if ((s == 1 && !x) || (s == 2 && !y)) return -1;
+  fsdp_tensor* gc = fsdp_as_contig(g);
+  if (!gc) return -1;
+  fsdp_tensor* gx = fsdp_new(gc->ndim, gc->shape, FSDP_F32, fsdp_device_of(gc));
+  if (!gx) { fsdp_tensor_release(gc); return -1; }
+  fsdp_backend_of(gx)->elem->unary_backward(op, fsdp_f32(gx), fsdp_f32(gc), x ? fsdp_f32(x) : NULL,
+                                            y ? fsdp_f32(y) : NULL, fsdp_tensor_numel(gx), n->f[0]);
+  fsdp_tensor_release(gc);
+  gin[0] = gx;
+  return 0;
+}
+
+static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_tensor* a, double p) {
+  CHECK_NULL(a, "%s: input tensor is NULL", name);
+  if (fsdp_check_f32(name, a)) return NULL;
+  fsdp_tensor* x = fsdp_as_contig(a);
+  if (!x) return NULL;
+  fsdp_tensor* out = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
+  if (!out) { fsdp_tensor_release(x); return NULL; }
+  fsdp_backend_of(out)->elem->unary(op, fsdp_f32(out), fsdp_f32(x), fsdp_tensor_numel(out), p);
+  fsdp_node* n = fsdp_node_new(bwname, unary_backward, 1, &a);
+  if (n) {
+    int s = unary_saves(op);
+    n->i[0] = op;
+    n->f[0] = p;
+    fsdp_node_save(n, s == 1 ? x : NULL);
+    fsdp_node_save(n, s == 2 ? out : NULL);
+    fsdp_node_set_output(n, out);
+  }
+  fsdp_tensor_release(x);
+  return out;
+}
+
+// ops whose backward is another cheap op on the gradient need no saved tensors
+static int add_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  fsdp_tensor_retain(g);
+  gin[0] = g;
+  return 0;
+}
+static int mul_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  gin[0] = fsdp_mul_scalar(g, n->f[0]);
+  return gin[0] ? 0 : -1;
+}
+static int neg_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  gin[0] = fsdp_neg(g);
+  return gin[0] ? 0 : -1;
+}
+
+static fsdp_tensor* scalar_op(const char* name, const char* bwname, fsdp_backward_fn bw, int op, fsdp_tensor* a,
+                              double p) {
+  CHECK_NULL(a, "%s: input tensor is NULL", name);
+  if (fsdp_check_f32(name, a)) return NULL;
+  fsdp_tensor* x = fsdp_as_contig(a);
+  if (!x) return NULL;
+  fsdp_tensor* out = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
+  if (out) fsdp_backend_of(out)->elem->unary(op, fsdp_f32(out), fsdp_f32(x), fsdp_tensor_numel(out), p);
+  fsdp_tensor_release(x);
+  if (!out) return NULL;
+  fsdp_node* n = fsdp_node_new(bwname, bw, 1, &a);
+  if (n) { n->f[0] = p; fsdp_node_set_output(n, out); }
+  return out;
+}
+
+fsdp_tensor* fsdp_add_scalar(fsdp_tensor* a, double s) {
+  return scalar_op("add_scalar", "AddBackward", add_scalar_backward, FSDP_UN_ADD_SCALAR, a, s);
+}
+fsdp_tensor* fsdp_mul_scalar(fsdp_tensor* a, double s) {
+  return scalar_op("mul_scalar", "MulBackward", mul_scalar_backward, FSDP_UN_MUL_SCALAR, a, s);
+}
+fsdp_tensor* fsdp_neg(fsdp_tensor* a) { return scalar_op("neg", "NegBackward", neg_backward, FSDP_UN_NEG, a, 0); }
+fsdp_tensor* fsdp_rdiv_scalar(double s, fsdp_tensor* a) {
+  return unary_op("rdiv_scalar", "DivBackward", FSDP_UN_RDIV_SCALAR, a, s);
+}
+fsdp_tensor* fsdp_pow_scalar(fsdp_tensor* a, double p) { return unary_op("pow", "PowBackward", FSDP_UN_POW, a, p); }
+fsdp_tensor* fsdp_exp(fsdp_tensor* a) { return unary_op("exp", "ExpBackward", FSDP_UN_EXP, a, 0); }
+fsdp_tensor* fsdp_log(fsdp_tensor* a) { return unary_op("log", "LogBackward", FSDP_UN_LOG, a, 0); }
+fsdp_tensor* fsdp_sqrt(fsdp_tensor* a) { return unary_op("sqrt", "SqrtBackward", FSDP_UN_SQRT, a, 0); }
+fsdp_tensor* fsdp_abs(fsdp_tensor* a) { return unary_op("abs", "AbsBackward", FSDP_UN_ABS, a, 0); }
+fsdp_tensor* fsdp_tanh(fsdp_tensor* a) { return unary_op("tanh", "TanhBackward", FSDP_UN_TANH, a, 0); }
+fsdp_tensor* fsdp_sigmoid(fsdp_tensor* a) { return unary_op("sigmoid", "SigmoidBackward", FSDP_UN_SIGMOID, a, 0); }
+fsdp_tensor* fsdp_relu(fsdp_tensor* a) { return unary_op("relu", "ReluBackward", FSDP_UN_RELU, a, 0); }
+fsdp_tensor* fsdp_gelu(fsdp_tensor* a, int approximate_tanh) {
+  return unary_op("gelu", "GeluBackward", approximate_tanh ? FSDP_UN_GELU_TANH : FSDP_UN_GELU, a, 0);
+}
+
+// ---- reductions -------------------------------------------------------------------------------------------
+// parses a dim list into a mask over a's dims (all dims when ndims == 0)
+static int reduce_mask(const char* op, const fsdp_tensor* a, int ndims, const int* dims, int* mask) {
+  for (int d = 0; d < FSDP_MAX_DIMS; d++) mask[d] = ndims == 0;
+  CHECK_INT(ndims >= 0 && ndims <= FSDP_MAX_DIMS && (ndims == 0 || dims), "%s: invalid list of %d dims", op, ndims);
+  for (int k = 0; k < ndims; k++) {
+    int d = fsdp_wrap_dim(op, dims[k], a->ndim);
+    if (d < 0) return -1;
+    CHECK_INT(!mask[d], "%s: dim %d appears more than once in the list of dims for a tensor of shape %s", op, d,
+              SH(a));
+    mask[d] = 1;
+  }
+  return 0;
+}
+
+// shape after reducing the masked dims (kept as size 1 with keepdim)
+static int reduced_shape(const fsdp_tensor* a, const int* mask, int keepdim, int64_t* shape) {
+  int nd = 0;
+  for (int d = 0; d < a->ndim; d++) {
+    if (!mask[d]) shape[nd++] = a->shape[d];
+    else if (keepdim) shape[nd++] = 1;
+  }
+  return nd;
+}
+
+// sum of contiguous f32 x over the masked dims, keepdim layout (same numel as the result);
+// consecutive reduced dims are merged into one kernel call; returns a new contiguous tensor
+static fsdp_tensor* sum_masked(fsdp_tensor* x, const int* mask) {
+  const fsdp_elem_kernels* k = fsdp_backend_of(x)->elem;
+  int64_t shape[FSDP_MAX_DIMS];
+  int nd = x->ndim;
+  memcpy(shape, x->shape, sizeof shape);
+  fsdp_tensor_retain(x);
+  fsdp_tensor* cur = x;
+  // walk runs of reduced dims from the last to the first
+  for (int e = nd - 1; e >= 0;) {
+    if (!mask[e] || shape[e] == 1) { e--; continue; }
+    int s = e;
+    while (s > 0 && (mask[s - 1] || shape[s - 1] == 1)) s--;
+    int64_t outer = 1, red = 1, inner = 1;
+    for (int d = 0; d < s; d++) outer *= shape[d];
+    for (int d = s; d <= e; d++) red *= shape[d];
+    for (int d = e + 1; d < nd; d++) inner *= shape[d];
+    for (int d = s; d <= e; d++) if (mask[d]) shape[d] = 1;
+    fsdp_tensor* next = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x));
+    if (!next) { fsdp_tensor_release(cur); return NULL; }
+    if (outer * inner > 0) k->sum_dim(fsdp_f32(next), fsdp_f32(cur), outer, red, inner);
+    fsdp_tensor_release(cur);
+    cur = next;
+    e = s - 1;
+  }
+  // all-size-1 (or no) reduced dims: still return a fresh tensor
+  if (cur == x) {
+    fsdp_tensor_release(cur);
+    for (int d = 0; d < nd; d++) if (mask[d]) shape[d] = 1;
+    cur = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x));
+    if (cur) fsdp_copy_strided(cur, x);
+  }
+  return cur;
+}
+
+// node: i[0] = ndim, i[1..8] = input shape, i[9] = mask bits; f[0] = scale (1 for sum, 1/N for mean)
+// grad: reshape g to keepdim form, scale, expand to the input's shape (a stride-0 view, no copy)
+static int sum_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  int nd = (int)n->i[0];
+  int64_t kshape[FSDP_MAX_DIMS];
+  for (int d = 0; d < nd; d++) kshape[d] = (n->i[9] >> d) & 1 ? 1 : n->i[1 + d];
+  fsdp_tensor* gk = fsdp_reshape(g, nd, kshape);
+  if (!gk) return -1;
+  if (n->f[0] != 1.0) {
+    fsdp_tensor* s = fsdp_mul_scalar(gk, n->f[0]);
+    fsdp_tensor_release(gk);
+    if (!s) return -1;
+    gk = s;
+  }
+  gin[0] = fsdp_expand(gk, nd, &n->i[1]);
+  fsdp_tensor_release(gk);
+  return gin[0] ? 0 : -1;
+}
+
+static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* a, int ndims, const int* dims,
+                               int keepdim, int mean) {
+  CHECK_NULL(a, "%s: input tensor is NULL", op);
+  if (fsdp_check_f32(op, a)) return NULL;
+  int mask[FSDP_MAX_DIMS];
+  if (reduce_mask(op, a, ndims, dims, mask)) return NULL;
+  int64_t count = 1, shape[FSDP_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) if (mask[d]) count *= a->shape[d];
+  int nd = reduced_shape(a, mask, keepdim, shape);
+  fsdp_tensor* x = fsdp_as_contig(a);
+  if (!x) return NULL;
+  fsdp_tensor* s = sum_masked(x, mask);
+  fsdp_tensor_release(x);
+  if (!s) return NULL;
+  double scale = mean ? 1.0 / (double)count : 1.0;
+  if (mean) {
+    if (count == 0) fsdp_backend_of(s)->elem->fill(fsdp_ptr(s), FSDP_F32, fsdp_tensor_numel(s), NAN);
+    else fsdp_backend_of(s)->elem->scale(fsdp_f32(s), fsdp_tensor_numel(s), (float)scale);
+  }
+  // s is contiguous in keepdim layout: the result is a reshaped view of it
+  int64_t st[FSDP_MAX_DIMS];
+  fsdp_contiguous_strides(nd, shape, st);
+  fsdp_tensor* out = fsdp_new_view(s, nd, shape, st, 0);
+  fsdp_tensor_release(s);
+  if (!out) return NULL;
+  fsdp_node* n = fsdp_node_new(bwname, sum_backward, 1, &a);
+  if (n) {
+    n->i[0] = a->ndim;
+    n->i[9] = 0;
+    for (int d = 0; d < a->ndim; d++) { n->i[1 + d] = a->shape[d]; if (mask[d]) n->i[9] |= 1 << d; }
+    n->f[0] = scale;
+    fsdp_node_set_output(n, out);
+  }
+  return out;
+}
+
+fsdp_tensor* fsdp_sum(fsdp_tensor* a, int ndims, const int* dims, int keepdim) {
+  return reduce_sum("sum", "SumBackward", a, ndims, dims, keepdim, 0);
+}
+fsdp_tensor* fsdp_mean(fsdp_tensor* a, int ndims, const int* dims, int keepdim) {
+  return reduce_sum("mean", "MeanBackward", a, ndims, dims, keepdim, 1);
+}
+
+// ---- max / argmax -----------------------------------------------------------------------------------------
+// (outer, red, inner) of a over dim d (a 0-dim tensor is one element)
+static void split_dims(const fsdp_tensor* a, int d, int64_t* outer, int64_t* red, int64_t* inner) {
+  *outer = 1; *red = 1; *inner = 1;
+  for (int k = 0; k < a->ndim; k++) {
+    if (k < d) *outer *= a->shape[k];
+    else if (k == d) *red = a->shape[k];
+    else *inner *= a->shape[k];
+  }
+}
+
+// node: i[0] = ndim, i[1..8] = input shape, i[9] = dim; saved[0] = indices (keepdim-free layout)
+static int max_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  fsdp_tensor* idx = fsdp_node_saved(n, 0);
+  if (!idx) return -1;
+  int nd = (int)n->i[0], d = (int)n->i[9];
+  int64_t outer = 1, red = 1, inner = 1;
+  for (int k = 0; k < nd; k++) {
+    if (k < d) outer *= n->i[1 + k];
+    else if (k == d) red = n->i[1 + k];
+    else inner *= n->i[1 + k];
+  }
+  fsdp_tensor* gc = fsdp_as_contig(g);
+  fsdp_tensor* gx = gc ? fsdp_new(nd, &n->i[1], FSDP_F32, fsdp_device_of(gc)) : NULL;
+  if (!gx) { fsdp_tensor_release(gc); return -1; }
+  fsdp_backend_of(gx)->elem->scatter_dim(fsdp_f32(gx), fsdp_f32(gc), fsdp_i64(idx), outer, red, inner);
+  fsdp_tensor_release(gc);
+  gin[0] = gx;
+  return 0;
+}
+
+// values and indices of the max over dim; values record a node when with_grad
+static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices,
+                             int with_grad) {
+  CHECK_NULL(a, "%s: input tensor is NULL", op);
+  int d = fsdp_wrap_dim(op, dim, a->ndim);
+  if (d < 0) return NULL;
+  int64_t outer, red, inner;
+  split_dims(a, d, &outer, &red, &inner);
+  CHECK_NULL(red > 0, "%s: cannot take the max over dim %d of size 0 (tensor of shape %s)", op, d, SH(a));
+  int64_t shape[FSDP_MAX_DIMS];
+  int nd = 0;
+  for (int k = 0; k < a->ndim; k++)
+    if (k != d) shape[nd++] = a->shape[k];
+    else if (keepdim) shape[nd++] = 1;
+  fsdp_tensor* x = fsdp_as_contig(a);
+  fsdp_tensor* vals = x ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a)) : NULL;
+  fsdp_tensor* idx = vals ? fsdp_new(nd, shape, FSDP_I64, fsdp_device_of(a)) : NULL;
+  if (!idx) { fsdp_tensor_release(x); fsdp_tensor_release(vals); return NULL; }
+  if (outer * inner > 0) fsdp_backend_of(x)->elem->max_dim(fsdp_f32(vals), fsdp_i64(idx), fsdp_f32(x), outer, red, inner);
+  fsdp_tensor_release(x);
+  fsdp_node* n = with_grad ? fsdp_node_new("MaxBackward", max_backward, 1, &a) : NULL;
+  if (n) {
+    n->i[0] = a->ndim;
+    for (int k = 0; k < a->ndim; k++) n->i[1 + k] = a->shape[k];
+    n->i[9] = d;
+    fsdp_node_save(n, idx);
+    fsdp_node_set_output(n, vals);
+  }
+  if (indices) *indices = idx;
+  else fsdp_tensor_release(idx);
+  return vals;
+}
+
+fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices) {
+  if (indices) *indices = NULL;
+  CHECK_NULL(a, "max: input tensor is NULL");
+  if (fsdp_check_f32("max", a)) return NULL;
+  return max_impl("max", a, dim, keepdim, indices, 1);
+}
+
+fsdp_tensor* fsdp_max_all(fsdp_tensor* a) {
+  CHECK_NULL(a, "max: input tensor is NULL");
+  if (fsdp_check_f32("max", a)) return NULL;
+  CHECK_NULL(fsdp_tensor_numel(a) > 0, "max: cannot take the max of an empty tensor of shape %s", SH(a));
+  int64_t m1 = -1;
+  fsdp_tensor* flat = fsdp_reshape(a, 1, &m1);
+  if (!flat) return NULL;
+  fsdp_tensor* r = max_impl("max", flat, 0, 0, NULL, 1);
+  fsdp_tensor_release(flat);
+  return r;
+}
+
+// int64 indices of the max (any input dtype; compared as float32), no grad
+fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim) {
+  CHECK_NULL(a, "argmax: input tensor is NULL");
+  fsdp_tensor* idx = NULL;
+  fsdp_tensor* vals = max_impl("argmax", a, dim, keepdim, &idx, 0);
+  fsdp_tensor_release(vals);
+  return vals ? idx : NULL;
+}

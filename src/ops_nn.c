@@ -1,0 +1,602 @@
+/*
+ * ops_nn.c -- neural-network ops with their backward: softmax, log_softmax, cross_entropy
+ * (fused log_softmax + nll, label smoothing), nll_loss, mse_loss, layer_norm, embedding, dropout
+ * and scaled_dot_product_attention.
+ *
+ * The op layer is device independent: it checks shapes and dtypes, allocates outputs, records the
+ * autograd node and reaches the loops only through the device's kernel tables (kernels_nn.h, and
+ * the linalg table's gemm_batched for attention). Semantics follow PyTorch (losses: mean
+ * reduction over the non-ignored targets).
+ */
+#include "internal.h"
+
+#include <math.h>
+
+// ---- helpers -------------------------------------------------------------------------------------
+// a contiguous int64 version of t (new ref: t itself when already contiguous)
+static fsdp_tensor* as_contig_i64(fsdp_tensor* t) {
+  if (fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  fsdp_tensor* r = fsdp_new(t->ndim, t->shape, FSDP_I64, fsdp_device_of(t));
+  if (r && fsdp_copy_strided(r, t)) { fsdp_tensor_release(r); return NULL; }
+  return r;
+}
+
+static fsdp_tensor* new_scalar(int device, double value) {
+  int64_t none[1] = {0};
+  fsdp_tensor* t = fsdp_new(0, none, FSDP_F32, device);
+  if (t) fsdp_backend_for(device)->elem->fill(fsdp_ptr(t), FSDP_F32, 1, value);
+  return t;
+}
+
+// the value of a one-element gradient (the backward of a scalar loss)
+static int grad_scalar(fsdp_tensor* grad_out, float* g) {
+  double v;
+  if (fsdp_tensor_item(grad_out, &v)) return -1;
+  *g = (float)v;
+  return 0;
+}
+
+// batched C = alpha * op(A) op(B) with contiguous C (ldc = N, sc = M * N); empty sizes never reach BLAS
+static void bgemm(const fsdp_backend* be, int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                  float alpha, const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
+                  float* C) {
+  if (batch * M * N == 0) return;
+  if (K == 0) { be->elem->fill(C, FSDP_F32, batch * M * N, 0.0); return; }
+  be->linalg->gemm_batched(batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, 0.0f, C, N, M * N);
+}
+
+// ---- softmax / log_softmax -----------------------------------------------------------------------
+// node->i: [0] outer, [1] n, [2] inner, [3] log; saved: 0 the output y
+static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* y = fsdp_node_saved(node, 0);
+  if (!y) return -1;
+  fsdp_tensor* g = fsdp_as_contig(grad_out);
+  if (!g) return -1;
+  fsdp_tensor* gx = fsdp_new_like(y);
+  if (gx) fsdp_backend_of(y)->nn->softmax_backward(fsdp_f32(gx), fsdp_f32(g), fsdp_f32(y), node->i[0], node->i[1],
+                                                   node->i[2], (int)node->i[3]);
+  fsdp_tensor_release(g);
+  grad_in[0] = gx;
+  return gx ? 0 : -1;
+}
+
+static fsdp_tensor* softmax_op(const char* op, fsdp_tensor* a, int dim, int log) {
+  CHECK_NULL(a, "%s: input is nil", op);
+  if (fsdp_check_f32(op, a)) return NULL;
+  int d = fsdp_wrap_dim(op, dim, a->ndim);
+  if (d < 0) return NULL;
+  const fsdp_backend* be = fsdp_backend_of(a);
+  if (!be) return NULL;
+  // view as (outer, n, inner) around d; a 0-dim tensor is one row of one element
+  int64_t outer = 1, n = a->ndim ? a->shape[d] : 1, inner = 1;
+  for (int i = 0; i < d; i++) outer *= a->shape[i];
+  for (int i = d + 1; i < a->ndim; i++) inner *= a->shape[i];
+  fsdp_tensor* x = fsdp_as_contig(a);
+  if (!x) return NULL;
+  fsdp_tensor* y = fsdp_new_like(x);
+  if (!y) { fsdp_tensor_release(x); return NULL; }
+  be->nn->softmax_forward(fsdp_f32(y), fsdp_f32(x), outer, n, inner, log);
+  fsdp_tensor_release(x);
+  fsdp_node* node = fsdp_node_new(log ? "LogSoftmaxBackward" : "SoftmaxBackward", softmax_backward, 1, &a);
+  if (node) {
+    node->i[0] = outer; node->i[1] = n; node->i[2] = inner; node->i[3] = log;
+    fsdp_node_save(node, y);
+    fsdp_node_set_output(node, y);
+  }
+  return y;
+}
+
+fsdp_tensor* fsdp_softmax(fsdp_tensor* a, int dim) { return softmax_op("softmax", a, dim, 0); }
+fsdp_tensor* fsdp_log_softmax(fsdp_tensor* a, int dim) { return softmax_op("log_softmax", a, dim, 1); }
+
+// ---- classification losses ---------------------------------------------------------------------------
+// input (N, C, d1, ...) or (C), target (N, d1, ...) or () -> N, C and S = d1 * ... (1 without extra dims)
+static int class_loss_dims(const char* op, const fsdp_tensor* x, const fsdp_tensor* target, int64_t* N, int64_t* C,
+                           int64_t* S) {
+  CHECK_INT(target->dtype == FSDP_I64, "%s: target must be an int64 tensor of class indices, got %s of shape %s "
+            "(input %s)", op, DT(target), SH(target), SH(x));
+  if (x->ndim == 1) {
+    CHECK_INT(target->ndim == 0, "%s: for an unbatched input of shape %s the target must be 0-dim, got shape %s",
+              op, SH(x), SH(target));
+    *N = 1; *C = x->shape[0]; *S = 1;
+    return 0;
+  }
+  CHECK_INT(x->ndim >= 2, "%s: input must have shape (N, C) or (N, C, d1, ...), got %s", op, SH(x));
+  int64_t expect[FSDP_MAX_DIMS] = {0};
+  int ok = target->ndim == x->ndim - 1;
+  expect[0] = x->shape[0];
+  *S = 1;
+  for (int i = 2; i < x->ndim; i++) {
+    expect[i - 1] = x->shape[i];
+    *S *= x->shape[i];
+  }
+  for (int i = 0; ok && i < target->ndim; i++) ok = target->shape[i] == expect[i];
+  CHECK_INT(ok, "%s: target of shape %s does not match input of shape %s (expected target shape %s)", op,
+            SH(target), SH(x), fsdp_dims_s(x->ndim - 1, expect));
+  *N = x->shape[0];
+  *C = x->shape[1];
+  return 0;
+}
+
+static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tensor* x, const fsdp_tensor* tc,
+                         int64_t C, int64_t ignore_index) {
+  int64_t bad = 0;
+  CHECK_INT(!be->nn->check_targets(fsdp_i64(tc), fsdp_tensor_numel(tc), C, ignore_index, &bad),
+            "%s: target value %lld is out of range for %lld classes (expected 0 <= target < %lld, or "
+            "ignore_index %lld); input %s, target %s", op, (long long)bad, (long long)C, (long long)C,
+            (long long)ignore_index, SH(x), SH(tc));
+  return 0;
+}
+
+// node->f: [0] label_smoothing, [1] count; node->i: [0] ignore_index, [1] N, [2] C, [3] S
+// saved: 0 logits, 1 target, 2 logsumexp (N, S)
+static int cross_entropy_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* x = fsdp_node_saved(node, 0);
+  fsdp_tensor* t = x ? fsdp_node_saved(node, 1) : NULL;
+  fsdp_tensor* lse = t ? fsdp_node_saved(node, 2) : NULL;
+  float g;
+  if (!lse || grad_scalar(grad_out, &g)) return -1;
+  fsdp_tensor* gx = fsdp_new_like(x);
+  if (!gx) return -1;
+  fsdp_backend_of(x)->nn->cross_entropy_backward(fsdp_f32(gx), fsdp_f32(x), fsdp_f32(lse), fsdp_i64(t), node->i[1],
+                                                 node->i[2], node->i[3], node->i[0], (float)node->f[0],
+                                                 g / (float)node->f[1]);
+  grad_in[0] = gx;
+  return 0;
+}
+
+fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_t ignore_index,
+                                double label_smoothing) {
+  const char* op = "cross_entropy";
+  CHECK_NULL(logits && target, "%s: input and target must be tensors (got nil)", op);
+  if (fsdp_check_f32(op, logits) || fsdp_check_same_device(op, logits, target)) return NULL;
+  CHECK_NULL(label_smoothing >= 0.0 && label_smoothing <= 1.0, "%s: label_smoothing must be in [0, 1], got %g", op,
+             label_smoothing);
+  int64_t N, C, S;
+  if (class_loss_dims(op, logits, target, &N, &C, &S)) return NULL;
+  const fsdp_backend* be = fsdp_backend_of(logits);
+  if (!be) return NULL;
+  fsdp_tensor* tc = as_contig_i64(target);
+  if (!tc) return NULL;
+  if (check_targets(op, be, logits, tc, C, ignore_index)) { fsdp_tensor_release(tc); return NULL; }
+  fsdp_tensor* x = fsdp_as_contig(logits);
+  int64_t ns = N * S;
+  fsdp_tensor* lse = x ? fsdp_new(1, &ns, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if (!lse) { fsdp_tensor_release(x); fsdp_tensor_release(tc); return NULL; }
+  int64_t count = 0;
+  double total = be->nn->cross_entropy_forward(fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index,
+                                               (float)label_smoothing, &count);
+  fsdp_tensor* out = new_scalar(fsdp_device_of(x), total / (double)count);  // no valid target: 0/0 = nan
+  fsdp_node* node = out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2,
+                                        (fsdp_tensor*[]){logits, target}) : NULL;
+  if (node) {
+    node->f[0] = label_smoothing; node->f[1] = (double)count;
+    node->i[0] = ignore_index; node->i[1] = N; node->i[2] = C; node->i[3] = S;
+    fsdp_node_save(node, x);
+    fsdp_node_save(node, tc);
+    fsdp_node_save(node, lse);
+    fsdp_node_set_output(node, out);
+  }
+  fsdp_tensor_release(x);
+  fsdp_tensor_release(tc);
+  fsdp_tensor_release(lse);
+  return out;
+}
+
+// node->f: [1] count; node->i: [0] ignore_index, [1] N, [2] C, [3] S, [4] ndim, [5..] input shape
+// saved: 0 target
+static int nll_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* t = fsdp_node_saved(node, 0);
+  float g;
+  if (!t || grad_scalar(grad_out, &g)) return -1;
+  fsdp_tensor* gx = fsdp_new((int)node->i[4], &node->i[5], FSDP_F32, fsdp_device_of(t));
+  if (!gx) return -1;
+  fsdp_backend_of(t)->nn->nll_backward(fsdp_f32(gx), fsdp_i64(t), node->i[1], node->i[2], node->i[3], node->i[0],
+                                       g / (float)node->f[1]);
+  grad_in[0] = gx;
+  return 0;
+}
+
+fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignore_index) {
+  const char* op = "nll_loss";
+  CHECK_NULL(logp && target, "%s: input and target must be tensors (got nil)", op);
+  if (fsdp_check_f32(op, logp) || fsdp_check_same_device(op, logp, target)) return NULL;
+  int64_t N, C, S;
+  if (class_loss_dims(op, logp, target, &N, &C, &S)) return NULL;
+  const fsdp_backend* be = fsdp_backend_of(logp);
+  if (!be) return NULL;
+  fsdp_tensor* tc = as_contig_i64(target);
+  if (!tc) return NULL;
+  if (check_targets(op, be, logp, tc, C, ignore_index)) { fsdp_tensor_release(tc); return NULL; }
+  fsdp_tensor* x = fsdp_as_contig(logp);
+  if (!x) { fsdp_tensor_release(tc); return NULL; }
+  int64_t count = 0;
+  double total = be->nn->nll_forward(fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index, &count);
+  fsdp_tensor_release(x);
+  fsdp_tensor* out = new_scalar(fsdp_device_of(logp), total / (double)count);
+  fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
+  if (node) {
+    node->f[1] = (double)count;
+    node->i[0] = ignore_index; node->i[1] = N; node->i[2] = C; node->i[3] = S; node->i[4] = logp->ndim;
+    memcpy(&node->i[5], logp->shape, logp->ndim * sizeof(int64_t));
+    fsdp_node_save(node, tc);
+    fsdp_node_set_output(node, out);
+  }
+  fsdp_tensor_release(tc);
+  return out;
+}
+
+// ---- mse ------------------------------------------------------------------------------------------------
+// saved: 0 a, 1 b (contiguous)
+static int mse_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* a = fsdp_node_saved(node, 0);
+  fsdp_tensor* b = a ? fsdp_node_saved(node, 1) : NULL;
+  float g;
+  if (!b || grad_scalar(grad_out, &g)) return -1;
+  int64_t n = fsdp_tensor_numel(a);
+  fsdp_tensor* ga = node->needs_grad[0] ? fsdp_new_like(a) : NULL;
+  fsdp_tensor* gb = node->needs_grad[1] ? fsdp_new_like(b) : NULL;
+  if ((node->needs_grad[0] && !ga) || (node->needs_grad[1] && !gb)) {
+    fsdp_tensor_release(ga); fsdp_tensor_release(gb);
+    return -1;
+  }
+  fsdp_backend_of(a)->nn->mse_backward(ga ? fsdp_f32(ga) : NULL, gb ? fsdp_f32(gb) : NULL, fsdp_f32(a), fsdp_f32(b), n,
+                                       2.0f * g / (float)n);
+  grad_in[0] = ga;
+  grad_in[1] = gb;
+  return 0;
+}
+
+fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
+  const char* op = "mse_loss";
+  CHECK_NULL(a && b, "%s: input and target must be tensors (got nil)", op);
+  if (fsdp_check_f32(op, a) || fsdp_check_f32(op, b) || fsdp_check_same_device(op, a, b)) return NULL;
+  CHECK_NULL(fsdp_same_shape(a, b), "%s: input of shape %s and target of shape %s must have the same shape", op,
+             SH(a), SH(b));
+  const fsdp_backend* be = fsdp_backend_of(a);
+  if (!be) return NULL;
+  fsdp_tensor* ac = fsdp_as_contig(a);
+  fsdp_tensor* bc = ac ? fsdp_as_contig(b) : NULL;
+  if (!bc) { fsdp_tensor_release(ac); return NULL; }
+  int64_t n = fsdp_tensor_numel(ac);
+  fsdp_tensor* out = new_scalar(fsdp_device_of(a), be->nn->mse_forward(fsdp_f32(ac), fsdp_f32(bc), n) / (double)n);
+  fsdp_node* node = out ? fsdp_node_new("MseLossBackward", mse_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
+  if (node) {
+    fsdp_node_save(node, ac);
+    fsdp_node_save(node, bc);
+    fsdp_node_set_output(node, out);
+  }
+  fsdp_tensor_release(ac);
+  fsdp_tensor_release(bc);
+  return out;
+}
+
+// ---- layer norm --------------------------------------------------------------------------------------------
+// node->i: [0] M, [1] D, [2] normalized_ndim, [3] slot of w (-1 if none); saved: x, mean, rstd, (w)
+static int layer_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* x = fsdp_node_saved(node, 0);
+  fsdp_tensor* mean = x ? fsdp_node_saved(node, 1) : NULL;
+  fsdp_tensor* rstd = mean ? fsdp_node_saved(node, 2) : NULL;
+  if (!rstd) return -1;
+  fsdp_tensor* w = NULL;
+  if (node->i[3] >= 0 && !(w = fsdp_node_saved(node, (int)node->i[3]))) return -1;
+  int64_t M = node->i[0], D = node->i[1];
+  int k = (int)node->i[2];
+  const int64_t* nshape = x->shape + (x->ndim - k);  // the normalized shape
+  fsdp_tensor* dy = fsdp_as_contig(grad_out);
+  if (!dy) return -1;
+  fsdp_tensor* dx = node->needs_grad[0] ? fsdp_new_like(x) : NULL;
+  fsdp_tensor* dw = node->needs_grad[1] ? fsdp_new(k, nshape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  fsdp_tensor* db = node->needs_grad[2] ? fsdp_new(k, nshape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if ((node->needs_grad[0] && !dx) || (node->needs_grad[1] && !dw) || (node->needs_grad[2] && !db)) {
+    fsdp_tensor_release(dy); fsdp_tensor_release(dx); fsdp_tensor_release(dw); fsdp_tensor_release(db);
+    return -1;
+  }
+  fsdp_backend_of(x)->nn->layer_norm_backward(dx ? fsdp_f32(dx) : NULL, dw ? fsdp_f32(dw) : NULL,
+                                              db ? fsdp_f32(db) : NULL, fsdp_f32(dy), fsdp_f32(x), fsdp_f32(mean),
+                                              fsdp_f32(rstd), w ? fsdp_f32(w) : NULL, M, D);
+  fsdp_tensor_release(dy);
+  grad_in[0] = dx; grad_in[1] = dw; grad_in[2] = db;
+  return 0;
+}
+
+// checks that an affine parameter has exactly the normalized shape
+static int check_affine(const char* op, const char* what, const fsdp_tensor* p, const fsdp_tensor* x, int k) {
+  if (fsdp_check_f32(op, p) || fsdp_check_same_device(op, p, x)) return -1;
+  int ok = p->ndim == k && memcmp(p->shape, x->shape + (x->ndim - k), k * sizeof(int64_t)) == 0;
+  CHECK_INT(ok, "%s: %s of shape %s does not match the normalized shape %s of input %s", op, what, SH(p),
+            fsdp_dims_s(k, x->shape + (x->ndim - k)), SH(x));
+  return 0;
+}
+
+fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, fsdp_tensor* b, double eps) {
+  const char* op = "layer_norm";
+  CHECK_NULL(x, "%s: input is nil", op);
+  if (fsdp_check_f32(op, x)) return NULL;
+  int k = normalized_ndim;
+  CHECK_NULL(k >= 1 && k <= x->ndim, "%s: cannot normalize over the last %d dims of an input of shape %s", op, k,
+             SH(x));
+  if ((w && check_affine(op, "weight", w, x, k)) || (b && check_affine(op, "bias", b, x, k))) return NULL;
+  CHECK_NULL(eps >= 0.0, "%s: eps must be >= 0, got %g", op, eps);
+  const fsdp_backend* be = fsdp_backend_of(x);
+  if (!be) return NULL;
+  int64_t D = fsdp_shape_numel(k, x->shape + (x->ndim - k)), n = fsdp_tensor_numel(x), M = D ? n / D : 0;
+  fsdp_tensor *xc = fsdp_as_contig(x), *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+  int ok = xc && (!w || (wc = fsdp_as_contig(w))) && (!b || (bc = fsdp_as_contig(b)));
+  ok = ok && (y = fsdp_new_like(xc)) && (mean = fsdp_new(1, &M, FSDP_F32, fsdp_device_of(x))) &&
+       (rstd = fsdp_new(1, &M, FSDP_F32, fsdp_device_of(x)));
+  if (ok) {
+    be->nn->layer_norm_forward(fsdp_f32(y), fsdp_f32(mean), fsdp_f32(rstd), fsdp_f32(xc), wc ? fsdp_f32(wc) : NULL,
+                               bc ? fsdp_f32(bc) : NULL, M, D, (float)eps);
+    fsdp_node* node = fsdp_node_new("LayerNormBackward", layer_norm_backward, 3, (fsdp_tensor*[]){x, w, b});
+    if (node) {
+      node->i[0] = M; node->i[1] = D; node->i[2] = k; node->i[3] = -1;
+      fsdp_node_save(node, xc);
+      fsdp_node_save(node, mean);
+      fsdp_node_save(node, rstd);
+      if (wc) node->i[3] = fsdp_node_save(node, wc);
+      fsdp_node_set_output(node, y);
+    }
+  } else {
+    fsdp_tensor_release(y);
+    y = NULL;
+  }
+  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(bc);
+  fsdp_tensor_release(mean); fsdp_tensor_release(rstd);
+  return y;
+}
+
+// ---- embedding -------------------------------------------------------------------------------------------------
+// node->i: [0] padding_idx, [1] V, [2] D; saved: 0 index (contiguous)
+static int embedding_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* idx = fsdp_node_saved(node, 0);
+  if (!idx) return -1;
+  int64_t V = node->i[1], D = node->i[2], shape[2] = {V, D};
+  fsdp_tensor* gy = fsdp_as_contig(grad_out);
+  fsdp_tensor* gw = gy ? fsdp_new(2, shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  if (gw)
+    fsdp_backend_of(gw)->nn->embedding_backward(fsdp_f32(gw), fsdp_f32(gy), fsdp_i64(idx), fsdp_tensor_numel(idx), V, D,
+                                                node->i[0]);
+  fsdp_tensor_release(gy);
+  grad_in[0] = gw;
+  return gw ? 0 : -1;
+}
+
+// padding_idx: a row in [0, V) that gets no gradient, or negative for none (a PyTorch-style negative
+// padding_idx is wrapped by the Lua layer before it gets here)
+fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t padding_idx) {
+  const char* op = "embedding";
+  CHECK_NULL(weight && index, "%s: weight and index must be tensors (got nil)", op);
+  if (fsdp_check_f32(op, weight) || fsdp_check_same_device(op, weight, index)) return NULL;
+  CHECK_NULL(weight->ndim == 2, "%s: weight must be 2-D (num_embeddings, embedding_dim), got shape %s", op,
+             SH(weight));
+  CHECK_NULL(index->dtype == FSDP_I64, "%s: index must be an int64 tensor, got %s of shape %s", op, DT(index),
+             SH(index));
+  CHECK_NULL(index->ndim < FSDP_MAX_DIMS, "%s: index of shape %s has too many dims (output would exceed %d)", op,
+             SH(index), FSDP_MAX_DIMS);
+  int64_t V = weight->shape[0], D = weight->shape[1];
+  CHECK_NULL(padding_idx < V, "%s: padding_idx %lld out of range for %lld embeddings (weight %s)", op,
+             (long long)padding_idx, (long long)V, SH(weight));
+  const fsdp_backend* be = fsdp_backend_of(weight);
+  if (!be) return NULL;
+  fsdp_tensor* idx = as_contig_i64(index);
+  if (!idx) return NULL;
+  int64_t n = fsdp_tensor_numel(idx), bad = 0;
+  // (check_targets skips its ignore value; 0 is harmless to skip when V > 0, and V == 0 has no valid index)
+  if (V == 0 && n > 0) bad = fsdp_i64(idx)[0];
+  if ((V == 0 && n > 0) || be->nn->check_targets(fsdp_i64(idx), n, V, 0, &bad)) {
+    fsdp_errorf("%s: index value %lld is out of range for %lld embeddings (expected 0 <= index < %lld); weight %s, "
+                "index %s", op, (long long)bad, (long long)V, (long long)V, SH(weight), SH(index));
+    fsdp_tensor_release(idx);
+    return NULL;
+  }
+  int64_t shape[FSDP_MAX_DIMS];
+  memcpy(shape, index->shape, index->ndim * sizeof(int64_t));
+  shape[index->ndim] = D;
+  fsdp_tensor* w = fsdp_as_contig(weight);
+  fsdp_tensor* y = w ? fsdp_new(index->ndim + 1, shape, FSDP_F32, fsdp_device_of(w)) : NULL;
+  if (y) {
+    be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
+    fsdp_node* node = fsdp_node_new("EmbeddingBackward", embedding_backward, 1, &weight);
+    if (node) {
+      node->i[0] = padding_idx; node->i[1] = V; node->i[2] = D;
+      fsdp_node_save(node, idx);
+      fsdp_node_set_output(node, y);
+    }
+  }
+  fsdp_tensor_release(w);
+  fsdp_tensor_release(idx);
+  return y;
+}
+
+// ---- dropout ------------------------------------------------------------------------------------------------------
+// The keep mask is a function of (seed, element index): the seed is one draw from the global RNG
+// (deterministic under fsdp_manual_seed), and backward regenerates the mask instead of storing it.
+// node->f: [0] p; node->i: [0] seed
+static int dropout_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* g = fsdp_as_contig(grad_out);
+  fsdp_tensor* gx = g ? fsdp_new_like(g) : NULL;
+  if (gx) fsdp_backend_of(g)->nn->dropout(fsdp_f32(gx), fsdp_f32(g), fsdp_tensor_numel(g), (float)node->f[0],
+                                          (uint64_t)node->i[0]);
+  fsdp_tensor_release(g);
+  grad_in[0] = gx;
+  return gx ? 0 : -1;
+}
+
+fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
+  const char* op = "dropout";
+  CHECK_NULL(x, "%s: input is nil", op);
+  CHECK_NULL(p >= 0.0 && p <= 1.0, "%s: probability has to be between 0 and 1, but got %g", op, p);
+  if (!training || p == 0.0) { fsdp_tensor_retain(x); return x; }  // identity
+  if (fsdp_check_f32(op, x)) return NULL;
+  const fsdp_backend* be = fsdp_backend_of(x);
+  if (!be) return NULL;
+  fsdp_tensor* xc = fsdp_as_contig(x);
+  fsdp_tensor* y = xc ? fsdp_new_like(xc) : NULL;
+  if (y) {
+    uint64_t seed = fsdp_rng_next();
+    be->nn->dropout(fsdp_f32(y), fsdp_f32(xc), fsdp_tensor_numel(xc), (float)p, seed);
+    fsdp_node* node = fsdp_node_new("DropoutBackward", dropout_backward, 1, &x);
+    if (node) {
+      node->f[0] = p;
+      node->i[0] = (int64_t)seed;
+      fsdp_node_set_output(node, y);
+    }
+  }
+  fsdp_tensor_release(xc);
+  return y;
+}
+
+// ---- scaled dot-product attention ------------------------------------------------------------------------------------
+// Forward: S = scale * q k^T (+ mask, causal), P = softmax(S), O = dropout(P) v.
+// Backward: dV = Pd^T dO, dPd = dO V^T, dP = dropout(dPd), dS = P * (dP - rowsum(dP * P)),
+//           dQ = scale * dS K, dK = scale * dS^T Q, dmask = dS summed to the mask's shape.
+// node->f: [0] scale, [1] dropout_p; node->i: [0] seed, [1] B, [2] Tq, [3] Tk, [4] D, [5] Dv
+// saved: 0 q, 1 k, 2 v (contiguous), 3 P (B.., Tq, Tk), 4 mask (only when it requires grad)
+static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  fsdp_tensor* q = fsdp_node_saved(node, 0);
+  fsdp_tensor* k = q ? fsdp_node_saved(node, 1) : NULL;
+  fsdp_tensor* v = k ? fsdp_node_saved(node, 2) : NULL;
+  fsdp_tensor* P = v ? fsdp_node_saved(node, 3) : NULL;
+  fsdp_tensor* mask = NULL;
+  if (!P || (node->needs_grad[3] && !(mask = fsdp_node_saved(node, 4)))) return -1;
+  const fsdp_backend* be = fsdp_backend_of(q);
+  float scale = (float)node->f[0], p = (float)node->f[1];
+  uint64_t seed = (uint64_t)node->i[0];
+  int64_t B = node->i[1], Tq = node->i[2], Tk = node->i[3], D = node->i[4], Dv = node->i[5], nP = B * Tq * Tk;
+  fsdp_tensor *dO = fsdp_as_contig(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  int rc = -1;
+  if (!dO) return -1;
+  if (p > 0.0f) {  // the dropped-out probabilities the forward multiplied with v
+    if (!(Pd = fsdp_new_like(P))) goto done;
+    be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, p, seed);
+  }
+  if (node->needs_grad[2]) {
+    if (!(dv = fsdp_new_like(v))) goto done;
+    bgemm(be, B, 1, 0, Tk, Dv, Tq, 1.0f, fsdp_f32(Pd ? Pd : P), Tk, Tq * Tk, fsdp_f32(dO), Dv, Tq * Dv, fsdp_f32(dv));
+  }
+  if (node->needs_grad[0] || node->needs_grad[1] || node->needs_grad[3]) {
+    if (!(dP = fsdp_new_like(P))) goto done;
+    bgemm(be, B, 0, 1, Tq, Tk, Dv, 1.0f, fsdp_f32(dO), Dv, Tq * Dv, fsdp_f32(v), Dv, Tk * Dv, fsdp_f32(dP));
+    if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, seed);
+    be->nn->softmax_backward(fsdp_f32(dP), fsdp_f32(dP), fsdp_f32(P), B * Tq, Tk, 1, 0);  // dP -> dS in place
+    if (node->needs_grad[0]) {
+      if (!(dq = fsdp_new_like(q))) goto done;
+      bgemm(be, B, 0, 0, Tq, D, Tk, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(k), D, Tk * D, fsdp_f32(dq));
+    }
+    if (node->needs_grad[1]) {
+      if (!(dk = fsdp_new_like(k))) goto done;
+      bgemm(be, B, 1, 0, Tk, D, Tq, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(q), D, Tq * D, fsdp_f32(dk));
+    }
+    if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
+  }
+  grad_in[0] = dq; grad_in[1] = dk; grad_in[2] = dv;
+  dq = dk = dv = NULL;
+  rc = 0;
+done:
+  fsdp_tensor_release(dO); fsdp_tensor_release(Pd); fsdp_tensor_release(dP);
+  fsdp_tensor_release(dq); fsdp_tensor_release(dk); fsdp_tensor_release(dv);
+  return rc;
+}
+
+// checks shapes; fills B (product of batch dims), Tq, Tk, D, Dv
+static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, int64_t* B, int64_t* Tq,
+                      int64_t* Tk, int64_t* D, int64_t* Dv) {
+  CHECK_INT(q && k && v, "%s: query, key and value must be tensors (got nil)", op);
+  if (fsdp_check_f32(op, q) || fsdp_check_f32(op, k) || fsdp_check_f32(op, v)) return -1;
+  if (fsdp_check_same_device(op, q, k) || fsdp_check_same_device(op, q, v)) return -1;
+  int nd = q->ndim;
+  CHECK_INT(nd >= 2 && k->ndim == nd && v->ndim == nd, "%s: query %s, key %s and value %s must have the same number "
+            "of dims (at least 2: (..., T, head_dim))", op, SH(q), SH(k), SH(v));
+  int ok = 1;
+  *B = 1;
+  for (int i = 0; i < nd - 2; i++) {
+    ok = ok && k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i];
+    *B *= q->shape[i];
+  }
+  CHECK_INT(ok, "%s: batch dims of query %s, key %s and value %s differ", op, SH(q), SH(k), SH(v));
+  *Tq = q->shape[nd - 2]; *D = q->shape[nd - 1];
+  *Tk = k->shape[nd - 2]; *Dv = v->shape[nd - 1];
+  CHECK_INT(k->shape[nd - 1] == *D, "%s: query %s and key %s have different head dims (%lld vs %lld)", op, SH(q),
+            SH(k), (long long)*D, (long long)k->shape[nd - 1]);
+  CHECK_INT(v->shape[nd - 2] == *Tk, "%s: key %s and value %s have different sequence lengths (%lld vs %lld)", op,
+            SH(k), SH(v), (long long)*Tk, (long long)v->shape[nd - 2]);
+  return 0;
+}
+
+fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,
+                                               int causal, double dropout_p, double scale) {
+  const char* op = "scaled_dot_product_attention";
+  int64_t B, Tq, Tk, D, Dv;
+  if (sdpa_check(op, q, k, v, &B, &Tq, &Tk, &D, &Dv)) return NULL;
+  CHECK_NULL(dropout_p >= 0.0 && dropout_p < 1.0, "%s: dropout_p must be in [0, 1), got %g", op, dropout_p);
+  const fsdp_backend* be = fsdp_backend_of(q);
+  if (!be) return NULL;
+  int nd = q->ndim;
+  if (scale <= 0.0) scale = 1.0 / sqrt((double)D);
+  int64_t sshape[FSDP_MAX_DIMS], oshape[FSDP_MAX_DIMS], mstride[FSDP_MAX_DIMS];
+  memcpy(sshape, q->shape, nd * sizeof(int64_t));
+  sshape[nd - 1] = Tk;  // scores (..., Tq, Tk)
+  memcpy(oshape, q->shape, nd * sizeof(int64_t));
+  oshape[nd - 1] = Dv;  // output (..., Tq, Dv)
+
+  // the mask is read in place through broadcast strides: per batch matrix an offset, then (i, j) strides
+  int64_t* mask_boff = NULL;
+  if (mask) {
+    if (fsdp_check_f32(op, mask) || fsdp_check_same_device(op, q, mask)) return NULL;
+    int ok = mask->ndim <= nd;
+    for (int i = 0; ok && i < mask->ndim; i++) {
+      int64_t ms = mask->shape[i], ss = sshape[nd - mask->ndim + i];
+      ok = ms == ss || ms == 1;
+    }
+    CHECK_NULL(ok, "%s: attn_mask of shape %s cannot be broadcast to the attention scores of shape %s (query %s, "
+               "key %s)", op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
+    fsdp_broadcast_strides(mask, nd, sshape, mstride);
+    mask_boff = malloc((B ? B : 1) * sizeof(int64_t));
+    CHECK_NULL(mask_boff, "%s: out of memory", op);
+    for (int64_t b = 0; b < B; b++) {
+      int64_t rem = b, off = 0;
+      for (int i = nd - 3; i >= 0; i--) { off += (rem % sshape[i]) * mstride[i]; rem /= sshape[i]; }
+      mask_boff[b] = off;
+    }
+  }
+
+  fsdp_tensor *qc = fsdp_as_contig(q), *kc = NULL, *vc = NULL, *P = NULL, *Pd = NULL, *out = NULL;
+  int ok = qc && (kc = fsdp_as_contig(k)) && (vc = fsdp_as_contig(v)) && (P = fsdp_new(nd, sshape, FSDP_F32, fsdp_device_of(q))) &&
+           (out = fsdp_new(nd, oshape, FSDP_F32, fsdp_device_of(q)));
+  uint64_t seed = 0;
+  if (ok) {
+    int64_t nP = B * Tq * Tk;
+    bgemm(be, B, 0, 1, Tq, Tk, D, (float)scale, fsdp_f32(qc), D, Tq * D, fsdp_f32(kc), D, Tk * D, fsdp_f32(P));
+    be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, mask_boff, mask ? mstride[nd - 2] : 0,
+                         mask ? mstride[nd - 1] : 0, causal);
+    if (dropout_p > 0.0) {
+      seed = fsdp_rng_next();
+      ok = (Pd = fsdp_new_like(P)) != NULL;
+      if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, (float)dropout_p, seed);
+    }
+    if (ok)
+      bgemm(be, B, 0, 0, Tq, Dv, Tk, 1.0f, fsdp_f32(Pd ? Pd : P), Tk, Tq * Tk, fsdp_f32(vc), Dv, Tk * Dv, fsdp_f32(out));
+  }
+  if (ok) {
+    fsdp_node* node = fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4,
+                                    (fsdp_tensor*[]){q, k, v, mask});
+    if (node) {
+      node->f[0] = scale; node->f[1] = dropout_p;
+      node->i[0] = (int64_t)seed; node->i[1] = B; node->i[2] = Tq; node->i[3] = Tk; node->i[4] = D; node->i[5] = Dv;
+      fsdp_node_save(node, qc);
+      fsdp_node_save(node, kc);
+      fsdp_node_save(node, vc);
+      fsdp_node_save(node, P);
+      if (mask && mask->requires_grad) fsdp_node_save(node, mask);
+      fsdp_node_set_output(node, out);
+    }
+  } else {
+    fsdp_tensor_release(out);
+    out = NULL;
+  }
+  free(mask_boff);
+  fsdp_tensor_release(qc); fsdp_tensor_release(kc); fsdp_tensor_release(vc);
+  fsdp_tensor_release(P); fsdp_tensor_release(Pd);
+  return out;
+}
