@@ -18,7 +18,7 @@ LUADIR  ?= $(PREFIX)/share/lua/5.1
 LIBDIR  ?= $(PREFIX)/lib/lua/5.1
 BINDIR  ?= $(PREFIX)/bin
 
-SRCS := $(wildcard src/*.c)
+SRCS := $(filter-out src/comm_mpi.c,$(wildcard src/*.c))
 OBJS := $(SRCS:src/%.c=build/%.o)
 HDRS := $(wildcard src/*.h)
 LUAJIT ?= luajit
@@ -37,6 +37,15 @@ build:
 
 libfsdp.so: $(OBJS)
 	$(CC) -shared -o $@ $(OBJS) $(LDLIBS)
+
+# the MPI backend: its own library, so libfsdp.so never depends on MPI (comm.c dlopen()s it);
+# built only where mpicc exists
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+all: libfsdp_mpi.so
+endif
+libfsdp_mpi.so: src/comm_mpi.c src/comm.h
+	$(MPICC) $(CFLAGS) -shared -o $@ src/comm_mpi.c
 
 # the FFI part of the public header, as a Lua string (the single source of truth for ffi.cdef)
 lua/fsdp/cdef.lua: src/fsdp.h
@@ -68,9 +77,10 @@ install: all
 	mkdir -p $(DESTDIR)$(LUADIR)/fsdp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
 	cp -r lua/fsdp/* $(DESTDIR)$(LUADIR)/fsdp/
 	cp libfsdp.so $(DESTDIR)$(LIBDIR)/
+	if [ -f libfsdp_mpi.so ]; then cp libfsdp_mpi.so $(DESTDIR)$(LIBDIR)/; fi
 	if [ -d bin ]; then cp bin/* $(DESTDIR)$(BINDIR)/; fi
 
 clean:
-	rm -rf build libfsdp.so lua/fsdp/cdef.lua
+	rm -rf build libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
 .PHONY: all test memcheck bench demo install clean

@@ -22,6 +22,7 @@ static int g_backward_running;
 int fsdp_is_grad_enabled(void) { return g_grad_enabled; }
 void fsdp_set_grad_enabled(int enabled) { g_grad_enabled = enabled != 0; }
 int fsdp_is_backward_running(void) { return g_backward_running; }
+int64_t fsdp_autograd_pass(void) { return g_pass; }
 
 // ---- nodes ---------------------------------------------------------------------------------------
 fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs, fsdp_tensor** inputs) {
@@ -56,6 +57,8 @@ fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
   CHECK_NULL(!n->released, "%s: trying to backward through the graph a second time (its saved tensors were "
              "freed after the first backward; pass retain_graph = true to keep them)", n->name);
   fsdp_tensor* t = n->saved[k];
+  // a saved view of an FSDP unit's gathered parameters: gather again if the unit resharded
+  if (t && !t->storage->data && t->storage->unit && fsdp_unit_materialize(t->storage->unit)) return NULL;
   CHECK_NULL(!t || t->storage->version == n->saved_version[k],
              "%s: a tensor of shape %s needed for gradient computation was modified by an in-place operation "
              "(version %lld, expected %lld)", n->name, SH(t), (long long)t->storage->version,

@@ -207,8 +207,9 @@ static void cpu_binary(int op, float* out, const float* a, const float* b, int n
 // within 2 ulp of expf. 2^k is applied as two factors so results down to the subnormals and up to
 // overflow (inf) come out right; NaN stays NaN.
 static inline float exp_f(float x) {
-  float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
-  float k = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+  float xc = x < -104.0f ? -104.0f : x;  // maxps / minps; a NaN passes through and propagates
+  xc = xc > 88.8f ? 88.8f : xc;
+  float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
   float r = xc - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -223,8 +224,7 @@ static inline float exp_f(float x) {
   float s1, s2;
   memcpy(&s1, &e1, 4);
   memcpy(&s2, &e2, 4);
-  float y = p * s1 * s2;
-  return x != x ? x : y;
+  return p * s1 * s2;
 }
 // tanh(x) = 1 - 2 / (exp(2x) + 1), with the odd polynomial near 0 where that form cancels
 static inline float tanh_f(float x) {
@@ -240,13 +240,66 @@ static inline float tanh_f(float x) {
 }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
+// Vectorisable float32 log (Cephes' logf: x = 2^e * m, m in [sqrt(1/2), sqrt(2)), polynomial in
+// m - 1); within 2 ulp of logf. Subnormals are rescaled; 0 -> -inf, x < 0 -> NaN, inf -> inf.
+static inline float log_f(float x) {
+  int sub = x < 1.17549435e-38f;
+  float xs = sub ? x * 8388608.0f : x;  // 2^23
+  int32_t bits;
+  memcpy(&bits, &xs, 4);
+  int32_t e = ((bits >> 23) & 0xff) - 127 - (sub ? 23 : 0);
+  int32_t mb = (bits & 0x7fffff) | 0x3f800000;
+  float m;
+  memcpy(&m, &mb, 4);  // [1, 2)
+  int big = m > 1.41421356f;
+  m = big ? 0.5f * m : m;
+  float fe = (float)(e + big);
+  float f = m - 1.0f, z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  y += -2.12194440e-4f * fe;
+  y += -0.5f * z;
+  float r = f + y + 0.693359375f * fe;
+  r = x == 0.0f ? -__builtin_inff() : r;
+  r = x < 0.0f ? __builtin_nanf("") : r;
+  r = x == __builtin_inff() ? x : r;
+  return x != x ? x : r;
+}
+
+// erfc with relative error < 1.2e-7 everywhere (Numerical Recipes' erfcc, a Chebyshev fit), so
+// Phi(x) = erfc(-x / sqrt 2) / 2 stays accurate deep in the lower tail, where 1 + erf(x) would cancel
+static inline float erfc_f(float x) {
+  float z = x < 0 ? -x : x;
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  float r = t * exp_f(-z * z + p);
+  return x < 0 ? 2.0f - r : r;
+}
+
 #define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
 #define GELU_K1 0.3989422804014327f   // 1/sqrt(2*pi)
 #define GELU_BETA 0.7978845608028654f // sqrt(2/pi)
 #define GELU_KAPPA 0.044715f
 
 #define UNARY_LOOP(EXPR)                                          \
-  _Pragma("omp parallel for simd if (n > PAR_MIN)")              \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")              \
   for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
 
 static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) {
@@ -254,13 +307,13 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
   switch (op) {
     case FSDP_UN_NEG: UNARY_LOOP(-v); break;
     case FSDP_UN_EXP: UNARY_LOOP(exp_f(v)); break;
-    case FSDP_UN_LOG: UNARY_LOOP(logf(v)); break;
+    case FSDP_UN_LOG: UNARY_LOOP(log_f(v)); break;
     case FSDP_UN_SQRT: UNARY_LOOP(sqrtf(v)); break;
     case FSDP_UN_ABS: UNARY_LOOP(fabsf(v)); break;
     case FSDP_UN_TANH: UNARY_LOOP(tanh_f(v)); break;
     case FSDP_UN_SIGMOID: UNARY_LOOP(sigmoid_f(v)); break;
     case FSDP_UN_RELU: UNARY_LOOP(v > 0.0f ? v : (v != v ? v : 0.0f)); break;
-    case FSDP_UN_GELU: UNARY_LOOP(0.5f * v * (1.0f + erff(v * GELU_K0))); break;
+    case FSDP_UN_GELU: UNARY_LOOP(0.5f * v * erfc_f(-v * GELU_K0)); break;
     case FSDP_UN_GELU_TANH: UNARY_LOOP(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v)))); break;
     case FSDP_UN_POW:
       if (p == 2.0f) { UNARY_LOOP(v * v); }
@@ -278,7 +331,7 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
 
 // gx = gy * f'(x); ops read x or y (the forward output), whichever the op layer saved
 #define UNARY_BW_LOOP(EXPR)                                                   \
-  _Pragma("omp parallel for simd if (n > PAR_MIN)")                          \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")                          \
   for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
 
 static void cpu_unary_backward(int op, float* gx, const float* gy, const float* x, const float* y, int64_t n,
@@ -294,7 +347,7 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_SIGMOID: UNARY_BW_LOOP(g * y[i] * (1.0f - y[i])); break;
     case FSDP_UN_RELU: UNARY_BW_LOOP(y[i] > 0.0f ? g : 0.0f); break;
     case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-      UNARY_BW_LOOP(g * (0.5f * (1.0f + erff(x[i] * GELU_K0)) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
+      UNARY_BW_LOOP(g * (0.5f * erfc_f(-x[i] * GELU_K0) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
       break;
     case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
       UNARY_BW_LOOP(({
@@ -347,20 +400,49 @@ static void cpu_sum_dim(float* out, const float* in, int64_t outer, int64_t red,
   } else if (inner == 1) {  // rows
 #pragma omp parallel for if (n > PAR_MIN)
     for (int64_t o = 0; o < outer; o++) out[o] = (float)sum_run(in + o * red, red);
-  } else {  // columns: out[o, j] = sum_r in[o, r, j], j in blocks so threads split wide rows too
-    int64_t jb = inner > 2048 ? 2048 : inner, nb = (inner + jb - 1) / jb;
+  } else {  // columns: out[o, j] = sum_r in[o, r, j]; j in blocks so threads split wide rows too,
+            // rows in blocks of 128 summed in float lanes, blocks added in double (like sum_run)
+    int64_t jb = inner > 1024 ? 1024 : inner, nb = (inner + jb - 1) / jb;
 #pragma omp parallel for if (n > PAR_MIN)
     for (int64_t w = 0; w < outer * nb; w++) {
-      int64_t o = w / nb, j0 = (w % nb) * jb, j1 = j0 + jb < inner ? j0 + jb : inner;
-      float* po = out + o * inner;
-      const float* pi = in + o * red * inner;
-      for (int64_t j = j0; j < j1; j++) po[j] = 0.0f;
-      for (int64_t r = 0; r < red; r++) {
-        const float* row = pi + r * inner;
-        for (int64_t j = j0; j < j1; j++) po[j] += row[j];
+      int64_t o = w / nb, j0 = (w % nb) * jb, len = j0 + jb < inner ? jb : inner - j0;
+      const float* pi = in + o * red * inner + j0;
+      float accf[1024];
+      double accd[1024];
+      for (int64_t j = 0; j < len; j++) accd[j] = 0.0;
+      for (int64_t r0 = 0; r0 < red; r0 += 128) {
+        int64_t r1 = r0 + 128 < red ? r0 + 128 : red;
+        for (int64_t j = 0; j < len; j++) accf[j] = pi[r0 * inner + j];
+        for (int64_t r = r0 + 1; r < r1; r++) {
+          const float* row = pi + r * inner;
+          for (int64_t j = 0; j < len; j++) accf[j] += row[j];
+        }
+        for (int64_t j = 0; j < len; j++) accd[j] += accf[j];
       }
+      float* po = out + o * inner + j0;
+      for (int64_t j = 0; j < len; j++) po[j] = (float)accd[j];
     }
   }
+}
+
+// max of a contiguous run and the index of its first occurrence (of the first NaN, if any):
+// a vectorised max/NaN scan, then a short search for the position
+static inline int64_t argmax_run(const float* p, int64_t n, float* best) {
+  float m = p[0];
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t r = 0; r < n; r++) {
+    m = p[r] > m ? p[r] : m;
+    nan |= p[r] != p[r];
+  }
+  int64_t r = 0;
+  if (nan) {
+    while (p[r] == p[r]) r++;
+  } else {
+    while (p[r] != m) r++;
+  }
+  *best = p[r];
+  return r;
 }
 
 // max over red with the index of the first maximum; NaN wins (as in PyTorch)
@@ -368,15 +450,7 @@ static void cpu_max_dim(float* out, int64_t* idx, const float* in, int64_t outer
   int64_t n = outer * red * inner;
   if (inner == 1) {
 #pragma omp parallel for if (n > PAR_MIN)
-    for (int64_t o = 0; o < outer; o++) {
-      const float* p = in + o * red;
-      float best = p[0];
-      int64_t bi = 0;
-      for (int64_t r = 1; r < red && best == best; r++)
-        if (p[r] > best || p[r] != p[r]) { best = p[r]; bi = r; }
-      out[o] = best;
-      idx[o] = bi;
-    }
+    for (int64_t o = 0; o < outer; o++) idx[o] = argmax_run(in + o * red, red, &out[o]);
   } else {
 #pragma omp parallel for if (n > PAR_MIN)
     for (int64_t o = 0; o < outer; o++) {

@@ -23,15 +23,19 @@ static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N
 
 // ---- linear helpers ------------------------------------------------------------------------------------
 
+// Linear's helpers stay single-threaded unless huge: they are memory bound, and an OpenMP region
+// between two multi-threaded GEMMs leaves spinning OpenMP workers that slow OpenBLAS's threads.
+#define FSDP_LINEAR_OMP_MIN (1 << 22)
+
 static void cpu_bias_rows(float* y, const float* b, int64_t M, int64_t N) {
-#pragma omp parallel for if (M * N > 32768)
+#pragma omp parallel for if (M * N > FSDP_LINEAR_OMP_MIN)
   for (int64_t i = 0; i < M; i++) memcpy(y + i * N, b, N * sizeof(float));
 }
 
 // gb (N) = sum_i gy (i, :); columns split across threads, rows streamed (vectorizes over j)
 static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
   const int64_t CB = 256;  // column block
-#pragma omp parallel for if (M * N > 32768)
+#pragma omp parallel for if (M * N > FSDP_LINEAR_OMP_MIN)
   for (int64_t j0 = 0; j0 < N; j0 += CB) {
     int64_t j1 = j0 + CB < N ? j0 + CB : N;
     float acc[256];

@@ -8,7 +8,9 @@
  */
 // the float selects in exp_nonpos() only if-convert (and so vectorize) without trapping math;
 // nothing here relies on floating-point exception flags
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+#endif
 
 #include "internal.h"
 
@@ -19,13 +21,14 @@
 #define TILE 64        // columns per tile when the reduced dim is strided (inner > 1)
 
 // ---- exp -----------------------------------------------------------------------------------------
-// exp(x) with Cephes' single-precision polynomial (relative error ~1e-7): vectorizable, exact 0 for
-// x < -87 (so -inf gives 0), NaN stays NaN. Used for softmax arguments, which are <= 0.
+// exp(x) for x <= 0 with Cephes' single-precision polynomial (max relative error 8.5e-8 over
+// [-90, 0], checked against double exp on every float): branch-free so it vectorizes; exact 0 for
+// x < -87 (so -inf gives 0), NaN propagates. Every caller passes arguments <= 0 (x - max, x - lse).
 static inline float exp_nonpos(float x) {
-  float xc = x >= -87.0f ? x : -87.0f;  // NaN -> -87 here; restored below
-  xc = xc <= 88.0f ? xc : 88.0f;
-  float fx = floorf(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
+  float xc = x < -87.0f ? -87.0f : x;
+  float z = xc * 1.44269504088896341f + 12582912.0f;  // n = round(x / ln 2) in the low mantissa bits
+  float fx = z - 12582912.0f;
+  float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;  // x - n ln 2 in two parts
   float y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
@@ -33,12 +36,13 @@ static inline float exp_nonpos(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
-  int32_t bits = ((int32_t)fx + 127) << 23;
+  uint32_t zi, bits;
+  memcpy(&zi, &z, 4);
+  bits = (zi - 0x4B400000u + 127u) << 23;  // 2^n as a float's bits (0x4B400000: the bits of 1.5 * 2^23)
   float p2;
   memcpy(&p2, &bits, 4);
   y *= p2;
-  y = x < -87.0f ? 0.0f : y;
-  return x != x ? x : y;
+  return x < -87.0f ? 0.0f : y;
 }
 
 // ---- softmax ---------------------------------------------------------------------------------------

@@ -252,6 +252,98 @@ fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i);
 const char* fsdp_st_metadata(const fsdp_st_file* f); // raw JSON of __metadata__ or ""
 void fsdp_st_close(fsdp_st_file* f);
 
+// ---- communication (comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
+// Collectives are asynchronous: they are queued to the communication thread, which runs them
+// in issue order while the caller computes. Every rank must issue the same collectives in the
+// same order; before moving data the ranks compare (op, tag, bytes), so a mismatch is an error
+// naming the tag and the ranks on every rank, and a rank that never arrives is a timeout error.
+typedef struct fsdp_work fsdp_work;
+typedef enum { FSDP_REDUCE_SUM = 0, FSDP_REDUCE_AVG = 1, FSDP_REDUCE_MAX = 2 } fsdp_reduce_op;
+typedef enum {
+  FSDP_COLL_ALL_GATHER = 0, FSDP_COLL_REDUCE_SCATTER = 1, FSDP_COLL_ALL_REDUCE = 2,
+  FSDP_COLL_BROADCAST = 3, FSDP_COLL_BARRIER = 4, FSDP_NCOLL = 5
+} fsdp_coll_kind;
+
+// backend: "self", "mpi", or NULL / "" for automatic (mpi when started by mpirun / fsdprun)
+int fsdp_comm_init(const char* backend);
+int fsdp_comm_is_initialized(void);
+int fsdp_comm_rank(void);
+int fsdp_comm_world_size(void);
+const char* fsdp_comm_backend_name(void);
+int fsdp_comm_finalize(void);
+// out (N * in.numel, same dtype) = concatenation of every rank's `in`
+fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag);
+// f32: out (in.numel / N) = this rank's chunk of the sum (or average) of every rank's `in`
+fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int op, const char* tag);
+fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int op, const char* tag);    // f32, in place
+fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag);   // any dtype, in place
+fsdp_work* fsdp_barrier_async(const char* tag);
+int fsdp_work_wait(fsdp_work* w);   // 0, or -1 with the collective's error
+int fsdp_work_test(fsdp_work* w);   // 1 when finished (successfully or not), else 0
+void fsdp_work_free(fsdp_work* w);  // waits first if still running
+int fsdp_barrier(void);
+// collectives issued and payload bytes per fsdp_coll_kind since init (arrays of FSDP_NCOLL)
+void fsdp_comm_stats(int64_t* counts, int64_t* bytes);
+void fsdp_comm_reset_stats(void);
+// seconds a rank waits for the others to reach the same collective before it errors (default 300)
+void fsdp_comm_set_timeout(double seconds);
+// reduce-scatter algorithm: 0 = ring of MPI_Sendrecv + vectorized sum (default), 1 = MPI_Reduce_scatter_block
+void fsdp_comm_set_reduce_scatter_algo(int algo);
+
+// ---- FSDP units (shard.c: layout and buffers; sched.c: lifecycle and engine events) ----------
+// A unit owns the parameters of one wrapped module that no nested unit owns. Each parameter is
+// split into world_size equal chunks of its flattened elements (the last ones padded); rank r
+// keeps chunk r. Between steps a parameter tensor IS its local piece (1-D, possibly empty; the
+// original shape when the piece is the whole tensor) and its .grad is the matching piece of the
+// averaged gradient, so optimizers update only what this rank owns. While gathered it is a view
+// of the full buffer with its original shape. Trainable and frozen parameters live in separate
+// flat buffers, so frozen ones cost no gradient memory and no reduce-scatter traffic.
+typedef struct fsdp_unit fsdp_unit;
+typedef enum { FSDP_FULL_SHARD = 0, FSDP_SHARD_GRAD_OP = 1, FSDP_NO_SHARD = 2 } fsdp_sharding;
+typedef enum {
+  FSDP_UNIT_IDLE = 0, FSDP_UNIT_FORWARD = 1, FSDP_UNIT_FORWARD_DONE = 2, FSDP_UNIT_BACKWARD = 3,
+  FSDP_UNIT_BACKWARD_DONE = 4
+} fsdp_unit_phase;
+typedef struct fsdp_unit_options {
+  int sharding;               // fsdp_sharding
+  int reshard_after_forward;  // -1: by strategy (full shard: yes, except the root), 0: no, 1: yes
+  int param_dtype;            // dtype parameters are gathered in (F32, BF16, F16); compute stays f32
+  int reduce_dtype;           // dtype gradients are reduced in (F32)
+  int forward_prefetch;       // gather the next unit during this unit's forward
+  int backward_prefetch;      // gather the next unit during this unit's backward (default on)
+  int sync_module_states;     // broadcast rank 0's values when parameters are first sharded
+} fsdp_unit_options;
+
+fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts);
+// (re)assigns the unit's parameters (collective): parameters owned by another unit are taken
+// from it; standalone ones are broadcast from rank 0 (if sync_module_states) and sharded
+int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** params, const char** names);
+const char* fsdp_unit_path(const fsdp_unit* u);
+int fsdp_unit_set_path(fsdp_unit* u, const char* path);  // the name used in errors and collective tags
+int fsdp_unit_state(const fsdp_unit* u);
+const char* fsdp_unit_state_name(int state);
+int fsdp_unit_num_params(const fsdp_unit* u);
+fsdp_tensor* fsdp_unit_param(fsdp_unit* u, int i);  // borrowed
+// forward protocol (called by the Lua wrapper around the module's forward)
+int fsdp_unit_pre_forward(fsdp_unit* u);
+fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t);  // new ref: identity that gathers in backward
+int fsdp_unit_post_forward(fsdp_unit* u);
+int fsdp_unit_abort_forward(fsdp_unit* u);  // the module's forward raised an error
+// summon_full_params: gather (parameters take their full shapes) and reshard (writeback copies the
+// full values into the local pieces first)
+int fsdp_unit_unshard(fsdp_unit* u);
+int fsdp_unit_reshard(fsdp_unit* u, int writeback);
+// no_sync: while set, backward accumulates full gradients locally and reduces nothing
+int fsdp_unit_set_sync_grads(fsdp_unit* u, int sync);
+// layout of parameter i for checkpoints: global numel, chunk size, and this rank's piece
+int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length);
+// full (original) shape of a parameter owned by a unit, whatever form it is in; returns ndim
+int fsdp_param_full_shape(const fsdp_tensor* p, int64_t* shape);
+fsdp_unit* fsdp_param_unit(const fsdp_tensor* p);  // NULL for standalone tensors
+// 1 when every unit is idle and holds no gathered buffer beyond its policy
+int fsdp_units_all_idle(void);
+int fsdp_unit_world_size(const fsdp_unit* u);  // 1 for NO_SHARD
+
 // ---- build information ------------------------------------------------------------------------------
 const char* fsdp_version(void);
 // FFI-END

@@ -55,7 +55,18 @@ typedef struct fsdp_storage {
   size_t nbytes;
   void* data;
   int64_t version; // bumped by in-place writes; autograd checks saved tensors against it
+  // set on an FSDP unit's gathered buffer: data is NULL while the unit is resharded, and a
+  // saved tensor found that way during backward is re-gathered on demand (fsdp_unit_materialize)
+  struct fsdp_unit* unit;
 } fsdp_storage;
+// frees / re-allocates a storage's bytes while keeping the struct (and every view of it) alive
+void fsdp_storage_drop_data(fsdp_storage* s);
+int fsdp_storage_ensure_data(fsdp_storage* s);
+fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat);  // refcount 1, data allocated
+fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat);  // refcount 1, no data
+void fsdp_storage_release(fsdp_storage* s);
+// error (naming op and shape) if t's bytes are not there (a resharded FSDP buffer)
+int fsdp_check_data(const char* op, const fsdp_tensor* t);
 
 // ---- tensors ------------------------------------------------------------------------------------
 typedef struct fsdp_hook {
@@ -81,6 +92,9 @@ struct fsdp_tensor {
   fsdp_hook* hooks;               // leaf hooks (non-leaf hooks live on grad_fn)
   // engine scratch (leaves): contributions still to come in this backward, and whether any came
   int bw_pending, bw_got;
+  // FSDP: the unit owning this parameter and its index there (NULL for ordinary tensors)
+  struct fsdp_unit* unit;
+  int unit_index;
 };
 
 static inline int fsdp_device_of(const fsdp_tensor* t) { return t->storage->device; }
@@ -92,7 +106,10 @@ static inline int64_t* fsdp_i64(const fsdp_tensor* t) { return (int64_t*)fsdp_pt
 
 // new tensor with fresh contiguous storage (uninitialised), refcount 1
 fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device);
+fsdp_tensor* fsdp_new_cat(int ndim, const int64_t* shape, int dtype, int device, int cat);  // in category cat
 fsdp_tensor* fsdp_new_like(const fsdp_tensor* t);
+// contiguous view of `shape` at `offset` (elements) on an existing storage (retained), refcount 1
+fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64_t* shape, int64_t offset);
 fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t);
 // new view on t's storage (no autograd), refcount 1
 fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape,
@@ -178,6 +195,13 @@ fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k);
 // makes `out` the node's output (out takes over the caller's ref to n)
 void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out);
 void fsdp_node_release(fsdp_node* n);
+
+// id of the current (or last) backward pass
+int64_t fsdp_autograd_pass(void);
+// FSDP's catch-all: gathers a unit whose resharded buffer a backward node needs (sched.c)
+int fsdp_unit_materialize(struct fsdp_unit* u);
+// FSDP engine hooks, installed once by sched.c
+void fsdp_sched_install(void);
 
 // accumulate `g` into *acc (consumes nothing; *acc gets a new ref or is summed in place)
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);

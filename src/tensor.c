@@ -130,26 +130,44 @@ const fsdp_backend* fsdp_backend_for(int device) {
 const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return fsdp_backend_for(fsdp_device_of(t)); }
 
 // ---- storage and tensor lifetime ------------------------------------------------------------------
-static fsdp_storage* storage_new(size_t nbytes, int device, int cat) {
+fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat) {
   fsdp_storage* s = calloc(1, sizeof *s);
   CHECK_NULL(s, "alloc: out of memory");
-  s->data = fsdp_alloc(nbytes, device, cat);
-  if (!s->data) { free(s); return NULL; }
   s->refcount = 1; s->device = device; s->cat = cat; s->nbytes = nbytes;
   return s;
 }
-static void storage_release(fsdp_storage* s) {
+fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat) {
+  fsdp_storage* s = fsdp_storage_new_empty(nbytes, device, cat);
+  if (s && fsdp_storage_ensure_data(s)) { free(s); return NULL; }
+  return s;
+}
+int fsdp_storage_ensure_data(fsdp_storage* s) {
+  if (s->data) return 0;
+  s->data = fsdp_alloc(s->nbytes, s->device, s->cat);
+  return s->data ? 0 : -1;
+}
+void fsdp_storage_drop_data(fsdp_storage* s) {
+  fsdp_free(s->data, s->nbytes, s->device, s->cat);
+  s->data = NULL;
+}
+void fsdp_storage_release(fsdp_storage* s) {
   if (s && --s->refcount == 0) {
-    fsdp_free(s->data, s->nbytes, s->device, s->cat);
+    fsdp_storage_drop_data(s);
     free(s);
   }
+}
+int fsdp_check_data(const char* op, const fsdp_tensor* t) {
+  CHECK_INT(t->storage->data || t->storage->nbytes == 0,
+            "%s: tensor of shape %s views the gathered parameters of an FSDP unit that is resharded now "
+            "(use summon_full_params to read full parameters outside forward)", op, SH(t));
+  return 0;
 }
 
 void fsdp_tensor_retain(fsdp_tensor* t) { if (t) t->refcount++; }
 
 void fsdp_tensor_release(fsdp_tensor* t) {
   if (!t || --t->refcount > 0) return;
-  storage_release(t->storage);
+  fsdp_storage_release(t->storage);
   if (t->grad_fn) fsdp_node_release(t->grad_fn);
   if (t->grad) fsdp_tensor_release(t->grad);
   fsdp_hooks_free(t->hooks);
@@ -182,8 +200,24 @@ fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device) {
   fsdp_tensor* t = tensor_alloc(ndim, shape, dtype);
   if (!t) return NULL;
   fsdp_contiguous_strides(ndim, shape, t->stride);
-  t->storage = storage_new(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, g_default_cat);
+  t->storage = fsdp_storage_new(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, g_default_cat);
   if (!t->storage) { free(t); return NULL; }
+  return t;
+}
+fsdp_tensor* fsdp_new_cat(int ndim, const int64_t* shape, int dtype, int device, int cat) {
+  int prev = g_default_cat;
+  g_default_cat = cat;
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, device);
+  g_default_cat = prev;
+  return t;
+}
+fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64_t* shape, int64_t offset) {
+  fsdp_tensor* t = tensor_alloc(ndim, shape, dtype);
+  if (!t) return NULL;
+  fsdp_contiguous_strides(ndim, shape, t->stride);
+  t->offset = offset;
+  t->storage = s;
+  s->refcount++;
   return t;
 }
 fsdp_tensor* fsdp_new_like(const fsdp_tensor* t) { return fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t)); }
@@ -244,7 +278,7 @@ int fsdp_wrap_dim(const char* op, int dim, int ndim) {
 }
 int fsdp_check_f32(const char* op, const fsdp_tensor* t) {
   CHECK_INT(t->dtype == FSDP_F32, "%s: expected a float32 tensor, got %s of shape %s", op, DT(t), SH(t));
-  return 0;
+  return fsdp_check_data(op, t);
 }
 int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
   CHECK_INT(fsdp_device_of(a) == fsdp_device_of(b), "%s: tensors on different devices (%d and %d)", op,
@@ -254,6 +288,7 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 
 // ---- copies -------------------------------------------------------------------------------------------
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
+  if (fsdp_check_data("copy", src) || fsdp_check_data("copy", dst)) return -1;
   CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld",
             SH(dst), (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
   const fsdp_elem_kernels* k = fsdp_backend_of(dst)->elem;

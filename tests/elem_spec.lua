@@ -284,6 +284,53 @@ describe("unary ops", function()
     assert.same({ 0, 1 }, sg)
   end)
 
+  it("log is accurate from subnormals to huge values, with IEEE special cases", function()
+    local vals = { 1e-40, 1e-38, 3e-30 }
+    for i = 0, 600 do vals[#vals + 1] = 10 ^ (-30 + i * 0.1) end
+    for i = 0, 400 do vals[#vals + 1] = 0.5 + i * 0.0025 end -- around 1, where log is small
+    local x = fsdp.tensor(vals)
+    local xl, l = x:tolist(), x:log():tolist()
+    for i, v in ipairs(xl) do
+      local want = math.log(v)
+      assert(math.abs(l[i] - want) <= 2.5e-7 * math.abs(want) + 1e-45,
+        ("log(%g) = %.9g, want %.9g"):format(v, l[i], want))
+    end
+    local sp = fsdp.tensor({ 0, -1, 1 / 0, 0 / 0, 1 }):log():tolist()
+    assert.equal(-math.huge, sp[1])
+    assert(sp[2] ~= sp[2], "log(-1) is nan")
+    assert.equal(math.huge, sp[3])
+    assert(sp[4] ~= sp[4], "log(nan) is nan")
+    assert.equal(0, sp[5])
+  end)
+
+  it("gelu keeps relative accuracy over a fine grid, including the lower tail", function()
+    local vals = {}
+    for i = 0, 1000 do vals[#vals + 1] = -10 + i * 0.02 end
+    local x = fsdp.tensor(vals)
+    local xl, ge = x:tolist(), x:gelu():tolist()
+    for i, v in ipairs(xl) do
+      -- x * Phi(x) with Phi from erf's series (|x| <= 4) or erfc's continued fraction (lower tail)
+      local want
+      if math.abs(v) <= 4 then
+        want = 0.5 * v * (1 + erf(v / math.sqrt(2)))
+      else
+        local z = math.abs(v) / math.sqrt(2)
+        local k = z
+        for n = 300, 1, -1 do k = z + (n / 2) / k end
+        local tail = 0.5 * math.exp(-z * z) / (math.sqrt(math.pi) * k) -- Phi(-|x|)
+        want = v * (v < 0 and tail or 1 - tail)
+      end
+      -- deep in the tail exp(-x^2/2) amplifies the float rounding of x^2 (PyTorch returns 0 there)
+      local rtol = v > -3 and 1e-6 or 3e-7 * v * v
+      assert(math.abs(ge[i] - want) <= rtol * math.abs(want) + 1e-38,
+        ("gelu(%g) = %.9g, want %.9g"):format(v, ge[i], want))
+    end
+    local sp = fsdp.tensor({ 1 / 0, 0 / 0, -200 }):gelu():tolist()
+    assert.equal(math.huge, sp[1])
+    assert(sp[2] ~= sp[2])
+    assert.equal(0, sp[3])
+  end)
+
   it("gelu matches PyTorch's exact (erf) and tanh formulas", function()
     -- x * Phi(x) from tabulated normal CDF values
     H.assert_close(fsdp.tensor({ 1, -1, 0.5, 2, -3, 0 }):gelu(),
@@ -412,6 +459,10 @@ describe("reductions", function()
     local big = fsdp.full({ n }, 0.1)
     H.assert_close(big:sum(), n * f32(0.1), 0, 1e-6, "long sum")
     H.assert_close(big:mean(), f32(0.1), 0, 1e-6, "long mean")
+    -- the same over a leading dim (column sums) and a middle dim
+    H.assert_close(fsdp.full({ n / 2, 2 }, 0.1):sum(1), { n / 2 * f32(0.1), n / 2 * f32(0.1) }, 0, 1e-6, "long column sum")
+    H.assert_close(fsdp.full({ 2, n / 4, 2 }, 0.1):sum(2), { n / 4 * f32(0.1), n / 4 * f32(0.1),
+      n / 4 * f32(0.1), n / 4 * f32(0.1) }, 0, 1e-6, "long middle sum")
   end)
 
   it("differentiate (gradcheck)", function()

@@ -243,15 +243,16 @@ function fsdp.memory_stats()
 end
 function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 
--- single-process defaults until the communicator arrives (issue: FSDP over MPI)
-function fsdp.init() return fsdp end
-function fsdp.rank() return 0 end
-function fsdp.world_size() return 1 end
-function fsdp.barrier() end
+-- communication (fsdp/comm.lua, loaded on first use): fsdp.init/rank/world_size/barrier and
+-- the collectives; fsdp.comm holds the rest (set_timeout, finalize, ...)
+for _, k in ipairs { "init", "rank", "world_size", "barrier", "all_reduce", "broadcast", "all_gather",
+                     "reduce_scatter", "comm_stats" } do
+  fsdp[k] = function(...) local f = require("fsdp.comm")[k]; fsdp[k] = f; return f(...) end
+end
 
 -- lazily loaded submodules: fsdp.nn, fsdp.optim, fsdp.F, fsdp.autograd, save/load
 local lazy = {
-  nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io",
+  nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io", comm = "fsdp.comm",
 }
 setmetatable(fsdp, {
   __index = function(t, k)
@@ -261,6 +262,8 @@ setmetatable(fsdp, {
       local m = require "fsdp.nn.functional"; rawset(t, k, m); return m
     elseif k == "save" or k == "load" then
       return require("fsdp.io")[k]
+    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "unit_states" or k == "all_idle" then
+      return require("fsdp.wrap")[k]
     end
   end,
 })

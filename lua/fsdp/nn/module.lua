@@ -297,7 +297,16 @@ end
 
 -- ---- state_dict -----------------------------------------------------------------------------------
 -- name -> detached alias of every parameter and persistent buffer (PyTorch keys)
-function Module:state_dict()
+local plain_state_dict, plain_load_state_dict
+
+-- with FSDP units inside, parameters are gathered and cloned (opts.rank0_only: other ranks get {})
+function Module:state_dict(opts)
+  local wrap = package.loaded["fsdp.wrap"]
+  if wrap and wrap.has_units(self) then return wrap.state_dict(self, plain_state_dict, opts) end
+  return plain_state_dict(self)
+end
+
+function plain_state_dict(self)
   local sd = {}
   local mods = collect_modules(self, "", {}, {})
   for _, e in ipairs(mods) do
@@ -328,6 +337,16 @@ end
 -- an error; otherwise they are returned as {missing_keys = {...}, unexpected_keys = {...}}.
 -- Shape mismatches are always an error.
 function Module:load_state_dict(sd, strict)
+  local wrap = package.loaded["fsdp.wrap"]
+  if wrap and wrap.has_units(self) then return wrap.load_state_dict(self, plain_load_state_dict, sd, strict) end
+  return plain_load_state_dict(self, sd, strict)
+end
+
+-- FSDP utilities, for modules wrapped with fsdp.wrap (see lua/fsdp/wrap.lua)
+function Module:no_sync(fn) return require("fsdp.wrap").no_sync(self, fn) end
+function Module:summon_full_params(fn, opts) return require("fsdp.wrap").summon_full_params(self, fn, opts) end
+
+function plain_load_state_dict(self, sd, strict)
   if type(strict) == "table" then strict = strict.strict end
   if strict == nil then strict = true end
   assert(type(sd) == "table", "load_state_dict: expected a table name -> tensor")
@@ -421,7 +440,7 @@ end
 local unpack, select = unpack, select
 local function pack(...) return { n = select("#", ...), ... } end
 
-local function run_forward(self, ...)
+local function run_hooks_and_forward(self, ...)
   local pre, post = self._forward_pre_hooks, self._forward_hooks
   if #pre == 0 and #post == 0 then return self:forward(...) end
   local args = pack(...)
@@ -466,6 +485,13 @@ local function finish(self, d, ok, ...)
     end
   end
   error(e, 0)
+end
+
+-- an FSDP unit (fsdp.wrap) runs its gather / reshard protocol around the forward
+local function run_forward(self, ...)
+  local unit = rawget(self, "_fsdp_unit")
+  if unit then return unit:run(self, run_hooks_and_forward, ...) end
+  return run_hooks_and_forward(self, ...)
 end
 
 function Module:__call(...)

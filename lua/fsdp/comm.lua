@@ -1,0 +1,141 @@
+-- fsdp.comm: process groups and collectives (the Lua face of src/comm.c).
+--
+--   fsdp.init([backend])            optional: "mpi" under fsdprun/mpirun, else "self" (1 rank)
+--   fsdp.rank(), fsdp.world_size()  0-based rank like PyTorch; world size
+--   fsdp.barrier()
+--   fsdp.all_reduce(t, op)          in place, op "sum" (default) | "avg" | "max"; returns t
+--   fsdp.broadcast(t, root)         in place from rank `root` (0-based); returns t
+--   fsdp.all_gather(out, inp)       out (N * inp:numel()) = every rank's inp; fsdp.all_gather(inp)
+--                                   allocates out with shape (N * inp.shape[1], ...)
+--   fsdp.reduce_scatter(out, inp, op)  out (inp:numel() / N) = this rank's chunk of the reduction
+--   fsdp.comm_stats()               {all_gather = {count=, bytes=}, reduce_scatter = ..., ...}
+-- Every collective takes a trailing options table {tag = "...", async = true}: with async it
+-- returns a Work (w:wait(), w:is_completed()) and the caller may compute while it runs; the
+-- tensors must not be touched until wait() returns. Collectives run in issue order on a
+-- communication thread; all ranks must issue the same ones in the same order, else every rank
+-- gets an error naming the tags and ranks (a rank that never comes is a timeout error).
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+local check = fsdp._check
+
+local comm = {}
+
+local ops = { sum = 0, avg = 1, mean = 1, max = 2 }
+local kinds = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
+
+local function init_once()
+  if C.fsdp_comm_is_initialized() == 0 then check(C.fsdp_comm_init(nil)) end
+end
+
+function comm.init(backend)
+  if backend ~= nil and type(backend) ~= "string" then
+    error("fsdp.init: backend must be \"self\", \"mpi\" or nil, got " .. tostring(backend), 2)
+  end
+  check(C.fsdp_comm_init(backend))
+  return fsdp
+end
+function comm.rank() init_once(); return C.fsdp_comm_rank() end
+function comm.world_size() init_once(); return C.fsdp_comm_world_size() end
+function comm.backend() init_once(); return ffi.string(C.fsdp_comm_backend_name()) end
+function comm.is_initialized() return C.fsdp_comm_is_initialized() ~= 0 end
+function comm.barrier() init_once(); check(C.fsdp_barrier()) end
+function comm.finalize() check(C.fsdp_comm_finalize()) end
+-- seconds a rank waits for the others at a collective before it errors (default 300, env FSDP_COMM_TIMEOUT)
+function comm.set_timeout(seconds) C.fsdp_comm_set_timeout(seconds) end
+-- 0: ring of MPI_Sendrecv (default), 1: MPI_Reduce_scatter_block
+function comm.set_reduce_scatter_algo(algo) C.fsdp_comm_set_reduce_scatter_algo(algo) end
+
+-- ---- work handles ---------------------------------------------------------------------------------
+local Work = {}
+Work.__index = Work
+function Work:wait()
+  if not self.waited then
+    self.waited = true
+    local rc = C.fsdp_work_wait(self.handle)
+    if rc ~= 0 then self.err = ffi.string(C.fsdp_last_error()); C.fsdp_clear_error() end
+  end
+  if self.err then error(self.err, 2) end
+  return self.result
+end
+function Work:is_completed() return C.fsdp_work_test(self.handle) ~= 0 end
+
+local function submit(name, handle, result, opts)
+  if handle == nil then fsdp._raise(2) end
+  handle = ffi.gc(handle, C.fsdp_work_free)
+  local w = setmetatable({ handle = handle, result = result }, Work)
+  if opts and opts.async then return w end
+  local rc = C.fsdp_work_wait(handle)
+  if rc ~= 0 then fsdp._raise(2) end
+  return result
+end
+
+local function reduce_op(name, op)
+  if op == nil then return 0 end
+  local o = ops[op]
+  if not o then error(("%s: unknown op %q (use \"sum\", \"avg\" or \"max\")"):format(name, tostring(op)), 3) end
+  return o
+end
+
+local function need_tensor(name, what, t)
+  if not fsdp.is_tensor(t) then error(("%s: %s must be a tensor, got %s"):format(name, what, type(t)), 3) end
+end
+
+-- ---- collectives -----------------------------------------------------------------------------------
+function comm.all_reduce(t, op, opts)
+  if type(op) == "table" then op, opts = nil, op end
+  need_tensor("all_reduce", "tensor", t)
+  local o = reduce_op("all_reduce", op)
+  init_once()
+  return submit("all_reduce", C.fsdp_all_reduce(t, o, opts and opts.tag or "all_reduce"), t, opts)
+end
+
+function comm.broadcast(t, root, opts)
+  if type(root) == "table" then root, opts = nil, root end
+  need_tensor("broadcast", "tensor", t)
+  init_once()
+  return submit("broadcast", C.fsdp_broadcast(t, root or 0, opts and opts.tag or "broadcast"), t, opts)
+end
+
+function comm.all_gather(out, inp, opts)
+  if inp == nil or type(inp) == "table" then  -- all_gather(inp[, opts]): allocate out
+    opts, inp = inp, out
+    need_tensor("all_gather", "input", inp)
+    init_once()
+    local shape = inp:shape()
+    if #shape == 0 then shape = { 1 } end
+    shape[1] = shape[1] * C.fsdp_comm_world_size()
+    out = fsdp.empty(shape, { dtype = inp.dtype })
+  end
+  need_tensor("all_gather", "out", out)
+  need_tensor("all_gather", "input", inp)
+  init_once()
+  return submit("all_gather", C.fsdp_all_gather(out, inp, opts and opts.tag or "all_gather"), out, opts)
+end
+
+function comm.reduce_scatter(out, inp, op, opts)
+  if type(op) == "table" then op, opts = nil, op end
+  need_tensor("reduce_scatter", "out", out)
+  need_tensor("reduce_scatter", "input", inp)
+  local o = reduce_op("reduce_scatter", op)
+  init_once()
+  return submit("reduce_scatter", C.fsdp_reduce_scatter(out, inp, o, opts and opts.tag or "reduce_scatter"), out, opts)
+end
+
+function comm.barrier_async(opts)
+  init_once()
+  return submit("barrier", C.fsdp_barrier_async(opts and opts.tag or "barrier"), nil, { async = true })
+end
+
+-- ---- stats -----------------------------------------------------------------------------------------
+function comm.comm_stats()
+  local c, b = ffi.new("int64_t[5]"), ffi.new("int64_t[5]")
+  C.fsdp_comm_stats(c, b)
+  local r = {}
+  for i, k in ipairs(kinds) do r[k] = { count = tonumber(c[i - 1]), bytes = tonumber(b[i - 1]) } end
+  return r
+end
+comm.stats = comm.comm_stats
+function comm.reset_stats() C.fsdp_comm_reset_stats() end
+
+return comm

@@ -1,0 +1,279 @@
+-- fsdp.wrap and friends: turning modules into FSDP units, and the utilities around them.
+--
+-- A unit is a module passed to fsdp.wrap. It owns the parameters in its subtree that no nested
+-- unit owns; the C core (src/shard.c, src/sched.c) shards them and runs the gather / reshard /
+-- reduce-scatter protocol. This file only finds the parameters, calls the C protocol around the
+-- module's forward (nn.Module.__call does that for every module with a unit), and offers
+-- no_sync, summon_full_params, full state dicts, gradient clipping and auto_wrap.
+-- Wrapping never changes a module's class, children or parameter names.
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+local check, wrap_t = fsdp._check, fsdp._wrap
+
+local W = {}
+local all_units = {}  -- every unit, in creation order (the order collectives are issued in)
+
+local Unit = {}
+Unit.__index = Unit
+
+local shardings = { full = 0, full_shard = 0, grad_op = 1, shard_grad_op = 1, none = 2, no_shard = 2 }
+local state_names = { [0] = "IDLE", "FORWARD", "FORWARD_DONE", "BACKWARD", "BACKWARD_DONE" }
+
+local function module_label(m) return m.__name or "Module" end
+
+-- path of `m` below `root` ("" for root itself), or nil
+local function path_in(root, m)
+  for name, x in root:named_modules() do if x == m then return name end end
+end
+
+-- the parameters of m's subtree that belong to no unit nested below m, in named_parameters order
+local function own_params(m)
+  local nested = {}
+  for name, x in m:named_modules() do
+    if name ~= "" and rawget(x, "_fsdp_unit") then nested[#nested + 1] = name .. "." end
+  end
+  local ps, names, seen = {}, {}, {}
+  for name, p in m:named_parameters() do
+    local inside = false
+    for _, pre in ipairs(nested) do if name:sub(1, #pre) == pre then inside = true; break end end
+    local key = tostring(ffi.cast("void*", p))
+    if not inside and not seen[key] then
+      seen[key] = true
+      ps[#ps + 1] = p
+      names[#names + 1] = name
+    end
+  end
+  return ps, names
+end
+
+local function unit_options(opts)
+  local o = ffi.new("fsdp_unit_options")
+  local sh = opts.sharding or "full"
+  o.sharding = shardings[sh] or error(("fsdp.wrap: unknown sharding %q (use \"full\", \"grad_op\" or \"none\")"):format(tostring(sh)), 3)
+  if opts.reshard_after_forward == nil then o.reshard_after_forward = -1
+  else o.reshard_after_forward = opts.reshard_after_forward and 1 or 0 end
+  local mp = opts.mixed_precision or {}
+  if type(mp) ~= "table" then error("fsdp.wrap: mixed_precision must be a table like {param = \"bf16\", reduce = \"fp32\"}", 3) end
+  local function dt(v)
+    if v == nil or v == "fp32" or v == "float32" then return 0 end
+    return fsdp._dtype(v)
+  end
+  o.param_dtype = dt(mp.param)
+  o.reduce_dtype = dt(mp.reduce)
+  o.forward_prefetch = opts.forward_prefetch and 1 or 0
+  o.backward_prefetch = opts.backward_prefetch == false and 0 or 1
+  o.sync_module_states = opts.sync_module_states == false and 0 or 1
+  return o
+end
+
+local function set_path(u, path)
+  u.path = path
+  check(C.fsdp_unit_set_path(u.c, path == "" and "<root>" or path))
+end
+
+-- fsdp.wrap(module[, opts]) -> module (the same table, now an FSDP unit)
+--   opts: sharding = "full" | "grad_op" | "none", reshard_after_forward = bool,
+--         mixed_precision = {param = "bf16", reduce = "fp32"}, sync_module_states = true,
+--         forward_prefetch = false, backward_prefetch = true
+function W.wrap(module, opts)
+  opts = opts or {}
+  if type(module) ~= "table" or not rawget(module, "_modules") then
+    error("fsdp.wrap: expected an nn.Module, got " .. type(module), 2)
+  end
+  local existing = rawget(module, "_fsdp_unit")
+  if existing then
+    error(("fsdp.wrap: module %s is already wrapped (unit '%s'); wrap each module once"):format(module_label(module), existing.path), 2)
+  end
+  for _, u in ipairs(all_units) do
+    if u.forwarded then
+      local p = path_in(u.module, module)
+      if p and p ~= "" then
+        error(("fsdp.wrap: cannot wrap %s (%s) inside unit '%s' after that unit's first forward; wrap inner modules first")
+          :format(p, module_label(module), u.path), 2)
+      end
+    end
+  end
+  local c = C.fsdp_unit_new(module_label(module), unit_options(opts))
+  if c == nil then fsdp._raise(2) end
+  local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module) }, Unit)
+  -- units nested below take their paths from this module; this one is "<root>" until wrapped by a parent
+  for name, x in module:named_modules() do
+    local nu = rawget(x, "_fsdp_unit")
+    if name ~= "" and nu then
+      nu.parent = nu.parent or u
+      set_path(nu, name)
+    end
+  end
+  -- enclosing units wrapped earlier: the outermost one names this unit
+  local best
+  for _, v in ipairs(all_units) do
+    local p = path_in(v.module, module)
+    if p and p ~= "" then
+      u.parent = u.parent or v
+      if not best or #p > #best then best = p end
+    end
+  end
+  if best then set_path(u, best) end
+  local ps, names = own_params(module)
+  local arr = ffi.new("fsdp_tensor*[?]", math.max(#ps, 1))
+  local carr = ffi.new("const char*[?]", math.max(#ps, 1))
+  for i, p in ipairs(ps) do arr[i - 1] = p; carr[i - 1] = names[i] end
+  check(C.fsdp_unit_set_params(c, #ps, arr, carr))
+  u.param_names = names
+  rawset(module, "_fsdp_unit", u)
+  all_units[#all_units + 1] = u
+  return module
+end
+
+-- fsdp.auto_wrap(module, {min_params = N, ...wrap opts}): wraps, innermost first, every submodule
+-- whose not-yet-wrapped parameters number at least min_params, then the root.
+function W.auto_wrap(module, opts)
+  opts = opts or {}
+  local min = opts.min_params or 1e5
+  local function visit(m, is_root)
+    for _, child in m:named_children() do visit(child, false) end
+    if is_root then return end
+    if rawget(m, "_fsdp_unit") then return end
+    local n = 0
+    for _, p in ipairs((own_params(m))) do n = n + p:numel() end
+    if n >= min then W.wrap(m, opts) end
+  end
+  visit(module, true)
+  return W.wrap(module, opts)
+end
+
+-- ---- forward protocol (called by nn.Module.__call) ------------------------------------------------------
+local function pack(...) return { n = select("#", ...), ... } end
+
+local function mark(u, v)
+  if fsdp.is_tensor(v) then return wrap_t(C.fsdp_unit_mark_output(u.c, v)) end
+  if type(v) == "table" and getmetatable(v) == nil then
+    local r = {}
+    for k, x in pairs(v) do r[k] = mark(u, x) end
+    return r
+  end
+  return v
+end
+
+function Unit:run(module, inner, ...)
+  check(C.fsdp_unit_pre_forward(self.c))
+  self.forwarded = true
+  local out = pack(pcall(inner, module, ...))
+  if not out[1] then
+    C.fsdp_unit_abort_forward(self.c)
+    error(out[2], 0)
+  end
+  for i = 2, out.n do out[i] = mark(self, out[i]) end
+  check(C.fsdp_unit_post_forward(self.c))
+  return unpack(out, 2, out.n)
+end
+
+-- ---- inspection ------------------------------------------------------------------------------------------------
+-- units in m's subtree (m included), in creation order
+function W.units(m)
+  local r = {}
+  for _, u in ipairs(all_units) do
+    if u.module == m or path_in(m, u.module) then r[#r + 1] = u end
+  end
+  return r
+end
+
+-- {path = state name} for the units of m's subtree
+function W.unit_states(m)
+  local r = {}
+  for _, u in ipairs(W.units(m)) do r[u.path] = state_names[C.fsdp_unit_state(u.c)] end
+  return r
+end
+
+-- true when every unit is idle and no gathered buffer is held beyond its policy
+function W.all_idle() return C.fsdp_units_all_idle() ~= 0 end
+
+local function root_unit(m, what)
+  local u = rawget(m, "_fsdp_unit")
+  if not u then error(("%s: %s is not wrapped with fsdp.wrap"):format(what, module_label(m)), 3) end
+  if u.parent then
+    error(("%s is only allowed on the root FSDP unit; '%s' is nested in '%s'"):format(what, u.path, u.parent.path), 3)
+  end
+  return u
+end
+
+-- model:no_sync(fn): gradients of the backward passes inside fn accumulate locally (full size) and
+-- are reduced by the first backward after it (gradient accumulation without communication)
+function W.no_sync(m, fn)
+  root_unit(m, "no_sync")
+  local us = W.units(m)
+  for _, u in ipairs(us) do C.fsdp_unit_set_sync_grads(u.c, 0) end
+  local res = pack(pcall(fn))
+  for _, u in ipairs(us) do C.fsdp_unit_set_sync_grads(u.c, 1) end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- model:summon_full_params(fn[, {writeback = true}]): every parameter of the subtree takes its
+-- full shape and values while fn runs; with writeback, changes are kept afterwards
+function W.summon_full_params(m, fn, opts)
+  local writeback = not (opts and opts.writeback == false)
+  local us = W.units(m)
+  for _, u in ipairs(us) do check(C.fsdp_unit_unshard(u.c)) end
+  local res = pack(pcall(fn))
+  for _, u in ipairs(us) do check(C.fsdp_unit_reshard(u.c, writeback and 1 or 0)) end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- whether m's subtree contains any unit
+function W.has_units(m)
+  for _, u in ipairs(all_units) do
+    if u.module == m or path_in(m, u.module) then return true end
+  end
+  return false
+end
+
+-- ---- gradient clipping over the global norm ---------------------------------------------------------------------
+-- the parameter's gradient elements that this rank alone accounts for: sharded pieces count
+-- once per rank; replicated parameters (NO_SHARD units, unwrapped ones) count on every rank,
+-- so their squares are divided by the world size before the sum over ranks
+function W.clip_grad_norm(model, max_norm, norm_type)
+  if norm_type and norm_type ~= 2 then error("clip_grad_norm: only the 2-norm is supported", 2) end
+  local world = fsdp.world_size()
+  local local_sq = 0
+  local grads = {}
+  for _, p in ipairs(model:parameters()) do
+    local g = p.grad
+    if g then
+      grads[#grads + 1] = g
+      local sq = fsdp.no_grad(function() return (g * g):sum():item() end)
+      local unit = C.fsdp_param_unit(p)
+      local replicated = unit == nil or C.fsdp_unit_world_size(unit) == 1
+      local_sq = local_sq + (replicated and sq / world or sq)
+    end
+  end
+  local t = fsdp.tensor({ local_sq })
+  if world > 1 then fsdp.all_reduce(t, "sum") end
+  local total = math.sqrt(t:item())
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 then
+    fsdp.no_grad(function() for _, g in ipairs(grads) do g:mul_(coef) end end)
+  end
+  return total
+end
+
+-- ---- full state dicts ------------------------------------------------------------------------------------------------
+-- state_dict of a model containing units: every parameter gathered and cloned, PyTorch names.
+-- opts.rank0_only: other ranks get an empty table (they still take part in the gathers)
+function W.state_dict(m, plain_state_dict, opts)
+  local rank0_only = opts and opts.rank0_only
+  return W.summon_full_params(m, function()
+    local sd = plain_state_dict(m)
+    if rank0_only and fsdp.rank() ~= 0 then return {} end
+    for k, t in pairs(sd) do sd[k] = t:clone() end
+    return sd
+  end, { writeback = false })
+end
+
+function W.load_state_dict(m, plain_load, sd, strict)
+  return W.summon_full_params(m, function() return plain_load(m, sd, strict) end, { writeback = true })
+end
+
+return W

@@ -1,0 +1,626 @@
+/*
+ * comm.c -- collectives: the communication thread, work handles, the collective check,
+ * stats, the built-in "self" backend and the loader of the "mpi" backend (libfsdp_mpi.so).
+ *
+ * Flow of one collective:
+ *   caller thread   fsdp_all_gather(out, in, tag): checks arguments, retains the tensors,
+ *                   numbers the collective (seq), counts it in the stats, appends a work item
+ *                   to the FIFO queue and returns the handle at once.
+ *   comm thread     pops items in order; for each: the ranks agree on (kind, op/root, bytes,
+ *                   dtype, seq, tag) through backend->agree (rank 0 compares, with a deadline),
+ *                   then the backend moves the bytes; marks the item done.
+ *   caller thread   fsdp_work_wait: sleeps on a condition variable until done, copies results
+ *                   into non-contiguous destinations, drops the tensor refs (refcounts are only
+ *                   ever touched on the caller's thread), reports the error if any.
+ * After a mismatch, a timeout or a transport error the communicator is broken: every later
+ * collective fails at once with the same message, so no rank ever hangs.
+ *
+ * The comm thread is the only thread that calls the backend, MPI_Init_thread and MPI_Finalize
+ * included. fsdp_comm_finalize (also run at exit) drains the queue, lets the ranks agree that
+ * everyone is shutting down, finalizes the backend (skipped when broken: the job is failing
+ * and MPI_Finalize could wait forever for a rank stuck elsewhere) and joins the thread.
+ */
+#define _GNU_SOURCE  // dladdr, RTLD_NODELETE
+#include "internal.h"
+#include "comm.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+
+struct fsdp_work {
+  int kind, arg;            // fsdp_coll_kind (or FSDP_COLL_FINALIZE), reduce op or root
+  fsdp_tensor* out;         // ref: the tensor the backend writes (a contiguous temp if needed)
+  fsdp_tensor* in;          // ref: the input (a contiguous copy if the user's was not)
+  fsdp_tensor* copy_back;   // ref: the user's non-contiguous destination, filled at wait
+  void* out_ptr;
+  const void* in_ptr;
+  size_t count;             // per kind: bytes per rank, floats per rank, floats, bytes
+  int algo;                 // reduce-scatter algorithm
+  double timeout;
+  fsdp_comm_meta meta;
+  int done, status, finished;
+  char err[FSDP_COMM_ERRLEN];
+  struct fsdp_work* next;
+};
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv_queue, cv_done;
+  pthread_t thread;
+  int initialized, thread_running, mpi_finalized, atexit_registered;
+  const fsdp_comm_backend* be;
+  int rank, size;
+  fsdp_work *head, *tail;
+  int64_t seq;
+  int broken;
+  char broken_msg[FSDP_COMM_ERRLEN];
+  int64_t counts[FSDP_NCOLL], bytes[FSDP_NCOLL];
+  double timeout;
+  int timeout_set, rs_algo;
+  int init_done, init_status;
+  char init_err[FSDP_COMM_ERRLEN];
+} g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv_queue = PTHREAD_COND_INITIALIZER,
+    .cv_done = PTHREAD_COND_INITIALIZER,
+    .size = 1,
+    .timeout = 300.0,
+};
+
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                   "barrier", "shutdown"};
+static const char* op_names[] = {"sum", "avg", "max"};
+
+// ---- the "self" backend: one rank, collectives are copies -----------------------------------
+static int self_init(int* rank, int* size, char* err) { *rank = 0; *size = 1; return 0; }
+static void self_finalize(void) {}
+static int self_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
+                      fsdp_comm_verdict* v) {
+  int arrived = 1;
+  decide(mine, &arrived, 1, 0, timeout_s, v);
+  return 0;
+}
+static int self_all_gather(void* out, const void* in, size_t bytes, char* err) {
+  if (out != in) memmove(out, in, bytes);
+  return 0;
+}
+static int self_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, char* err) {
+  if (out != in) memmove(out, in, n * sizeof(float));  // sum, avg and max of one rank
+  return 0;
+}
+static int self_all_reduce(float* buf, size_t n, int op, char* err) { return 0; }
+static int self_broadcast(void* buf, size_t bytes, int root, char* err) { return 0; }
+static int self_barrier(char* err) { return 0; }
+
+static const fsdp_comm_backend self_backend = {
+    FSDP_COMM_ABI, "self", self_init, self_finalize, self_agree, self_all_gather,
+    self_reduce_scatter, self_all_reduce, self_broadcast, self_barrier,
+};
+
+// ---- loading the mpi backend --------------------------------------------------------------------
+// FSDP_MPI_LIB, else libfsdp_mpi.so next to this libfsdp.so, else the default search path.
+// RTLD_GLOBAL: OpenMPI's plugins resolve symbols of libmpi that it loads for us.
+static const fsdp_comm_backend* load_mpi_backend(void) {
+  char cands[3][4096];
+  int nc = 0;
+  const char* env = getenv("FSDP_MPI_LIB");
+  if (env && *env) {
+    snprintf(cands[nc++], sizeof cands[0], "%s", env);
+  } else {
+    Dl_info info;
+    if (dladdr((void*)&fsdp_comm_init, &info) && info.dli_fname) {
+      const char* slash = strrchr(info.dli_fname, '/');
+      if (slash) snprintf(cands[nc++], sizeof cands[0], "%.*s/libfsdp_mpi.so",
+                          (int)(slash - info.dli_fname), info.dli_fname);
+    }
+    snprintf(cands[nc++], sizeof cands[0], "libfsdp_mpi.so");
+  }
+  char tried[2048] = "";
+  size_t len = 0;
+  for (int i = 0; i < nc; i++) {
+    void* h = dlopen(cands[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+      const char* e = dlerror();
+      len += snprintf(tried + len, len < sizeof tried ? sizeof tried - len : 0, "%s%s",
+                      i ? "; " : "", e ? e : cands[i]);
+      continue;
+    }
+    fsdp_comm_backend_getter get = (fsdp_comm_backend_getter)dlsym(h, "fsdp_comm_mpi_backend");
+    CHECK_NULL(get, "comm init: %s has no fsdp_comm_mpi_backend()", cands[i]);
+    const fsdp_comm_backend* be = get();
+    CHECK_NULL(be && be->abi == FSDP_COMM_ABI,
+               "comm init: %s was built for another libfsdp (backend ABI %d, expected %d); rebuild with make",
+               cands[i], be ? be->abi : -1, FSDP_COMM_ABI);
+    return be;
+  }
+  fsdp_errorf("comm init: cannot load the mpi backend (%s); build libfsdp_mpi.so with `make` "
+              "(needs mpicc) or point FSDP_MPI_LIB at it", tried);
+  return NULL;
+}
+
+// ---- the collective check (runs on rank 0, see fsdp_comm_backend.agree) -------------------------
+// "all_gather(tag 'x', 4096 bytes)", adding op/root/dtype/seq only where `other` differs
+static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_comm_meta* o) {
+  int k = m->kind >= 0 && m->kind <= FSDP_COLL_FINALIZE ? m->kind : FSDP_COLL_FINALIZE;
+  if (k == FSDP_COLL_FINALIZE) {
+    snprintf(buf, n, "shutdown (its script ended or failed)");
+    return;
+  }
+  size_t len = snprintf(buf, n, "%s(tag '%s', %lld bytes", kind_names[k], m->tag, (long long)m->bytes);
+  if (m->arg != o->arg && (k == FSDP_COLL_REDUCE_SCATTER || k == FSDP_COLL_ALL_REDUCE))
+    len += snprintf(buf + len, n - len, ", op %s", op_names[m->arg >= 0 && m->arg <= 2 ? m->arg : 0]);
+  if (m->arg != o->arg && k == FSDP_COLL_BROADCAST) len += snprintf(buf + len, n - len, ", root %d", m->arg);
+  if (m->dtype != o->dtype) len += snprintf(buf + len, n - len, ", %s", fsdp_dtype_name(m->dtype));
+  len += snprintf(buf + len, n - len, ")");
+  if (m->seq != o->seq) snprintf(buf + len, n - len, " as its collective #%lld", (long long)m->seq);
+}
+
+static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
+  return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes ||
+         a->seq != b->seq || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0;
+}
+
+static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out,
+                   double timeout_s, fsdp_comm_verdict* v) {
+  const fsdp_comm_meta* m0 = &all[0];
+  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_FINALIZE ? m0->kind : FSDP_COLL_FINALIZE;
+  v->status = 0;
+  v->msg[0] = 0;
+  if (timed_out) {
+    char who[256];
+    size_t len = 0;
+    int nmiss = 0;
+    for (int r = 0; r < size; r++) if (!arrived[r]) nmiss++;
+    len += snprintf(who, sizeof who, nmiss > 1 ? "ranks " : "rank ");
+    for (int r = 0, i = 0; r < size && len < sizeof who - 16; r++)
+      if (!arrived[r]) len += snprintf(who + len, sizeof who - len, i++ ? ", %d" : "%d", r);
+    v->status = 2;
+    if (k0 == FSDP_COLL_FINALIZE)
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s to shut down (collective #%lld)",
+               timeout_s, who, (long long)m0->seq);
+    else
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s in %s '%s' (collective #%lld)",
+               timeout_s, who, kind_names[k0], m0->tag, (long long)m0->seq);
+    return;
+  }
+  for (int r = 1; r < size; r++) {
+    if (!meta_differs(m0, &all[r])) continue;
+    char a[256], b[256];
+    describe(a, sizeof a, m0, &all[r]);
+    describe(b, sizeof b, &all[r], m0);
+    v->status = 1;
+    snprintf(v->msg, sizeof v->msg, "collective mismatch at #%lld: rank 0 called %s but rank %d called %s",
+             (long long)m0->seq, a, r, b);
+    return;
+  }
+}
+
+// ---- the communication thread -----------------------------------------------------------------
+static void set_broken(const char* msg) {
+  pthread_mutex_lock(&g.mu);
+  if (!g.broken) {
+    g.broken = 1;
+    snprintf(g.broken_msg, sizeof g.broken_msg, "%s", msg);
+  }
+  pthread_mutex_unlock(&g.mu);
+}
+
+static void run_work(fsdp_work* w) {
+  const fsdp_comm_backend* be = g.be;
+  pthread_mutex_lock(&g.mu);
+  int broken = g.broken;
+  if (broken) snprintf(w->err, sizeof w->err, "%s", g.broken_msg);
+  pthread_mutex_unlock(&g.mu);
+  if (broken) { w->status = -1; return; }
+
+  fsdp_comm_verdict v;
+  if (be->agree(&w->meta, w->timeout, decide, &v) != 0 || v.status != 0) {
+    snprintf(w->err, sizeof w->err, "%s", v.msg);
+    set_broken(w->err);
+    w->status = -1;
+    return;
+  }
+  char err[FSDP_COMM_ERRLEN] = "";
+  int rc = 0;
+  switch (w->kind) {
+    case FSDP_COLL_ALL_GATHER: rc = be->all_gather(w->out_ptr, w->in_ptr, w->count, err); break;
+    case FSDP_COLL_REDUCE_SCATTER:
+      rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, err);
+      break;
+    case FSDP_COLL_ALL_REDUCE: rc = be->all_reduce(w->out_ptr, w->count, w->arg, err); break;
+    case FSDP_COLL_BROADCAST: rc = be->broadcast(w->out_ptr, w->count, w->arg, err); break;
+    case FSDP_COLL_BARRIER: break;  // agreeing was the barrier: nobody passes before all arrived
+    case FSDP_COLL_FINALIZE:
+      be->finalize();
+      pthread_mutex_lock(&g.mu);
+      g.mpi_finalized = be != &self_backend;
+      pthread_mutex_unlock(&g.mu);
+      break;
+  }
+  if (rc) {
+    snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %s", kind_names[w->kind],
+             w->meta.tag, (long long)w->meta.seq, err);
+    set_broken(w->err);
+    w->status = -1;
+  }
+}
+
+static void* comm_thread(void* arg) {
+  (void)arg;
+  int rank = 0, size = 1;
+  char err[FSDP_COMM_ERRLEN] = "";
+  int rc = g.be->init(&rank, &size, err);
+  pthread_mutex_lock(&g.mu);
+  g.rank = rank;
+  g.size = size;
+  g.init_status = rc;
+  snprintf(g.init_err, sizeof g.init_err, "%s", err);
+  g.init_done = 1;
+  pthread_cond_broadcast(&g.cv_done);
+  pthread_mutex_unlock(&g.mu);
+  if (rc) return NULL;
+
+  for (;;) {
+    pthread_mutex_lock(&g.mu);
+    while (!g.head) pthread_cond_wait(&g.cv_queue, &g.mu);
+    fsdp_work* w = g.head;
+    g.head = w->next;
+    if (!g.head) g.tail = NULL;
+    pthread_mutex_unlock(&g.mu);
+
+    run_work(w);
+    int last = w->kind == FSDP_COLL_FINALIZE;
+
+    pthread_mutex_lock(&g.mu);
+    w->done = 1;
+    pthread_cond_broadcast(&g.cv_done);
+    pthread_mutex_unlock(&g.mu);
+    if (last) return NULL;  // finalize is the last item: nothing may be queued after it
+  }
+}
+
+// ---- init / finalize ------------------------------------------------------------------------------
+static void comm_atexit(void) {
+  if (!g.initialized) return;
+  pthread_mutex_lock(&g.mu);
+  int was_broken = g.broken;  // then the script already got this error
+  pthread_mutex_unlock(&g.mu);
+  if (fsdp_comm_finalize() != 0 && !was_broken)
+    fprintf(stderr, "fsdp: rank %d: at exit: %s\n", g.rank, fsdp_last_error());
+}
+
+int fsdp_comm_init(const char* backend) {
+  const char* want = backend && *backend ? backend : NULL;
+  if (g.initialized) {
+    CHECK_INT(!want || strcmp(want, g.be->name) == 0,
+              "comm init: already initialized with backend '%s', cannot switch to '%s'", g.be->name, want);
+    return 0;
+  }
+  if (!want) {
+    int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+    want = launched ? "mpi" : "self";
+  }
+  const fsdp_comm_backend* be = NULL;
+  if (strcmp(want, "self") == 0) {
+    be = &self_backend;
+  } else if (strcmp(want, "mpi") == 0) {
+    CHECK_INT(!g.mpi_finalized, "comm init: MPI was already finalized in this process; it cannot be initialized again");
+    be = load_mpi_backend();
+    if (!be) return -1;
+  } else {
+    CHECK_INT(0, "comm init: unknown backend '%s' (use \"self\" or \"mpi\")", want);
+  }
+
+  if (!g.timeout_set) {
+    const char* t = getenv("FSDP_COMM_TIMEOUT");
+    g.timeout = t && atof(t) > 0 ? atof(t) : 300.0;
+  }
+  const char* algo = getenv("FSDP_RS_ALGO");
+  if (algo && *algo) g.rs_algo = atoi(algo) == 1;
+
+  // keep libfsdp.so mapped until exit: the comm thread runs its code and atexit calls into it,
+  // even if LuaJIT dlclose()s it while closing its state
+  Dl_info info;
+  if (dladdr((void*)&fsdp_comm_init, &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+
+  g.be = be;
+  g.init_done = 0;
+  g.broken = 0;
+  g.seq = 0;
+  g.head = g.tail = NULL;
+  memset(g.counts, 0, sizeof g.counts);
+  memset(g.bytes, 0, sizeof g.bytes);
+  CHECK_INT(pthread_create(&g.thread, NULL, comm_thread, NULL) == 0,
+            "comm init (%s): cannot start the communication thread", be->name);
+  pthread_mutex_lock(&g.mu);
+  while (!g.init_done) pthread_cond_wait(&g.cv_done, &g.mu);
+  int rc = g.init_status;
+  pthread_mutex_unlock(&g.mu);
+  if (rc) {
+    pthread_join(g.thread, NULL);
+    CHECK_INT(0, "comm init (%s): %s", be->name, g.init_err);
+  }
+  g.thread_running = 1;
+  g.initialized = 1;
+  if (!g.atexit_registered) {
+    atexit(comm_atexit);
+    g.atexit_registered = 1;
+  }
+  return 0;
+}
+
+int fsdp_comm_is_initialized(void) { return g.initialized; }
+int fsdp_comm_rank(void) { return g.initialized ? g.rank : 0; }
+int fsdp_comm_world_size(void) { return g.initialized ? g.size : 1; }
+const char* fsdp_comm_backend_name(void) { return g.initialized ? g.be->name : ""; }
+
+static fsdp_work* work_new(int kind, int arg, const char* tag) {
+  fsdp_work* w = calloc(1, sizeof *w);
+  CHECK_NULL(w, "%s: out of memory", kind_names[kind]);
+  w->kind = kind;
+  w->arg = arg;
+  w->algo = g.rs_algo;
+  w->timeout = g.timeout;
+  w->meta.kind = kind;
+  w->meta.arg = arg;
+  w->meta.rank = g.rank;
+  snprintf(w->meta.tag, sizeof w->meta.tag, "%s", tag ? tag : "");
+  return w;
+}
+
+// drops the tensor refs (caller's thread only); after a success, fills the user's destination
+static int work_finish(fsdp_work* w) {
+  if (w->finished) return 0;
+  w->finished = 1;
+  int rc = 0;
+  if (w->status == 0 && w->copy_back) rc = fsdp_copy_strided(w->copy_back, w->out);
+  if (w->out) fsdp_tensor_release(w->out);
+  if (w->in) fsdp_tensor_release(w->in);
+  if (w->copy_back) fsdp_tensor_release(w->copy_back);
+  w->out = w->in = w->copy_back = NULL;
+  return rc;
+}
+
+static void work_discard(fsdp_work* w) {
+  w->status = -1;
+  work_finish(w);
+  free(w);
+}
+
+// numbers, counts and queues a filled work item; NULL (and the item freed) when broken
+static fsdp_work* submit(fsdp_work* w, int64_t payload) {
+  pthread_mutex_lock(&g.mu);
+  if (g.broken) {
+    char msg[FSDP_COMM_ERRLEN];
+    snprintf(msg, sizeof msg, "%s", g.broken_msg);
+    pthread_mutex_unlock(&g.mu);
+    work_discard(w);
+    fsdp_set_error(msg);
+    return NULL;
+  }
+  w->meta.seq = ++g.seq;
+  w->meta.bytes = payload;
+  if (w->kind < FSDP_NCOLL) {
+    g.counts[w->kind]++;
+    g.bytes[w->kind] += payload;
+  }
+  if (g.tail) g.tail->next = w; else g.head = w;
+  g.tail = w;
+  pthread_cond_signal(&g.cv_queue);
+  pthread_mutex_unlock(&g.mu);
+  return w;
+}
+
+static int ensure_init(const char* op) {
+  if (g.initialized) return 0;
+  if (fsdp_comm_init(NULL) == 0) return 0;
+  char msg[FSDP_COMM_ERRLEN];
+  snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+  CHECK_INT(0, "%s: %s", op, msg);
+}
+
+static void wait_done(fsdp_work* w) {
+  pthread_mutex_lock(&g.mu);
+  while (!w->done) pthread_cond_wait(&g.cv_done, &g.mu);
+  pthread_mutex_unlock(&g.mu);
+}
+
+int fsdp_comm_finalize(void) {
+  if (!g.initialized) return 0;
+  fsdp_work* w = work_new(FSDP_COLL_FINALIZE, 0, "");
+  CHECK_INT(w, "comm finalize: out of memory");
+  pthread_mutex_lock(&g.mu);
+  w->meta.seq = ++g.seq;
+  if (g.tail) g.tail->next = w; else g.head = w;
+  g.tail = w;
+  pthread_cond_signal(&g.cv_queue);
+  pthread_mutex_unlock(&g.mu);
+  wait_done(w);  // the thread drains everything queued before, then agrees and finalizes
+  pthread_join(g.thread, NULL);
+  g.thread_running = 0;
+  g.initialized = 0;
+  int rc = w->status;
+  if (rc) fsdp_errorf("comm finalize: %s", w->err);
+  free(w);
+  return rc ? -1 : 0;
+}
+
+// ---- argument checks shared by the collectives ------------------------------------------------------
+static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) {
+  CHECK_INT(t, "%s: %s is NULL", op, what);
+  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on device %d; the %s backend moves CPU tensors",
+            op, what, SH(t), DT(t), fsdp_device_of(t), g.initialized ? g.be->name : "self");
+  return 0;
+}
+
+// a contiguous version of t (new ref: t itself when contiguous); no autograd involved
+static fsdp_tensor* contig(fsdp_tensor* t) {
+  if (fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
+  if (!c) return NULL;
+  if (fsdp_copy_strided(c, t) != 0) { fsdp_tensor_release(c); return NULL; }
+  return c;
+}
+
+// the destination the backend writes: t itself when contiguous, else a temp copied back at wait
+static int set_dest(fsdp_work* w, fsdp_tensor* t, int copy_in) {
+  fsdp_bump_version(t);
+  if (fsdp_tensor_is_contiguous(t)) {
+    fsdp_tensor_retain(t);
+    w->out = t;
+  } else {
+    w->out = copy_in ? contig(t) : fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
+    if (!w->out) return -1;
+    fsdp_tensor_retain(t);
+    w->copy_back = t;
+  }
+  w->out_ptr = fsdp_ptr(w->out);
+  return 0;
+}
+
+static int set_src(fsdp_work* w, fsdp_tensor* t) {
+  w->in = contig(t);
+  if (!w->in) return -1;
+  w->in_ptr = fsdp_ptr(w->in);
+  return 0;
+}
+
+static int check_op(const char* op, int reduce) {
+  CHECK_INT(reduce >= FSDP_REDUCE_SUM && reduce <= FSDP_REDUCE_MAX,
+            "%s: unknown reduce op %d (0 = sum, 1 = avg, 2 = max)", op, reduce);
+  return 0;
+}
+
+// ---- the collectives ---------------------------------------------------------------------------------
+fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
+  const char* op = "all_gather";
+  if (ensure_init(op) || check_tensor(op, "out", out) || check_tensor(op, "in", in)) return NULL;
+  int64_t n = fsdp_tensor_numel(in), N = g.size;
+  CHECK_NULL(out->dtype == in->dtype, "all_gather '%s': out %s %s and in %s %s differ in dtype",
+             tag ? tag : "", SH(out), DT(out), SH(in), DT(in));
+  CHECK_NULL(fsdp_tensor_numel(out) == N * n,
+             "all_gather '%s': out %s has %lld elements but %lld ranks x in %s need %lld (%s)", tag ? tag : "",
+             SH(out), (long long)fsdp_tensor_numel(out), (long long)N, SH(in), (long long)(N * n), DT(in));
+  size_t es = fsdp_dtype_size(in->dtype), bytes = (size_t)n * es;
+  if (out->storage == in->storage && bytes > 0) {  // `in` may only be this rank's slot of `out`
+    const char *o = fsdp_ptr(out), *i = fsdp_ptr(in);
+    int in_place = fsdp_tensor_is_contiguous(out) && fsdp_tensor_is_contiguous(in) && i == o + g.rank * bytes;
+    int disjoint = i + bytes <= o || i >= o + N * bytes;
+    CHECK_NULL(in_place || disjoint || !fsdp_tensor_is_contiguous(out),
+               "all_gather '%s': in %s overlaps out %s but is not rank %d's slot of it", tag ? tag : "",
+               SH(in), SH(out), g.rank);
+  }
+  fsdp_work* w = work_new(FSDP_COLL_ALL_GATHER, 0, tag);
+  if (!w) return NULL;
+  w->meta.dtype = in->dtype;
+  w->count = bytes;
+  if (set_src(w, in) || set_dest(w, out, 0)) { work_discard(w); return NULL; }
+  return submit(w, (int64_t)(N * bytes));
+}
+
+fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, const char* tag) {
+  const char* op = "reduce_scatter";
+  if (ensure_init(op) || check_tensor(op, "out", out) || check_tensor(op, "in", in) || check_op(op, reduce) ||
+      fsdp_check_f32(op, in) || fsdp_check_f32(op, out))
+    return NULL;
+  int64_t n = fsdp_tensor_numel(out), N = g.size;
+  CHECK_NULL(fsdp_tensor_numel(in) == N * n,
+             "reduce_scatter '%s': in %s has %lld elements but %lld ranks x out %s need %lld (%s)",
+             tag ? tag : "", SH(in), (long long)fsdp_tensor_numel(in), (long long)N, SH(out),
+             (long long)(N * n), DT(in));
+  fsdp_work* w = work_new(FSDP_COLL_REDUCE_SCATTER, reduce, tag);
+  if (!w) return NULL;
+  w->meta.dtype = FSDP_F32;
+  w->count = (size_t)n;
+  if (set_src(w, in) || set_dest(w, out, 0)) { work_discard(w); return NULL; }
+  return submit(w, N * n * (int64_t)sizeof(float));
+}
+
+fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
+  const char* op = "all_reduce";
+  if (ensure_init(op) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t))
+    return NULL;
+  fsdp_work* w = work_new(FSDP_COLL_ALL_REDUCE, reduce, tag);
+  if (!w) return NULL;
+  w->meta.dtype = FSDP_F32;
+  w->count = (size_t)fsdp_tensor_numel(t);
+  if (set_dest(w, t, 1)) { work_discard(w); return NULL; }
+  return submit(w, (int64_t)(w->count * sizeof(float)));
+}
+
+fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
+  const char* op = "broadcast";
+  if (ensure_init(op) || check_tensor(op, "tensor", t)) return NULL;
+  CHECK_NULL(root >= 0 && root < g.size, "broadcast '%s': root %d is not a rank (world size %d; %s %s)",
+             tag ? tag : "", root, g.size, SH(t), DT(t));
+  fsdp_work* w = work_new(FSDP_COLL_BROADCAST, root, tag);
+  if (!w) return NULL;
+  w->meta.dtype = t->dtype;
+  w->count = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
+  if (set_dest(w, t, 1)) { work_discard(w); return NULL; }
+  return submit(w, (int64_t)w->count);
+}
+
+fsdp_work* fsdp_barrier_async(const char* tag) {
+  if (ensure_init("barrier")) return NULL;
+  fsdp_work* w = work_new(FSDP_COLL_BARRIER, 0, tag);
+  if (!w) return NULL;
+  return submit(w, 0);
+}
+
+int fsdp_barrier(void) {
+  fsdp_work* w = fsdp_barrier_async("barrier");
+  if (!w) return -1;
+  int rc = fsdp_work_wait(w);
+  fsdp_work_free(w);
+  return rc;
+}
+
+// ---- work handles ------------------------------------------------------------------------------------
+int fsdp_work_wait(fsdp_work* w) {
+  CHECK_INT(w, "work wait: NULL work handle");
+  wait_done(w);
+  int rc = work_finish(w);
+  CHECK_INT(w->status == 0, "%s", w->err);
+  return rc;
+}
+
+int fsdp_work_test(fsdp_work* w) {
+  if (!w) return 1;
+  pthread_mutex_lock(&g.mu);
+  int done = w->done;
+  pthread_mutex_unlock(&g.mu);
+  return done;
+}
+
+void fsdp_work_free(fsdp_work* w) {
+  if (!w) return;
+  wait_done(w);
+  work_finish(w);
+  free(w);
+}
+
+// ---- stats and settings --------------------------------------------------------------------------------
+void fsdp_comm_stats(int64_t* counts, int64_t* bytes) {
+  pthread_mutex_lock(&g.mu);
+  for (int k = 0; k < FSDP_NCOLL; k++) {
+    if (counts) counts[k] = g.counts[k];
+    if (bytes) bytes[k] = g.bytes[k];
+  }
+  pthread_mutex_unlock(&g.mu);
+}
+
+void fsdp_comm_reset_stats(void) {
+  pthread_mutex_lock(&g.mu);
+  memset(g.counts, 0, sizeof g.counts);
+  memset(g.bytes, 0, sizeof g.bytes);
+  pthread_mutex_unlock(&g.mu);
+}
+
+void fsdp_comm_set_timeout(double seconds) {
+  g.timeout = seconds > 0 ? seconds : 300.0;
+  g.timeout_set = 1;
+}
+
+void fsdp_comm_set_reduce_scatter_algo(int algo) { g.rs_algo = algo == 1; }

@@ -1,0 +1,71 @@
+/*
+ * comm.h -- the communication backend table (internal; not part of the public API).
+ *
+ * comm.c owns everything backend independent: the communication thread, the work queue, the
+ * collective check (mismatch / timeout messages), stats, argument checks. A backend only moves
+ * bytes. Every backend function is called on the communication thread (the only thread that
+ * ever calls MPI, including MPI_Init_thread and MPI_Finalize), and reports errors by writing a
+ * message into `err` (FSDP_COMM_ERRLEN bytes) and returning -1 -- backends never see libfsdp's
+ * error machinery, so libfsdp_mpi.so needs nothing from libfsdp.so.
+ *
+ * "self" (one rank) is built into libfsdp.so. "mpi" lives in libfsdp_mpi.so, which comm.c
+ * dlopen()s and asks for its table through the one exported function fsdp_comm_mpi_backend().
+ */
+#ifndef FSDP_COMM_H
+#define FSDP_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSDP_COMM_ABI 1
+#define FSDP_COMM_ERRLEN 1024
+#define FSDP_COMM_TAGLEN 96
+#define FSDP_COLL_FINALIZE 5  // internal kind: the agreement made before MPI_Finalize
+
+// The record every rank contributes before a collective; all ranks must agree on it.
+typedef struct fsdp_comm_meta {
+  int32_t kind;   // fsdp_coll_kind (or FSDP_COLL_FINALIZE)
+  int32_t arg;    // reduce op, or broadcast root
+  int32_t dtype;
+  int32_t rank;
+  int64_t bytes;  // payload: the full (unsharded) buffer's bytes
+  int64_t seq;    // 1-based number of this collective on this rank
+  char tag[FSDP_COMM_TAGLEN];
+} fsdp_comm_meta;  // 128 bytes, sent as raw bytes
+
+// Rank 0's decision, sent to every rank: status 0 = go ahead, else msg says why not.
+typedef struct fsdp_comm_verdict {
+  int32_t status;
+  char msg[FSDP_COMM_ERRLEN - 4];
+} fsdp_comm_verdict;
+
+// Runs on rank 0 once every record arrived (timed_out == 0) or the deadline passed
+// (arrived[r] == 0 for the ranks that did not show up); fills the verdict.
+typedef void (*fsdp_comm_decide_fn)(const fsdp_comm_meta* all, const int* arrived, int size,
+                                    int timed_out, double timeout_s, fsdp_comm_verdict* v);
+
+typedef struct fsdp_comm_backend {
+  int abi;           // FSDP_COMM_ABI
+  const char* name;
+  int (*init)(int* rank, int* size, char* err);
+  void (*finalize)(void);
+  // every rank's record goes to rank 0, which decides; every rank gets the verdict. Waits at
+  // most timeout_s (plus a grace on ranks != 0, so rank 0's verdict, which names the missing
+  // ranks, normally wins). Returns 0 with the verdict filled, -1 when this rank itself timed
+  // out or MPI failed (the message is in v->msg, v->status != 0).
+  int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
+               fsdp_comm_verdict* v);
+  // out (size * bytes) = every rank's `in` (bytes each), rank order. in may be out + rank * bytes.
+  int (*all_gather)(void* out, const void* in, size_t bytes, char* err);
+  // out (n floats) = this rank's chunk of the reduction of every rank's in (size * n floats)
+  int (*reduce_scatter)(float* out, const float* in, size_t n, int op, int algo, char* err);
+  int (*all_reduce)(float* buf, size_t n, int op, char* err);
+  int (*broadcast)(void* buf, size_t bytes, int root, char* err);
+  int (*barrier)(char* err);
+} fsdp_comm_backend;
+
+// exported by libfsdp_mpi.so
+typedef const fsdp_comm_backend* (*fsdp_comm_backend_getter)(void);
+const fsdp_comm_backend* fsdp_comm_mpi_backend(void);
+
+#endif

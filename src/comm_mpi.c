@@ -1,0 +1,346 @@
+/*
+ * comm_mpi.c -- the "mpi" communication backend, built into its own libfsdp_mpi.so (linked with
+ * MPI) so that libfsdp.so never depends on MPI; comm.c dlopen()s it on demand and takes the table
+ * returned by fsdp_comm_mpi_backend(). Every function here runs on libfsdp's communication
+ * thread, the one thread that calls MPI (so MPI_THREAD_FUNNELED is enough).
+ *
+ * Two duplicates of MPI_COMM_WORLD: `meta` carries the collective check (records to rank 0,
+ * verdicts back, all non-blocking and polled against a deadline so a missing rank is named,
+ * never waited for forever), `data` carries the payloads.
+ *
+ * Reduce-scatter, algorithm 0 (default): a ring. With N ranks and chunk c = in[c*n .. (c+1)*n),
+ * at step s (0 .. N-2) rank r sends its partial sum of chunk r-s-1 to rank r+1 and receives the
+ * partial sum of chunk r-s-2 from rank r-1, adding its own contribution; after N-1 steps it holds
+ * the full reduction of chunk r. Algorithm 1 is MPI_Reduce_scatter_block, kept for comparison
+ * (bench/comm.lua measures both).
+ */
+#include "comm.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TAG_META 11
+#define TAG_VERDICT 12
+#define TAG_RING 13
+#define MAX_PIECE (1 << 28)  // elements per MPI call, under INT_MAX bytes for the byte paths too
+
+static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
+static int g_rank, g_size, g_we_initialized;
+static fsdp_comm_meta* g_all;    // rank 0: every rank's record
+static int* g_arrived;
+static MPI_Request* g_reqs;
+static int* g_idx;
+static fsdp_comm_meta g_mine;    // non-blocking buffers stay valid even if abandoned after a timeout
+static fsdp_comm_verdict g_verdict;
+static float *g_scratch_a, *g_scratch_b;
+static size_t g_scratch_n;
+
+static const char* kind_name(int k) {
+  static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "shutdown"};
+  return k >= 0 && k <= FSDP_COLL_FINALIZE ? names[k] : "collective";
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// polling back-off: spin briefly (answers usually come within microseconds), then yield the
+// core (ranks often share cores), then sleep in short naps
+static void backoff(int* spins) {
+  int s = (*spins)++;
+  if (s < 50) return;
+  if (s < 2000) { sched_yield(); return; }
+  struct timespec ts = {0, s < 20000 ? 20000 : 200000};
+  nanosleep(&ts, NULL);
+}
+
+static int mpi_fail(char* err, int rc, const char* what) {
+  char s[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, s, &len);
+  snprintf(err, FSDP_COMM_ERRLEN, "%s failed: %s", what, s);
+  return -1;
+}
+#define MPI_TRY(call, what)                              \
+  do {                                                   \
+    int rc_ = (call);                                    \
+    if (rc_ != MPI_SUCCESS) return mpi_fail(err, rc_, what); \
+  } while (0)
+
+// ---- init / finalize ----------------------------------------------------------------------------
+static int mpi_init(int* rank, int* size, char* err) {
+  int inited = 0, provided = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    g_we_initialized = 1;
+  } else {
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED) {
+      snprintf(err, FSDP_COMM_ERRLEN, "MPI was initialized outside fsdp with thread level %d; fsdp calls MPI "
+               "from its communication thread and needs MPI_THREAD_SERIALIZED or let it initialize MPI", provided);
+      return -1;
+    }
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &meta_comm), "MPI_Comm_dup");
+  MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &data_comm), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(meta_comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(data_comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(data_comm, &g_rank);
+  MPI_Comm_size(data_comm, &g_size);
+  g_all = calloc(g_size, sizeof *g_all);
+  g_arrived = calloc(g_size, sizeof *g_arrived);
+  g_reqs = calloc(g_size, sizeof *g_reqs);
+  g_idx = calloc(g_size, sizeof *g_idx);
+  if (!g_all || !g_arrived || !g_reqs || !g_idx) {
+    snprintf(err, FSDP_COMM_ERRLEN, "out of memory for %d ranks", g_size);
+    return -1;
+  }
+  *rank = g_rank;
+  *size = g_size;
+  return 0;
+}
+
+static void mpi_finalize(void) {
+  MPI_Comm_free(&meta_comm);
+  MPI_Comm_free(&data_comm);
+  if (g_we_initialized) MPI_Finalize();
+  free(g_all); free(g_arrived); free(g_reqs); free(g_idx);
+  free(g_scratch_a); free(g_scratch_b);
+  g_all = NULL; g_arrived = NULL; g_reqs = NULL; g_idx = NULL;
+  g_scratch_a = g_scratch_b = NULL;
+  g_scratch_n = 0;
+}
+
+// ---- the collective check ------------------------------------------------------------------------
+static int agree_root(double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v) {
+  int N = g_size, remaining = N - 1, timed_out = 0, spins = 0;
+  g_all[0] = g_mine;
+  g_arrived[0] = 1;
+  for (int r = 1; r < N; r++) {
+    g_arrived[r] = 0;
+    MPI_Irecv(&g_all[r], sizeof *g_all, MPI_BYTE, r, TAG_META, meta_comm, &g_reqs[r - 1]);
+  }
+  double deadline = now_s() + timeout_s;
+  while (remaining > 0) {
+    int outcount = 0;
+    MPI_Testsome(N - 1, g_reqs, &outcount, g_idx, MPI_STATUSES_IGNORE);
+    if (outcount == MPI_UNDEFINED) break;
+    for (int i = 0; i < outcount; i++) g_arrived[g_idx[i] + 1] = 1;
+    remaining -= outcount;
+    if (remaining == 0) break;
+    if (outcount > 0) spins = 0;
+    if (now_s() > deadline) { timed_out = 1; break; }
+    backoff(&spins);
+  }
+  if (timed_out) {  // abandon the receives of the ranks that never came
+    for (int r = 1; r < N; r++) {
+      if (g_arrived[r]) continue;
+      MPI_Cancel(&g_reqs[r - 1]);
+      MPI_Request_free(&g_reqs[r - 1]);
+    }
+  }
+  decide(g_all, g_arrived, N, timed_out, timeout_s, v);
+
+  // the verdict: status + message, sent only as long as it is
+  int len = (int)(offsetof(fsdp_comm_verdict, msg) + strlen(v->msg) + 1);
+  int nwait = 0;
+  for (int r = 1; r < N; r++) {
+    if (g_arrived[r]) {
+      MPI_Isend(v, len, MPI_BYTE, r, TAG_VERDICT, meta_comm, &g_reqs[nwait++]);
+    } else {  // a late rank finds the verdict waiting and fails at once; the copy is never freed
+      fsdp_comm_verdict* copy = malloc(sizeof *copy);
+      if (!copy) continue;
+      memcpy(copy, v, sizeof *copy);
+      MPI_Request req;
+      MPI_Isend(copy, len, MPI_BYTE, r, TAG_VERDICT, meta_comm, &req);
+      MPI_Request_free(&req);
+    }
+  }
+  // the arrived ranks posted their receives before sending their records: these complete
+  spins = 0;
+  for (;;) {
+    int flag = 0;
+    MPI_Testall(nwait, g_reqs, &flag, MPI_STATUSES_IGNORE);
+    if (flag) break;
+    backoff(&spins);
+  }
+  return 0;
+}
+
+static int agree_other(double timeout_s, fsdp_comm_verdict* v) {
+  MPI_Request rreq, sreq;
+  MPI_Irecv(&g_verdict, sizeof g_verdict, MPI_BYTE, 0, TAG_VERDICT, meta_comm, &rreq);
+  MPI_Isend(&g_mine, sizeof g_mine, MPI_BYTE, 0, TAG_META, meta_comm, &sreq);
+  // rank 0 decides at its own deadline and names the missing ranks; give its verdict time to come
+  double deadline = now_s() + timeout_s + 2.0 + 0.25 * timeout_s;
+  int flag = 0, spins = 0;
+  for (;;) {
+    MPI_Test(&rreq, &flag, MPI_STATUS_IGNORE);
+    if (flag) break;
+    if (now_s() > deadline) break;
+    backoff(&spins);
+  }
+  if (!flag) {
+    MPI_Cancel(&rreq);
+    MPI_Request_free(&rreq);
+    MPI_Request_free(&sreq);
+    v->status = 2;
+    if (g_mine.kind == FSDP_COLL_FINALIZE)
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for rank 0 to shut down (collective #%lld)",
+               timeout_s, (long long)g_mine.seq);
+    else
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for rank 0 in %s '%s' (collective #%lld)",
+               timeout_s, kind_name(g_mine.kind), g_mine.tag, (long long)g_mine.seq);
+    return -1;
+  }
+  memcpy(v, &g_verdict, sizeof *v);
+  if (v->status == 0) {
+    MPI_Wait(&sreq, MPI_STATUS_IGNORE);  // rank 0 has every record when it says go
+  } else {
+    MPI_Request_free(&sreq);
+  }
+  return 0;
+}
+
+static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
+                     fsdp_comm_verdict* v) {
+  g_mine = *mine;
+  if (g_size == 1) {
+    int arrived = 1;
+    decide(&g_mine, &arrived, 1, 0, timeout_s, v);
+    return 0;
+  }
+  return g_rank == 0 ? agree_root(timeout_s, decide, v) : agree_other(timeout_s, v);
+}
+
+// ---- data movement ----------------------------------------------------------------------------------
+static int mpi_all_gather(void* out, const void* in, size_t bytes, char* err) {
+  if (bytes > (size_t)MAX_PIECE * 4) {
+    snprintf(err, FSDP_COMM_ERRLEN, "%zu bytes per rank exceed this backend's limit of %d", bytes, MAX_PIECE * 4);
+    return -1;
+  }
+  const void* src = (const char*)in == (const char*)out + (size_t)g_rank * bytes ? MPI_IN_PLACE : in;
+  MPI_TRY(MPI_Allgather(src, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, data_comm), "MPI_Allgather");
+  return 0;
+}
+
+// dst = a op b over n floats (dst may alias a or b); the loop vectorizes
+static void reduce_f32(float* dst, const float* a, const float* b, size_t n, int op) {
+  if (op == 2) {
+    for (size_t i = 0; i < n; i++) dst[i] = a[i] > b[i] ? a[i] : b[i];
+  } else {
+    for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+  }
+}
+
+static void scale_f32(float* x, size_t n, float s) {
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static int sendrecv_f32(const float* send, int to, float* recv, int from, size_t n, char* err) {
+  for (size_t off = 0; off < n; off += MAX_PIECE) {
+    int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
+    MPI_TRY(MPI_Sendrecv(send + off, len, MPI_FLOAT, to, TAG_RING, recv + off, len, MPI_FLOAT, from, TAG_RING,
+                         data_comm, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+  }
+  return 0;
+}
+
+static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, char* err) {
+  int N = g_size, r = g_rank, right = (r + 1) % N, left = (r - 1 + N) % N;
+  if (g_scratch_n < n) {
+    free(g_scratch_a);
+    free(g_scratch_b);
+    g_scratch_a = malloc(n * sizeof(float));
+    g_scratch_b = malloc(n * sizeof(float));
+    g_scratch_n = g_scratch_a && g_scratch_b ? n : 0;
+    if (!g_scratch_n) {
+      snprintf(err, FSDP_COMM_ERRLEN, "out of memory for the ring's %zu-float buffers", n);
+      return -1;
+    }
+  }
+  const float* send = in + (size_t)((r - 1 + N) % N) * n;  // step 0: my own piece of chunk r-1
+  float *recv = g_scratch_a, *spare = g_scratch_b;
+  for (int s = 0; s < N - 1; s++) {
+    int c = ((r - s - 2) % N + N) % N;  // the chunk arriving now
+    if (sendrecv_f32(send, right, recv, left, n, err)) return -1;
+    const float* own = in + (size_t)c * n;
+    if (s == N - 2) {  // c == r: the last contribution lands in out
+      reduce_f32(out, recv, own, n, op);
+    } else {
+      reduce_f32(recv, recv, own, n, op);
+      send = recv;
+      float* t = recv; recv = spare; spare = t;
+    }
+  }
+  return 0;
+}
+
+static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, char* err) {
+  if (g_size == 1) {
+    if (out != in) memmove(out, in, n * sizeof(float));
+    return 0;
+  }
+  if (algo == 1) {
+    if (n > MAX_PIECE) {
+      snprintf(err, FSDP_COMM_ERRLEN, "%zu floats per rank exceed this backend's limit of %d", n, MAX_PIECE);
+      return -1;
+    }
+    float* dst = out;
+    int overlap = out < in + (size_t)g_size * n && in < out + n;
+    if (overlap && !(dst = malloc(n * sizeof(float)))) {
+      snprintf(err, FSDP_COMM_ERRLEN, "out of memory (%zu floats)", n);
+      return -1;
+    }
+    int rc = MPI_Reduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm);
+    if (overlap) {
+      if (rc == MPI_SUCCESS) memcpy(out, dst, n * sizeof(float));
+      free(dst);
+    }
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Reduce_scatter_block");
+  } else if (ring_reduce_scatter(out, in, n, op, err)) {
+    return -1;
+  }
+  if (op == 1) scale_f32(out, n, 1.0f / g_size);
+  return 0;
+}
+
+static int mpi_all_reduce(float* buf, size_t n, int op, char* err) {
+  for (size_t off = 0; off < n; off += MAX_PIECE) {
+    int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
+    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm),
+            "MPI_Allreduce");
+  }
+  if (op == 1) scale_f32(buf, n, 1.0f / g_size);
+  return 0;
+}
+
+static int mpi_broadcast(void* buf, size_t bytes, int root, char* err) {
+  for (size_t off = 0; off < bytes; off += MAX_PIECE) {
+    int len = (int)(bytes - off < MAX_PIECE ? bytes - off : MAX_PIECE);
+    MPI_TRY(MPI_Bcast((char*)buf + off, len, MPI_BYTE, root, data_comm), "MPI_Bcast");
+  }
+  return 0;
+}
+
+static int mpi_barrier(char* err) {
+  MPI_TRY(MPI_Barrier(data_comm), "MPI_Barrier");
+  return 0;
+}
+
+static const fsdp_comm_backend mpi_backend = {
+    FSDP_COMM_ABI, "mpi", mpi_init, mpi_finalize, mpi_agree, mpi_all_gather,
+    mpi_reduce_scatter, mpi_all_reduce, mpi_broadcast, mpi_barrier,
+};
+
+__attribute__((visibility("default"))) const fsdp_comm_backend* fsdp_comm_mpi_backend(void) {
+  return &mpi_backend;
+}

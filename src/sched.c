@@ -1,0 +1,419 @@
+/*
+ * sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
+ * events (backward). One training step, for each unit:
+ *
+ *   pre_forward     gather (or finish a prefetch); parameters take their full form; the first
+ *                   unit entered at depth 0 is the root of this forward pass
+ *   post_forward    reshard unless the policy keeps the parameters (the root, SHARD_GRAD_OP)
+ *   mark_output     outputs pass through an identity node whose backward runs pre_backward
+ *   pre_backward    gather again; set aside the .grad pieces from earlier steps; prefetch the
+ *                   unit that ran before this one in forward
+ *   GRAD_READY      when every trainable parameter that is in this backward's graph has its
+ *                   gradient: post_backward = reduce-scatter (async) and reshard
+ *   end of backward a callback queued at every BACKWARD_BEGIN (whether or not the root owns
+ *                   parameters, whether or not any hook fired): finishes units whose gradients
+ *                   came in but were not reduced, waits for every reduction, assigns the .grad
+ *                   pieces, reshards whatever is still gathered, and returns every unit to IDLE.
+ *
+ * Nothing here assumes a hook fires: a frozen unit, a unit whose output does not reach the loss,
+ * a unit run twice, a unit whose inputs need no grad all end up in the end-of-backward catch-all,
+ * and a backward node that needs a resharded buffer re-gathers it (fsdp_unit_materialize).
+ * Collectives are issued in the same order on every rank: forward order, engine order, then
+ * unit creation order in the catch-all.
+ */
+#include "unit.h"
+
+fsdp_unit** fsdp_units;
+int fsdp_n_units;
+static int g_cap_units;
+static int g_depth;                 // nesting depth of unit forwards
+static fsdp_unit** g_order;         // units in the order their forward ran in this pass
+static int g_order_n, g_order_cap;
+static fsdp_unit** g_prev_order;    // ... and in the previous pass (forward prefetch)
+static int g_prev_order_n, g_prev_cap;
+static int g_installed;
+static int64_t g_finished_pass = -1;
+
+static const char* state_names[] = {"IDLE", "FORWARD", "FORWARD_DONE", "BACKWARD", "BACKWARD_DONE"};
+const char* fsdp_unit_state_name(int s) { return s >= 0 && s <= 4 ? state_names[s] : "?"; }
+const char* fsdp_unit_path(const fsdp_unit* u) { return u->path; }
+int fsdp_unit_set_path(fsdp_unit* u, const char* path) {
+  free(u->path);
+  u->path = strdup(path ? path : "");
+  return 0;
+}
+int fsdp_unit_state(const fsdp_unit* u) { return u->state; }
+int fsdp_unit_num_params(const fsdp_unit* u) { return u->n; }
+fsdp_tensor* fsdp_unit_param(fsdp_unit* u, int i) { return i >= 0 && i < u->n ? u->p[i].t : NULL; }
+int fsdp_unit_world_size(const fsdp_unit* u) { return u->W; }
+fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->unit; }
+
+int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {
+  if (!t->unit) { memcpy(shape, t->shape, t->ndim * sizeof(int64_t)); return t->ndim; }
+  const unit_param* p = &t->unit->p[t->unit_index];
+  memcpy(shape, p->shape, p->ndim * sizeof(int64_t));
+  return p->ndim;
+}
+
+int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length) {
+  CHECK_INT(i >= 0 && i < u->n, "FSDP unit '%s': no parameter %d", u->path, i);
+  const unit_param* p = &u->p[i];
+  *numel = p->numel; *chunk = p->chunk; *start = p->start; *length = p->len;
+  return 0;
+}
+
+// ---- creation and parameters ------------------------------------------------------------------------
+fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
+  if (!fsdp_comm_is_initialized() && fsdp_comm_init(NULL)) return NULL;
+  CHECK_NULL(opts->sharding >= 0 && opts->sharding <= 2, "fsdp.wrap '%s': unknown sharding strategy %d", path, opts->sharding);
+  CHECK_NULL(opts->param_dtype == FSDP_F32 || opts->param_dtype == FSDP_BF16 || opts->param_dtype == FSDP_F16,
+             "fsdp.wrap '%s': mixed precision param dtype must be float32, bfloat16 or float16, got %s", path,
+             fsdp_dtype_name(opts->param_dtype));
+  CHECK_NULL(opts->reduce_dtype == FSDP_F32, "fsdp.wrap '%s': gradients are reduced in float32 (got reduce dtype %s)",
+             path, fsdp_dtype_name(opts->reduce_dtype));
+  fsdp_unit* u = calloc(1, sizeof *u);
+  CHECK_NULL(u, "fsdp.wrap: out of memory");
+  u->path = strdup(path ? path : "");
+  u->opts = *opts;
+  u->W = opts->sharding == FSDP_NO_SHARD ? 1 : fsdp_comm_world_size();
+  u->rank = u->W > 1 ? fsdp_comm_rank() : 0;
+  u->separate_full = u->W > 1 || opts->param_dtype != FSDP_F32;
+  u->sync_grads = 1;
+  u->order_index = -1;
+  u->pass = -1;
+  if (fsdp_shard_layout(u)) { free(u->path); free(u); return NULL; }  // empty buffers
+  if (fsdp_n_units == g_cap_units) {
+    g_cap_units = g_cap_units ? 2 * g_cap_units : 16;
+    fsdp_units = realloc(fsdp_units, g_cap_units * sizeof *fsdp_units);
+  }
+  fsdp_units[fsdp_n_units++] = u;
+  fsdp_sched_install();
+  return u;
+}
+
+// every parameter of u becomes a standalone full tensor again (collective: gathers u)
+static int release_all(fsdp_unit* u) {
+  if (u->n == 0) return 0;
+  if (fsdp_shard_gather_finish(u)) return -1;
+  for (int i = 0; i < u->n; i++) {
+    if (fsdp_shard_release_param(u, i)) return -1;
+    fsdp_tensor_release(u->p[i].stash);
+  }
+  return 0;
+}
+
+static void free_params(fsdp_unit* u) {
+  for (int i = 0; i < u->n; i++) { fsdp_tensor_release(u->p[i].t); free(u->p[i].name); }
+  free(u->p);
+  u->p = NULL;
+  u->n = 0;
+}
+
+// lays out u with `n` standalone parameters (taking refs)
+static int adopt(fsdp_unit* u, int n, fsdp_tensor** ts, const char** names) {
+  u->p = calloc(n > 0 ? n : 1, sizeof *u->p);
+  u->n = n;
+  for (int i = 0; i < n; i++) {
+    unit_param* p = &u->p[i];
+    p->t = ts[i];
+    ts[i]->refcount++;
+    p->name = strdup(names && names[i] ? names[i] : "?");
+    p->ndim = ts[i]->ndim;
+    memcpy(p->shape, ts[i]->shape, sizeof p->shape);
+    p->numel = fsdp_tensor_numel(ts[i]);
+    p->rg_at_forward = ts[i]->requires_grad;
+  }
+  return fsdp_shard_layout(u);
+}
+
+int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** names) {
+  CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': parameters can only change while it is idle (state %s)",
+            u->path, state_names[u->state]);
+  for (int i = 0; i < n; i++) {
+    fsdp_tensor* t = ts[i];
+    const char* nm = names && names[i] ? names[i] : "?";
+    CHECK_INT(t->dtype == FSDP_F32, "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters", u->path, nm, DT(t));
+    CHECK_INT(!t->grad_fn, "fsdp.wrap '%s': parameter '%s' is not a leaf tensor", u->path, nm);
+    CHECK_INT(t->storage->device == FSDP_CPU, "fsdp.wrap '%s': parameter '%s' is not on the cpu", u->path, nm);
+    for (int j = 0; j < i; j++)
+      CHECK_INT(ts[j] != t, "fsdp.wrap '%s': parameter '%s' is listed twice", u->path, nm);
+  }
+  // take every parameter home: ours and those another unit owns become standalone first
+  if (release_all(u)) return -1;
+  fsdp_tensor** keep = NULL;
+  for (int i = 0; i < n; i++) {
+    fsdp_unit* v = ts[i]->unit;
+    if (!v || v == u) continue;
+    CHECK_INT(v->state == FSDP_UNIT_IDLE, "fsdp.wrap '%s': parameter '%s' belongs to unit '%s', which is busy (%s)",
+              u->path, names ? names[i] : "?", v->path, state_names[v->state]);
+    if (release_all(v)) return -1;
+    // v keeps the parameters not moving to u
+    int m = 0;
+    keep = realloc(keep, (v->n + 1) * sizeof *keep);
+    const char** knames = malloc((v->n + 1) * sizeof *knames);
+    for (int a = 0; a < v->n; a++) {
+      int moving = 0;
+      for (int b = 0; b < n; b++) moving |= ts[b] == v->p[a].t;
+      if (!moving) { knames[m] = v->p[a].name; keep[m++] = v->p[a].t; }
+    }
+    for (int a = 0; a < m; a++) keep[a]->refcount++;
+    char** dup = malloc((m + 1) * sizeof *dup);
+    for (int a = 0; a < m; a++) dup[a] = strdup(knames[a]);
+    free_params(v);
+    int rc = adopt(v, m, keep, (const char**)dup);
+    for (int a = 0; a < m; a++) { fsdp_tensor_release(keep[a]); free(dup[a]); }
+    free(dup); free(knames);
+    if (rc) { free(keep); return -1; }
+  }
+  free(keep);
+  free_params(u);
+  // every rank starts from rank 0's values
+  if (u->opts.sync_module_states && fsdp_comm_world_size() > 1)
+    for (int i = 0; i < n; i++) {
+      fsdp_work* w = fsdp_broadcast(ts[i], 0, u->path);
+      int rc = w ? fsdp_work_wait(w) : -1;
+      fsdp_work_free(w);
+      if (rc) return -1;
+    }
+  return adopt(u, n, ts, names);
+}
+
+// ---- forward -----------------------------------------------------------------------------------------------
+static int reshard_after_forward(const fsdp_unit* u) {
+  if (u->opts.reshard_after_forward >= 0) return u->opts.reshard_after_forward;
+  return u->opts.sharding == FSDP_FULL_SHARD && !u->is_root;
+}
+
+static int64_t g_inflight_gathers(void) {
+  int64_t n = 0;
+  for (int i = 0; i < fsdp_n_units; i++) n += (fsdp_units[i]->g[0].gather != NULL) || (fsdp_units[i]->g[1].gather != NULL);
+  return n;
+}
+
+static void prefetch(fsdp_unit* v) {
+  if (!v || v->gathered || v->g[0].gather || v->g[1].gather || g_inflight_gathers() >= 2) return;
+  if (fsdp_shard_gather_start(v)) fsdp_clear_error();  // a failed prefetch is retried when needed
+}
+
+// returns a unit left over from an earlier pass to IDLE (its backward never came, or an error
+// stopped it); `keep_grads` keeps reductions that were already issued
+static int finalize_unit(fsdp_unit* u) {
+  int rc = 0;
+  if (u->reduced_pending) rc = fsdp_shard_reduce_finish(u);
+  for (int i = 0; i < u->n; i++) {
+    unit_param* p = &u->p[i];
+    if (p->stash) {  // no new gradient for this one: it keeps what it had
+      if (!p->t->grad) { p->t->grad = p->stash; p->stash = NULL; }
+      else { fsdp_tensor_release(p->stash); p->stash = NULL; }
+    }
+  }
+  if (u->opts.sharding != FSDP_NO_SHARD && fsdp_shard_reshard(u, 0)) rc = -1;
+  u->state = FSDP_UNIT_IDLE;
+  return rc;
+}
+
+static void order_push(fsdp_unit* u) {
+  if (g_order_n == g_order_cap) {
+    g_order_cap = g_order_cap ? 2 * g_order_cap : 16;
+    g_order = realloc(g_order, g_order_cap * sizeof *g_order);
+  }
+  u->order_index = g_order_n;
+  g_order[g_order_n++] = u;
+}
+
+int fsdp_unit_pre_forward(fsdp_unit* u) {
+  CHECK_INT(u->state != FSDP_UNIT_FORWARD, "FSDP unit '%s': forward called again from inside its own forward", u->path);
+  if (g_depth == 0) {  // a new forward pass; u is its root
+    CHECK_INT(!fsdp_is_backward_running(), "FSDP unit '%s': forward inside backward is not supported", u->path);
+    for (int i = 0; i < fsdp_n_units; i++)
+      if (fsdp_units[i]->state != FSDP_UNIT_IDLE && finalize_unit(fsdp_units[i])) return -1;
+    fsdp_unit** t = g_prev_order; g_prev_order = g_order; g_order = t;  // this pass's order becomes "previous"
+    int cap = g_prev_cap; g_prev_cap = g_order_cap; g_order_cap = cap;
+    g_prev_order_n = g_order_n;
+    g_order_n = 0;
+    for (int i = 0; i < fsdp_n_units; i++) fsdp_units[i]->order_index = -1;
+  }
+  if (fsdp_shard_requires_relayout(u)) {  // freezing changed since the last step: rebuild the plan
+    CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': requires_grad of its parameters changed during a forward pass",
+              u->path);
+    if (fsdp_shard_reshard(u, 0) || fsdp_shard_layout(u)) return -1;
+  }
+  for (int i = 0; i < u->n; i++) u->p[i].rg_at_forward = u->p[i].t->requires_grad;
+  u->is_root = g_depth == 0;
+  g_depth++;
+  if (u->order_index < 0) order_push(u);
+  if (fsdp_shard_gather_finish(u)) { g_depth--; return -1; }
+  u->state = FSDP_UNIT_FORWARD;
+  if (u->opts.forward_prefetch)  // the unit that followed this one last time
+    for (int i = 0; i + 1 < g_prev_order_n; i++)
+      if (g_prev_order[i] == u) { prefetch(g_prev_order[i + 1]); break; }
+  return 0;
+}
+
+int fsdp_unit_post_forward(fsdp_unit* u) {
+  CHECK_INT(u->state == FSDP_UNIT_FORWARD, "FSDP unit '%s': post_forward in state %s", u->path, state_names[u->state]);
+  g_depth--;
+  if (!fsdp_is_grad_enabled()) {  // no backward will follow (no_grad / eval)
+    u->state = FSDP_UNIT_IDLE;
+    return u->opts.sharding == FSDP_NO_SHARD ? 0 : fsdp_shard_reshard(u, 0);
+  }
+  u->state = FSDP_UNIT_FORWARD_DONE;
+  return reshard_after_forward(u) ? fsdp_shard_reshard(u, 0) : 0;
+}
+
+int fsdp_unit_abort_forward(fsdp_unit* u) {
+  if (u->state == FSDP_UNIT_FORWARD) g_depth--;
+  if (g_depth < 0) g_depth = 0;
+  return finalize_unit(u);
+}
+
+// ---- backward ------------------------------------------------------------------------------------------------
+static int pre_backward(fsdp_unit* u) {
+  if (u->state == FSDP_UNIT_BACKWARD) return 0;
+  for (int i = 0; i < u->n; i++)
+    CHECK_INT(u->p[i].t->requires_grad == u->p[i].rg_at_forward,
+              "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward (was %s); "
+              "change freezing only between steps", u->path, u->p[i].name, u->p[i].rg_at_forward ? "true" : "false");
+  if (fsdp_shard_gather_finish(u)) return -1;
+  if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;  // gathered again for a late node; nothing else to do
+  for (int i = 0; i < u->n; i++) {
+    unit_param* p = &u->p[i];
+    if (p->t->grad && !p->grad_is_local) {  // the piece from earlier steps waits aside
+      fsdp_tensor_release(p->stash);
+      p->stash = p->t->grad;
+      p->t->grad = NULL;
+    }
+  }
+  u->state = FSDP_UNIT_BACKWARD;
+  if (u->opts.backward_prefetch && u->order_index > 0) prefetch(g_order[u->order_index - 1]);
+  return 0;
+}
+
+int fsdp_unit_materialize(fsdp_unit* u) {
+  CHECK_INT(fsdp_is_backward_running(), "FSDP unit '%s': its parameters are resharded; a tensor that views them "
+            "was kept past the forward pass", u->path);
+  return pre_backward(u);
+}
+
+static int post_backward(fsdp_unit* u) {
+  if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;
+  int any = 0;
+  for (int i = 0; i < u->n; i++) any |= u->p[i].group == 0 && (u->p[i].got_grad || u->p[i].grad_is_local);
+  if (any) {
+    if (u->sync_grads) {
+      if (fsdp_shard_reduce_start(u)) return -1;
+    } else {
+      for (int i = 0; i < u->n; i++) if (u->p[i].got_grad) u->p[i].grad_is_local = 1;
+    }
+  }
+  u->state = FSDP_UNIT_BACKWARD_DONE;
+  return u->opts.sharding == FSDP_NO_SHARD ? 0 : fsdp_shard_reshard(u, 0);
+}
+
+static fsdp_tensor* identity_pre_backward;  // unused marker to keep the node name unique
+static int pre_backward_node(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  (void)identity_pre_backward;
+  if (pre_backward((fsdp_unit*)(intptr_t)n->i[0])) return -1;
+  g->refcount++;
+  gin[0] = g;
+  return 0;
+}
+
+fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t) {
+  if (!fsdp_is_grad_enabled() || !t->requires_grad) { t->refcount++; return t; }
+  fsdp_tensor* out = fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset);
+  if (!out) return NULL;
+  fsdp_node* n = fsdp_node_new("FSDPPreBackward", pre_backward_node, 1, &t);
+  n->i[0] = (int64_t)(intptr_t)u;
+  fsdp_node_set_output(n, out);
+  return out;
+}
+
+// the trainable parameters of u that take part in this backward: in the graph (pending
+// contributions) or already delivered
+static void start_pass(fsdp_unit* u, int64_t pass) {
+  u->pass = pass;
+  u->ready = u->expected = 0;
+  for (int i = 0; i < u->n; i++) {
+    unit_param* p = &u->p[i];
+    p->got_grad = 0;
+    if (p->group == 0 && (p->t->bw_pending > 0 || p->t->bw_got)) u->expected++;
+  }
+}
+
+static int on_grad_ready(fsdp_tensor* t) {
+  fsdp_unit* u = t->unit;
+  if (!u) return 0;
+  int64_t pass = fsdp_autograd_pass();
+  if (u->pass != pass) start_pass(u, pass);
+  unit_param* p = &u->p[t->unit_index];
+  CHECK_INT(p->t->requires_grad == p->rg_at_forward,
+            "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward", u->path, p->name);
+  if (p->group != 0) return 0;
+  p->got_grad = 1;
+  if (++u->ready == u->expected) return post_backward(u);
+  return 0;
+}
+
+static int end_of_backward(void* ctx) {
+  (void)ctx;
+  int64_t pass = fsdp_autograd_pass();
+  int rc = 0;
+  // catch-all: units whose backward began or whose gradients came in, but were never finished
+  for (int i = 0; i < fsdp_n_units && !rc; i++) {
+    fsdp_unit* u = fsdp_units[i];
+    if (u->pass != pass && u->state == FSDP_UNIT_BACKWARD) start_pass(u, pass);
+    if (u->state == FSDP_UNIT_BACKWARD || (u->pass == pass && u->ready > 0 && u->state != FSDP_UNIT_BACKWARD_DONE))
+      rc = post_backward(u);
+  }
+  for (int i = 0; i < fsdp_n_units; i++)
+    if (fsdp_units[i]->state != FSDP_UNIT_IDLE || fsdp_units[i]->reduced_pending)
+      if (finalize_unit(fsdp_units[i]) && !rc) rc = -1;
+  g_finished_pass = pass;
+  return rc;
+}
+
+static int listener(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
+  (void)node; (void)ctx;
+  if (ev == FSDP_EV_BACKWARD_BEGIN) return fsdp_n_units ? fsdp_queue_callback(end_of_backward, NULL) : 0;
+  if (ev == FSDP_EV_GRAD_READY) return on_grad_ready(t);
+  if (ev == FSDP_EV_BACKWARD_END && g_finished_pass != fsdp_autograd_pass()) {
+    // backward stopped with an error before the callback: leave every unit idle and consistent
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+    for (int i = 0; i < fsdp_n_units; i++) finalize_unit(fsdp_units[i]);
+    fsdp_set_error(msg);
+    g_finished_pass = fsdp_autograd_pass();
+  }
+  return 0;
+}
+
+void fsdp_sched_install(void) {
+  if (g_installed) return;
+  g_installed = 1;
+  fsdp_autograd_add_listener(FSDP_EV_BACKWARD_BEGIN | FSDP_EV_GRAD_READY | FSDP_EV_BACKWARD_END, listener, NULL);
+}
+
+// ---- summon_full_params, no_sync, idleness --------------------------------------------------------------------
+int fsdp_unit_unshard(fsdp_unit* u) {
+  CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': summon_full_params only between steps (state %s)", u->path,
+            state_names[u->state]);
+  return fsdp_shard_gather_finish(u);
+}
+int fsdp_unit_reshard(fsdp_unit* u, int writeback) {
+  CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': reshard only between steps (state %s)", u->path,
+            state_names[u->state]);
+  return fsdp_shard_reshard(u, writeback);
+}
+int fsdp_unit_set_sync_grads(fsdp_unit* u, int sync) {
+  u->sync_grads = sync != 0;
+  return 0;
+}
+int fsdp_units_all_idle(void) {
+  for (int i = 0; i < fsdp_n_units; i++) {
+    fsdp_unit* u = fsdp_units[i];
+    if (u->state != FSDP_UNIT_IDLE || u->reduced_pending || u->g[0].gather || u->g[1].gather) return 0;
+    if (u->separate_full && u->gathered) return 0;
+  }
+  return 1;
+}
