@@ -73,11 +73,36 @@ static inline void store(void* p, int dt, double v) {
 }
 
 // contiguous runs of the same dtype are memcpy'd; everything else goes element by element
+// f32 copy whose innermost source dim is strided (a transpose or permute): 32x32 tiles over the
+// last two dims keep both the reads and the writes within a few cache lines
+static void copy_tiled_f32(float* dst, const float* src, int ndim, const int64_t* shape, const int64_t* sstride) {
+  int64_t A = shape[ndim - 2], B = shape[ndim - 1], sa = sstride[ndim - 2], sb = sstride[ndim - 1];
+  int64_t outer = fsdp_shape_numel(ndim - 2, shape);
+#pragma omp parallel for if (outer * A * B > 65536) schedule(static)
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t off = 0, rem = o;
+    for (int j = ndim - 3; j >= 0; j--) { off += (rem % shape[j]) * sstride[j]; rem /= shape[j]; }
+    const float* s = src + off;
+    float* d = dst + o * A * B;
+    for (int64_t i0 = 0; i0 < A; i0 += 32)
+      for (int64_t j0 = 0; j0 < B; j0 += 32) {
+        int64_t i1 = i0 + 32 < A ? i0 + 32 : A, j1 = j0 + 32 < B ? j0 + 32 : B;
+        for (int64_t i = i0; i < i1; i++)
+          for (int64_t j = j0; j < j1; j++) d[i * B + j] = s[i * sa + j * sb];
+      }
+  }
+}
+
 static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int ndim, const int64_t* shape,
                              const int64_t* sstride) {
   size_t des = fsdp_dtype_size(ddt), ses = fsdp_dtype_size(sdt);
   int64_t n = fsdp_shape_numel(ndim, shape);
   if (n == 0) return;
+  if (ddt == FSDP_F32 && sdt == FSDP_F32 && ndim >= 2 && sstride[ndim - 1] != 1 && shape[ndim - 1] > 1 &&
+      shape[ndim - 2] > 1) {
+    copy_tiled_f32(dst, src, ndim, shape, sstride);
+    return;
+  }
   // merge the innermost dims into one run while they are contiguous in src
   int64_t run = 1;
   int d = ndim - 1;
@@ -129,7 +154,8 @@ static void cpu_scale(float* y, int64_t n, float s) {
 // or FP exception flags)
 #pragma GCC optimize("no-math-errno", "no-trapping-math")
 
-#define PAR_MIN 32768  // below this many elements a loop stays on one thread
+#define PAR_MIN 32768      // below this many elements a loop stays on one thread
+#define PAR_MIN_HEAVY 4096 // the same for transcendental loops (several ns per element)
 #define CHUNK 16384    // binary loops split long rows into chunks of this many elements for threads
 
 // ---- binary with broadcasting ------------------------------------------------------------------
@@ -220,7 +246,7 @@ static inline float exp_f(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
-  int32_t e1 = (k1 + 127) << 23, e2 = (k2 + 127) << 23;
+  uint32_t e1 = (uint32_t)(k1 + 127) << 23, e2 = (uint32_t)(k2 + 127) << 23;
   float s1, s2;
   memcpy(&s1, &e1, 4);
   memcpy(&s2, &e2, 4);
@@ -235,8 +261,7 @@ static inline float tanh_f(float x) {
   float small = ((((-5.70498872745e-3f * x2 + 2.06390887954e-2f) * x2 - 5.37397155531e-2f) * x2 +
                   1.33314422036e-1f) * x2 - 3.33332819422e-1f) * x2 * ax + ax;
   float t = ax < 0.625f ? small : big;
-  t = x < 0 ? -t : t;
-  return x != x ? x : t;
+  return x < 0 ? -t : t;  // NaN propagates through exp_f
 }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
@@ -274,23 +299,14 @@ static inline float log_f(float x) {
   return x != x ? x : r;
 }
 
-// erfc with relative error < 1.2e-7 everywhere (Numerical Recipes' erfcc, a Chebyshev fit), so
-// Phi(x) = erfc(-x / sqrt 2) / 2 stays accurate deep in the lower tail, where 1 + erf(x) would cancel
-static inline float erfc_f(float x) {
-  float z = x < 0 ? -x : x;
-  float t = 1.0f / (1.0f + 0.5f * z);
-  float p = 0.17087277f;
-  p = p * t - 0.82215223f;
-  p = p * t + 1.48851587f;
-  p = p * t - 1.13520398f;
-  p = p * t + 0.27886807f;
-  p = p * t - 0.18628806f;
-  p = p * t + 0.09678418f;
-  p = p * t + 0.37409196f;
-  p = p * t + 1.00002368f;
-  p = p * t - 1.26551223f;
-  float r = t * exp_f(-z * z + p);
-  return x < 0 ? 2.0f - r : r;
+// erf exactly as PyTorch's vectorised CPU kernels compute it for GELU (Abramowitz & Stegun 7.1.26,
+// |error| < 1.5e-7), so our GELU matches theirs to float rounding
+static inline float erf_f(float x) {
+  float ax = __builtin_fabsf(x);
+  float t = 1.0f / (1.0f + 0.3275911f * ax);
+  float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  float r = 1.0f - poly * exp_f(-ax * ax);
+  return __builtin_copysignf(r, x);
 }
 
 #define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
@@ -299,29 +315,32 @@ static inline float erfc_f(float x) {
 #define GELU_KAPPA 0.044715f
 
 #define UNARY_LOOP(EXPR)                                          \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")              \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")   \
+  for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
+#define UNARY_LOOP_HEAVY(EXPR)                                          \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)")   \
   for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
 
 static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) {
   float p = (float)pd;
   switch (op) {
     case FSDP_UN_NEG: UNARY_LOOP(-v); break;
-    case FSDP_UN_EXP: UNARY_LOOP(exp_f(v)); break;
-    case FSDP_UN_LOG: UNARY_LOOP(log_f(v)); break;
+    case FSDP_UN_EXP: UNARY_LOOP_HEAVY(exp_f(v)); break;
+    case FSDP_UN_LOG: UNARY_LOOP_HEAVY(log_f(v)); break;
     case FSDP_UN_SQRT: UNARY_LOOP(sqrtf(v)); break;
     case FSDP_UN_ABS: UNARY_LOOP(fabsf(v)); break;
-    case FSDP_UN_TANH: UNARY_LOOP(tanh_f(v)); break;
-    case FSDP_UN_SIGMOID: UNARY_LOOP(sigmoid_f(v)); break;
+    case FSDP_UN_TANH: UNARY_LOOP_HEAVY(tanh_f(v)); break;
+    case FSDP_UN_SIGMOID: UNARY_LOOP_HEAVY(sigmoid_f(v)); break;
     case FSDP_UN_RELU: UNARY_LOOP(v > 0.0f ? v : (v != v ? v : 0.0f)); break;
-    case FSDP_UN_GELU: UNARY_LOOP(0.5f * v * erfc_f(-v * GELU_K0)); break;
-    case FSDP_UN_GELU_TANH: UNARY_LOOP(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v)))); break;
+    case FSDP_UN_GELU: UNARY_LOOP_HEAVY(0.5f * v * (1.0f + erf_f(v * GELU_K0))); break;
+    case FSDP_UN_GELU_TANH: UNARY_LOOP_HEAVY(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v)))); break;
     case FSDP_UN_POW:
       if (p == 2.0f) { UNARY_LOOP(v * v); }
       else if (p == 1.0f) { UNARY_LOOP(v); }
       else if (p == 0.5f) { UNARY_LOOP(sqrtf(v)); }
       else if (p == -1.0f) { UNARY_LOOP(1.0f / v); }
       else if (p == 3.0f) { UNARY_LOOP(v * v * v); }
-      else { UNARY_LOOP(powf(v, p)); }
+      else { UNARY_LOOP_HEAVY(powf(v, p)); }
       break;
     case FSDP_UN_ADD_SCALAR: UNARY_LOOP(v + p); break;
     case FSDP_UN_MUL_SCALAR: UNARY_LOOP(v * p); break;
@@ -330,8 +349,11 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
 }
 
 // gx = gy * f'(x); ops read x or y (the forward output), whichever the op layer saved
-#define UNARY_BW_LOOP(EXPR)                                                   \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")                          \
+#define UNARY_BW_LOOP(EXPR)                                        \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")    \
+  for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
+#define UNARY_BW_LOOP_HEAVY(EXPR)                                        \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)")    \
   for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
 
 static void cpu_unary_backward(int op, float* gx, const float* gy, const float* x, const float* y, int64_t n,
@@ -347,10 +369,10 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_SIGMOID: UNARY_BW_LOOP(g * y[i] * (1.0f - y[i])); break;
     case FSDP_UN_RELU: UNARY_BW_LOOP(y[i] > 0.0f ? g : 0.0f); break;
     case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-      UNARY_BW_LOOP(g * (0.5f * erfc_f(-x[i] * GELU_K0) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
+      UNARY_BW_LOOP_HEAVY(g * (0.5f * (1.0f + erf_f(x[i] * GELU_K0)) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
       break;
     case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
-      UNARY_BW_LOOP(({
+      UNARY_BW_LOOP_HEAVY(({
         float v = x[i], t = tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v));
         g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v * v));
       }));
@@ -359,7 +381,7 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
       if (p == 0.0f) { UNARY_BW_LOOP(0.0f * g); }
       else if (p == 1.0f) { UNARY_BW_LOOP(g); }
       else if (p == 2.0f) { UNARY_BW_LOOP(2.0f * g * x[i]); }
-      else { UNARY_BW_LOOP(g * p * powf(x[i], p - 1.0f)); }
+      else { UNARY_BW_LOOP_HEAVY(g * p * powf(x[i], p - 1.0f)); }
       break;
     case FSDP_UN_ADD_SCALAR: UNARY_BW_LOOP(g); break;
     case FSDP_UN_MUL_SCALAR: UNARY_BW_LOOP(g * p); break;

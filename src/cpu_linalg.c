@@ -176,28 +176,26 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
   if ((!gx && !gw) || g->N == 0) return 0;
   bool pw = conv_is_pointwise(g);
   conv_par par = conv_par_begin(g);
-  // per thread: a column buffer and (threads after the first) a partial weight gradient
+  // per thread: a column buffer and a partial weight gradient, kept transposed: gwt[g] (K, Og)
+  // (the GEMM shape (K, Og) <- (K, P) @ (P, Og) runs ~1.6x faster in OpenBLAS than (Og, K) <- (Og, P) @ (P, K))
   int64_t scratch = (pw ? 0 : per) + (gw ? wsize : 0);
   size_t bytes = (size_t)(par.nthreads * scratch) * sizeof(float);
-  float* buf = bytes ? fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER) : NULL;
-  if (bytes && !buf) { conv_par_end(par); return -1; }
+  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  if (!buf) { conv_par_end(par); return -1; }
 #pragma omp parallel num_threads(par.nthreads)
   {
     int t = omp_get_thread_num();
     float* col = buf + t * scratch;
-    float* gw_t = NULL;
-    if (gw) {
-      gw_t = t == 0 ? gw : col + (pw ? 0 : per);
-      if (t) memset(gw_t, 0, (size_t)wsize * sizeof(float));
-    }
+    float* gwt = col + (pw ? 0 : per);
+    if (gw) memset(gwt, 0, (size_t)wsize * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g->N; n++) {
       const float* gyn = gy + n * g->O * P;  // (O, P)
-      if (gw) {  // gw[g] (Og, K) += gy[n, g] (Og, P) @ col[g]^T (P, K)
+      if (gw) {  // gwt[g] (K, Og) += col[g] (K, P) @ gy[n, g]^T (P, Og)
         const float* src = x + n * g->C * HW;
         if (!pw) { im2col_image(col, src, g); src = col; }
         for (int64_t gi = 0; gi < G; gi++)
-          cpu_gemm(0, 1, Og, K, P, 1.0f, gyn + gi * Og * P, P, src + gi * K * P, P, 1.0f, gw_t + gi * Og * K, K);
+          cpu_gemm(0, 1, K, Og, P, 1.0f, src + gi * K * P, P, gyn + gi * Og * P, P, 1.0f, gwt + gi * K * Og, Og);
       }
       if (gx) {  // gcol[g] (K, P) = w[g]^T (K, Og) @ gy[n, g] (Og, P); col2im into gx[n]
         float* gxn = gx + n * g->C * HW;
@@ -209,8 +207,13 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
       }
     }
   }
-  for (int t = 1; gw && t < par.nthreads; t++)  // reduce the per-thread partial weight gradients
-    for (int64_t i = 0; i < wsize; i++) gw[i] += buf[t * scratch + (pw ? 0 : per) + i];
+  // gw[g] (Og, K) = sum over threads of gwt[g]^T
+  for (int t = 0; gw && t < par.nthreads; t++) {
+    const float* gwt = buf + t * scratch + (pw ? 0 : per);
+    for (int64_t gi = 0; gi < G; gi++)
+      for (int64_t o = 0; o < Og; o++)
+        for (int64_t k = 0; k < K; k++) gw[(gi * Og + o) * K + k] += gwt[(gi * K + k) * Og + o];
+  }
   conv_par_end(par);
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
   return 0;

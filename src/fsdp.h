@@ -70,6 +70,8 @@ int fsdp_get_num_threads(void);
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT)
 void fsdp_memory_stats(int64_t* current, int64_t* peak);
 void fsdp_memory_reset_peaks(void);
+// returns the allocator's cached free blocks to the system
+void fsdp_memory_empty_cache(void);
 // bytes of activations allocated since the last call to fsdp_memory_gc_done(); the Lua layer
 // uses it to decide when to run its garbage collector.
 int64_t fsdp_memory_gc_pressure(void);

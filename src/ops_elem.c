@@ -453,16 +453,41 @@ fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indice
   return max_impl("max", a, dim, keepdim, indices, 1);
 }
 
+// like PyTorch, the gradient of the overall max is shared evenly by all elements equal to it
+// saved: [0] = a, [1] = result (0-dim)
+static int max_all_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  fsdp_tensor* a = fsdp_node_saved(n, 0);
+  fsdp_tensor* r = a ? fsdp_node_saved(n, 1) : NULL;
+  if (!r) return -1;
+  fsdp_tensor* mask = fsdp_eq(a, r);
+  fsdp_tensor* cnt = mask ? fsdp_sum(mask, 0, NULL, 0) : NULL;
+  fsdp_tensor* share = cnt ? fsdp_div(g, cnt) : NULL;
+  gin[0] = share ? fsdp_mul(mask, share) : NULL;
+  fsdp_tensor_release(mask);
+  fsdp_tensor_release(cnt);
+  fsdp_tensor_release(share);
+  return gin[0] ? 0 : -1;
+}
+
 fsdp_tensor* fsdp_max_all(fsdp_tensor* a) {
   CHECK_NULL(a, "max: input tensor is NULL");
   if (fsdp_check_f32("max", a)) return NULL;
-  CHECK_NULL(fsdp_tensor_numel(a) > 0, "max: cannot take the max of an empty tensor of shape %s", SH(a));
-  int64_t m1 = -1;
-  fsdp_tensor* flat = fsdp_reshape(a, 1, &m1);
-  if (!flat) return NULL;
-  fsdp_tensor* r = max_impl("max", flat, 0, 0, NULL, 1);
-  fsdp_tensor_release(flat);
-  return r;
+  int64_t numel = fsdp_tensor_numel(a);
+  CHECK_NULL(numel > 0, "max: cannot take the max of an empty tensor of shape %s", SH(a));
+  fsdp_tensor* x = fsdp_as_contig(a);
+  fsdp_tensor* out = x ? fsdp_new(0, NULL, FSDP_F32, fsdp_device_of(a)) : NULL;
+  fsdp_tensor* idx = out ? fsdp_new(0, NULL, FSDP_I64, fsdp_device_of(a)) : NULL;
+  if (idx) fsdp_backend_of(x)->elem->max_dim(fsdp_f32(out), fsdp_i64(idx), fsdp_f32(x), 1, numel, 1);
+  fsdp_tensor_release(x);
+  fsdp_tensor_release(idx);
+  if (!idx) { fsdp_tensor_release(out); return NULL; }
+  fsdp_node* n = fsdp_node_new("MaxBackward", max_all_backward, 1, &a);
+  if (n) {
+    fsdp_node_save(n, a);
+    fsdp_node_save(n, out);
+    fsdp_node_set_output(n, out);
+  }
+  return out;
 }
 
 // int64 indices of the max (any input dtype; compared as float32), no grad

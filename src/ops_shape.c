@@ -367,6 +367,20 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
   CHECK_NULL(t0->ndim > 0, "cat: zero-dimensional tensor (tensor 0, shape %s) cannot be concatenated", SH(t0));
   int d = fsdp_wrap_dim("cat", dim, t0->ndim);
   if (d < 0) return NULL;
+  int64_t shape[FSDP_MAX_DIMS];
+  memcpy(shape, t0->shape, sizeof shape);
+  shape[d] = 0;
+  for (int k = 0; k < n; k++) {
+    const fsdp_tensor* t = ts[k];
+    CHECK_NULL(t->ndim == t0->ndim && t->dtype == t0->dtype && fsdp_device_of(t) == fsdp_device_of(t0),
+               "cat: tensor %d (%s %s) does not match tensor 0 (%s %s) in number of dims, dtype or device", k,
+               DT(t), SH(t), DT(t0), SH(t0));
+    for (int j = 0; j < t0->ndim; j++)
+      CHECK_NULL(j == d || t->shape[j] == t0->shape[j],
+                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 0 has %s", d, k,
+                 SH(t), SH(t0));
+    shape[d] += t->shape[d];
+  }
   // a node holds at most FSDP_NODE_MAX_INPUTS inputs: cat long lists that need grad in chunks
   if (n > FSDP_NODE_MAX_INPUTS && fsdp_is_grad_enabled()) {
     int any = 0;
@@ -386,20 +400,6 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
       }
       return acc;
     }
-  }
-  int64_t shape[FSDP_MAX_DIMS];
-  memcpy(shape, t0->shape, sizeof shape);
-  shape[d] = 0;
-  for (int k = 0; k < n; k++) {
-    const fsdp_tensor* t = ts[k];
-    CHECK_NULL(t->ndim == t0->ndim && t->dtype == t0->dtype && fsdp_device_of(t) == fsdp_device_of(t0),
-               "cat: tensor %d (%s %s) does not match tensor 0 (%s %s) in number of dims, dtype or device", k,
-               DT(t), SH(t), DT(t0), SH(t0));
-    for (int j = 0; j < t0->ndim; j++)
-      CHECK_NULL(j == d || t->shape[j] == t0->shape[j],
-                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 0 has %s", d, k,
-                 SH(t), SH(t0));
-    shape[d] += t->shape[d];
   }
   fsdp_tensor* out = fsdp_new(t0->ndim, shape, t0->dtype, fsdp_device_of(t0));
   if (!out) return NULL;

@@ -231,7 +231,7 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
     int cap = g_prev_cap; g_prev_cap = g_order_cap; g_order_cap = cap;
     g_prev_order_n = g_order_n;
     g_order_n = 0;
-    for (int i = 0; i < fsdp_n_units; i++) fsdp_units[i]->order_index = -1;
+    for (int i = 0; i < fsdp_n_units; i++) { fsdp_units[i]->order_index = -1; fsdp_units[i]->has_bw_node = 0; }
   }
   if (fsdp_shard_requires_relayout(u)) {  // freezing changed since the last step: rebuild the plan
     CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': requires_grad of its parameters changed during a forward pass",
@@ -285,7 +285,19 @@ static int pre_backward(fsdp_unit* u) {
     }
   }
   u->state = FSDP_UNIT_BACKWARD;
-  if (u->opts.backward_prefetch && u->order_index > 0) prefetch(g_order[u->order_index - 1]);
+  // Prefetch the nearest earlier unit (forward order) that backward will still gather: one whose
+  // outputs got a pre-backward node and whose backward has not begun. Skipping the others avoids
+  // all-gathers nobody uses: a parent unit that already finished its backward (nested units), a
+  // frozen unit whose inputs need no grad (found by tests/scripts/fsdp_matrix.lua collective
+  // counts: nested/wrap=nested3, nested/wrap=auto, conv/freeze=trunk,* issued one extra all-gather
+  // per step).
+  if (u->opts.backward_prefetch)
+    for (int j = u->order_index - 1; j >= 0; j--) {
+      fsdp_unit* v = g_order[j];
+      if (v->n == 0 || !v->has_bw_node || v->state != FSDP_UNIT_FORWARD_DONE) continue;
+      prefetch(v);
+      break;
+    }
   return 0;
 }
 
@@ -326,6 +338,7 @@ fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t) {
   fsdp_node* n = fsdp_node_new("FSDPPreBackward", pre_backward_node, 1, &t);
   n->i[0] = (int64_t)(intptr_t)u;
   fsdp_node_set_output(n, out);
+  u->has_bw_node = 1;
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <omp.h>
 
 // ---- errors ------------------------------------------------------------------------------------
 static _Thread_local char g_error[2048];
@@ -36,9 +37,14 @@ const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen) {
   return buf;
 }
 
-static int g_num_threads = 1;
-void fsdp_set_num_threads(int n) { g_num_threads = n < 1 ? 1 : n; }
-int fsdp_get_num_threads(void) { return g_num_threads; }
+// one knob for both thread pools: our OpenMP kernels and OpenBLAS's GEMMs
+void openblas_set_num_threads(int n);
+void fsdp_set_num_threads(int n) {
+  if (n < 1) n = 1;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int fsdp_get_num_threads(void) { return omp_get_max_threads(); }
 const char* fsdp_version(void) { return "0.1.0"; }
 
 // ---- memory: every byte goes through here, counted per category --------------------------------
@@ -51,10 +57,40 @@ static void mem_count(int cat, int64_t delta) {
   if (g_mem_cur[cat] > g_mem_peak[cat]) g_mem_peak[cat] = g_mem_cur[cat];
 }
 
+// Freed blocks of 64 KiB and more are kept for reuse by size (a training step allocates the
+// same sizes every step); fresh pages from the OS cost a page fault each. The cache holds at
+// most FSDP_CACHE_MAX bytes and is emptied before an allocation is allowed to fail.
+#define FSDP_CACHE_MIN (64u << 10)
+#define FSDP_CACHE_MAX ((size_t)1 << 30)
+#define FSDP_CACHE_SLOTS 256
+static struct { void* p; size_t size; } g_cache[FSDP_CACHE_SLOTS];
+static int g_cache_n;
+static size_t g_cache_bytes;
+
+static void cache_evict(int i) {
+  free(g_cache[i].p);
+  g_cache_bytes -= g_cache[i].size;
+  g_cache[i] = g_cache[--g_cache_n];
+}
+void fsdp_memory_empty_cache(void) {
+  while (g_cache_n) cache_evict(g_cache_n - 1);
+}
+
 void* fsdp_alloc(size_t nbytes, int device, int cat) {
   CHECK_NULL(device == FSDP_CPU, "alloc: device %d has no allocator in this build", device);
   size_t padded = (nbytes + 63) & ~(size_t)63;
-  void* p = aligned_alloc(64, padded ? padded : 64);
+  if (!padded) padded = 64;
+  void* p = NULL;
+  if (padded >= FSDP_CACHE_MIN)
+    for (int i = g_cache_n - 1; i >= 0; i--)
+      if (g_cache[i].size == padded) {
+        p = g_cache[i].p;
+        g_cache_bytes -= padded;
+        g_cache[i] = g_cache[--g_cache_n];
+        break;
+      }
+  if (!p) p = aligned_alloc(64, padded);
+  if (!p && g_cache_n) { fsdp_memory_empty_cache(); p = aligned_alloc(64, padded); }
   CHECK_NULL(p, "alloc: out of memory allocating %zu bytes", nbytes);
   mem_count(cat, (int64_t)nbytes);
   if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
@@ -63,8 +99,14 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
 void fsdp_free(void* p, size_t nbytes, int device, int cat) {
   (void)device;
   if (!p) return;
-  free(p);
   mem_count(cat, -(int64_t)nbytes);
+  size_t padded = (nbytes + 63) & ~(size_t)63;
+  if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) { free(p); return; }
+  while (g_cache_n && (g_cache_n == FSDP_CACHE_SLOTS || g_cache_bytes + padded > FSDP_CACHE_MAX)) cache_evict(0);
+  g_cache[g_cache_n].p = p;
+  g_cache[g_cache_n].size = padded;
+  g_cache_n++;
+  g_cache_bytes += padded;
 }
 void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat) {
   mem_count(from_cat, -(int64_t)nbytes);

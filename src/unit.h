@@ -55,6 +55,7 @@ struct fsdp_unit {
   int is_root;               // root of the current forward pass
   int sync_grads;            // 0 inside no_sync
   int order_index;           // position in the last forward order, -1 if not reached
+  int has_bw_node;           // mark_output gave an output of this forward pass a pre-backward node
   // backward bookkeeping
   int64_t pass;              // backward pass the counters below belong to
   int expected, ready;       // trainable params that will get / got their gradient this pass

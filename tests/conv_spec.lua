@@ -183,36 +183,42 @@ describe("conv2d", function()
     assert.same({ 4, 3, 3, 3 }, w2.grad:shape())
   end)
 
-  it("matches the naive convolution for a batch large enough to run images in parallel", function()
+  it("matches naive loops for a batch large enough to split images across threads", function()
+    -- 8 * 8 * 64 * 8 * 9 multiply-adds: above the threshold for the image-parallel path
     fsdp.manual_seed(31)
-    local x, w, b = H.randn_leaf(9, 2, 6, 6), H.randn_leaf(3, 2, 3, 3), H.randn_leaf(3)
+    local N, Cc, O, S = 8, 8, 8, 8
+    local x, w, b = H.randn_leaf(N, Cc, S, S), H.randn_leaf(O, Cc, 3, 3), H.randn_leaf(O)
     local y = F.conv2d(x, w, b, { padding = 1 })
     H.assert_close(y, (ref_conv2d(x, w, b, { padding = 1 })), 1e-4, 1e-4)
-    -- weight gradient summed over all images (per-thread partial sums reduced)
-    y:sum():backward()
-    local ones = fsdp.ones(9, 3, 6, 6)
-    local gw_ref = {}
-    local fx = x:tolist()
-    for o = 0, 2 do
-      for c = 0, 1 do
-        for i = 0, 2 do
-          for j = 0, 2 do
-            local s = 0
-            for n = 0, 8 do
-              for oh = 0, 5 do
-                for ow = 0, 5 do
+    y:sum():backward()  -- output gradient of ones
+    local fx, fw = x:tolist(), w:tolist()
+    local gw_ref, gx_ref = {}, {}
+    for i = 1, O * Cc * 9 do gw_ref[i] = 0 end
+    for i = 1, N * Cc * S * S do gx_ref[i] = 0 end
+    for n = 0, N - 1 do
+      for o = 0, O - 1 do
+        for c = 0, Cc - 1 do
+          for i = 0, 2 do
+            for j = 0, 2 do
+              local wi = ((o * Cc + c) * 3 + i) * 3 + j + 1
+              for oh = 0, S - 1 do
+                for ow = 0, S - 1 do
                   local ih, iw = oh - 1 + i, ow - 1 + j
-                  if ih >= 0 and ih < 6 and iw >= 0 and iw < 6 then s = s + fx[((n * 2 + c) * 6 + ih) * 6 + iw + 1] end
+                  if ih >= 0 and ih < S and iw >= 0 and iw < S then
+                    local xi = ((n * Cc + c) * S + ih) * S + iw + 1
+                    gw_ref[wi] = gw_ref[wi] + fx[xi]
+                    gx_ref[xi] = gx_ref[xi] + fw[wi]
+                  end
                 end
               end
             end
-            gw_ref[#gw_ref + 1] = s
           end
         end
       end
     end
-    assert.is_not_nil(ones)
     H.assert_close(w.grad, gw_ref, 1e-3, 1e-4)
+    H.assert_close(x.grad, gx_ref, 1e-4, 1e-4)
+    H.assert_close(b.grad, { 512, 512, 512, 512, 512, 512, 512, 512 }, 1e-3, 0)
   end)
 
   it("raises errors naming the op, shapes and dtypes, and keeps working", function()
@@ -240,6 +246,7 @@ local pool_cases = {
   { x = { 2, 1, 5, 5 }, k = 2, o = { stride = 2, ceil_mode = true } },
   { x = { 1, 2, 8, 7 }, k = { 3, 2 }, o = { stride = { 1, 2 }, padding = { 1, 0 } } },
   { x = { 3, 5, 5 }, k = 2, o = { stride = 1 } },  -- 3-D input (C, H, W)
+  { x = { 1, 2, 5, 5 }, k = 2, o = { stride = 2, padding = 1, ceil_mode = true } }, -- last window dropped
 }
 
 describe("max_pool2d", function()
@@ -272,6 +279,7 @@ describe("max_pool2d", function()
     H.assert_close(F.max_pool2d(x, 2, { stride = 2, ceil_mode = true }), { 6, 8, 9, 16, 18, 19, 21, 23, 24 }, 0, 0)
     assert.same({ 1, 1, 4, 4 }, F.max_pool2d(fsdp.randn(1, 1, 6, 6), 3, { stride = 2, padding = 1, ceil_mode = true }):shape())
     assert.same({ 1, 1, 3, 3 }, F.max_pool2d(fsdp.randn(1, 1, 6, 6), 3, { stride = 3, padding = 1, ceil_mode = true }):shape())
+    assert.same({ 1, 1, 3, 3 }, F.max_pool2d(fsdp.randn(1, 1, 5, 5), 2, { stride = 2, padding = 1, ceil_mode = true }):shape())
   end)
 
   it("routes the gradient to the argmax only, summing overlapping windows", function()
@@ -320,6 +328,11 @@ describe("avg_pool2d", function()
       { 4 / 3, 3, 8 / 3, 7, 12, 9, 8, 13, 28 / 3 }, 1e-5, 0)
     H.assert_close(F.avg_pool2d(x, 3, { stride = 2, padding = 1, ceil_mode = true, count_include_pad = false }),
       { 3, 4.5, 6, 10.5, 12, 13.5, 18, 19.5, 21 }, 1e-5, 0)
+    -- a window that would start inside the right padding is dropped (3 outputs, not 4)
+    H.assert_close(F.avg_pool2d(x, 2, { stride = 2, padding = 1, ceil_mode = true }),
+      { 0, 0.75, 1.75, 3.75, 9, 11, 8.75, 19, 21 }, 1e-6, 0)
+    H.assert_close(F.avg_pool2d(x, 2, { stride = 2, padding = 1, ceil_mode = true, count_include_pad = false }),
+      { 0, 1.5, 3.5, 7.5, 9, 11, 17.5, 19, 21 }, 1e-6, 0)
   end)
 
   it("raises errors naming the op and shapes, and keeps working", function()

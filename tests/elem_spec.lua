@@ -303,7 +303,7 @@ describe("unary ops", function()
     assert.equal(0, sp[5])
   end)
 
-  it("gelu keeps relative accuracy over a fine grid, including the lower tail", function()
+  it("gelu is accurate over a fine grid (PyTorch's erf approximation, |error| < 1.5e-7)", function()
     local vals = {}
     for i = 0, 1000 do vals[#vals + 1] = -10 + i * 0.02 end
     local x = fsdp.tensor(vals)
@@ -320,9 +320,8 @@ describe("unary ops", function()
         local tail = 0.5 * math.exp(-z * z) / (math.sqrt(math.pi) * k) -- Phi(-|x|)
         want = v * (v < 0 and tail or 1 - tail)
       end
-      -- deep in the tail exp(-x^2/2) amplifies the float rounding of x^2 (PyTorch returns 0 there)
-      local rtol = v > -3 and 1e-6 or 3e-7 * v * v
-      assert(math.abs(ge[i] - want) <= rtol * math.abs(want) + 1e-38,
+      -- x/2 * (1 + erf(x / sqrt 2)) with erf's absolute error bound plus the rounding of 1 + erf
+      assert(math.abs(ge[i] - want) <= 1e-6 * math.abs(want) + 0.5 * 2.8e-7 * math.abs(v),
         ("gelu(%g) = %.9g, want %.9g"):format(v, ge[i], want))
     end
     local sp = fsdp.tensor({ 1 / 0, 0 / 0, -200 }):gelu():tolist()
@@ -335,13 +334,13 @@ describe("unary ops", function()
     -- x * Phi(x) from tabulated normal CDF values
     H.assert_close(fsdp.tensor({ 1, -1, 0.5, 2, -3, 0 }):gelu(),
       { 0.8413447460685429, -0.15865525393145707, 0.5 * 0.6914624612740131, 2 * 0.9772498680518208,
-        -3 * 0.0013498980316301, 0 }, 1e-7, 1e-6)
+        -3 * 0.0013498980316301, 0 }, 2.5e-7, 1e-6)
     local x = fsdp.tensor(xs)
     local ge, gt = x:gelu():tolist(), x:gelu("tanh"):tolist()
     for i, v in ipairs(x:tolist()) do
       local e = 0.5 * v * (1 + erf(v / math.sqrt(2)))
       local t = 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ^ 3)))
-      assert(math.abs(ge[i] - e) <= 1e-6 * math.abs(e) + 1e-7, ("gelu(%g) = %g, want %g"):format(v, ge[i], e))
+      assert(math.abs(ge[i] - e) <= 1e-6 * math.abs(e) + 1e-7 * math.abs(v), ("gelu(%g) = %g, want %g"):format(v, ge[i], e))
       assert(math.abs(gt[i] - t) <= 1e-6 * math.abs(t) + 1e-7, ("gelu tanh(%g) = %g, want %g"):format(v, gt[i], t))
     end
   end)
@@ -377,6 +376,41 @@ describe("unary ops", function()
       H.assert_error(function() return i[name](i) end, name, "int64", "(2)")
     end
     H.assert_close(fsdp.tensor({ 0 }):exp(), { 1 })
+  end)
+end)
+
+describe("autograd bookkeeping of elementwise ops", function()
+  it("detects in-place writes to saved tensors and names the node", function()
+    local x = H.leaf({ 1, 2 })
+    local y = x:exp()
+    local z = (y * 2):sum()
+    y:fill_(0) -- y is ExpBackward's saved output
+    H.assert_error(function() z:backward() end, "ExpBackward", "in-place")
+    local w = H.leaf({ 3, 4 })
+    local a = fsdp.tensor({ 1, 1 })
+    local p = (w * a):sum()
+    a:fill_(5) -- a is saved for w's gradient
+    H.assert_error(function() p:backward() end, "MulBackward", "in-place")
+    -- a fresh graph still works
+    local q = (w * a):sum()
+    q:backward()
+    assert.same({ 5, 5 }, w.grad:totable())
+  end)
+
+  it("accumulates gradients over repeated backward with retain_graph", function()
+    local x = H.leaf({ 1, -2, 3 })
+    local y = (x * x):relu():sum()
+    y:backward({ retain_graph = true })
+    y:backward()
+    assert.same({ 4, -8, 12 }, x.grad:totable())
+    H.assert_error(function() y:backward() end, "second time")
+  end)
+
+  it("records nothing under no_grad", function()
+    local x = H.leaf({ 1, 2 })
+    local y = fsdp.no_grad(function() return (x * 2 + 1):exp():sum(1) end)
+    assert.is_false(y.requires_grad)
+    assert.is_nil(y.grad_fn)
   end)
 end)
 
@@ -553,8 +587,11 @@ describe("max and argmax", function()
     ;(v * fsdp.tensor({ 10, 20 })):sum():backward()
     assert.same({ { 0, 10, 0 }, { 20, 0, 0 } }, a.grad:totable())
     a.grad = nil
-    a:max():backward()
-    assert.same({ { 0, 0, 0 }, { 1, 0, 0 } }, a.grad:totable())
+    a:max():backward() -- the overall max shares its gradient among ties, as in PyTorch
+    assert.same({ { 0, 0, 0 }, { 0.5, 0, 0.5 } }, a.grad:totable())
+    local c = H.leaf({ 1, 9, 3 })
+    c:max():backward()
+    assert.same({ 0, 1, 0 }, c.grad:totable())
     local b = H.randn_leaf(3, 4, 5)
     H.gradcheck(function(t) return (t:max(2)) end, { b }, { eps = 1e-3 })
     H.gradcheck(function(t) return (t:max(-1, true)) end, { b }, { eps = 1e-3 })

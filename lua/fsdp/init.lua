@@ -27,6 +27,11 @@ local function find_library()
   error("fsdp: cannot find libfsdp.so in package.cpath (" .. package.cpath .. "); run `make` or `luarocks make`", 0)
 end
 
+-- Idle OpenMP threads must sleep, not spin: spinning threads take the cores OpenBLAS (and
+-- other ranks) need. libgomp reads this when it loads with libfsdp.so, so set it first.
+ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); ]]
+ffi.C.setenv("OMP_WAIT_POLICY", "passive", 0)
+
 local C = ffi.load(find_library())
 fsdp.C = C
 
@@ -264,6 +269,8 @@ setmetatable(fsdp, {
       return require("fsdp.io")[k]
     elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "unit_states" or k == "all_idle" then
       return require("fsdp.wrap")[k]
+    elseif k == "save_sharded" or k == "load_sharded" then
+      return require("fsdp.checkpoint")[k]
     end
   end,
 })

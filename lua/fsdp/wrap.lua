@@ -215,9 +215,22 @@ end
 function W.summon_full_params(m, fn, opts)
   local writeback = not (opts and opts.writeback == false)
   local us = W.units(m)
+  -- A unit whose layout world is 1 (world size 1, sharding "none") has no separate gathered
+  -- buffer: the summoned parameters ARE the local ones, so without writeback the local values
+  -- are saved here and restored afterwards (found by tests/scripts/fsdp_matrix.lua,
+  -- misc/summon_full_params at world size 1: a change made with writeback=false persisted).
+  local saved = {}
+  if not writeback then
+    for _, u in ipairs(us) do
+      if C.fsdp_unit_world_size(u.c) == 1 then
+        for _, p in ipairs((own_params(u.module))) do saved[#saved + 1] = { p, fsdp.no_grad(function() return p:clone() end) } end
+      end
+    end
+  end
   for _, u in ipairs(us) do check(C.fsdp_unit_unshard(u.c)) end
   local res = pack(pcall(fn))
   for _, u in ipairs(us) do check(C.fsdp_unit_reshard(u.c, writeback and 1 or 0)) end
+  if #saved > 0 then fsdp.no_grad(function() for _, e in ipairs(saved) do e[1]:copy_(e[2]) end end) end
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2, res.n)
 end

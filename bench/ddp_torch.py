@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""PyTorch DDP peer of bench/fsdp_speed.lua: the same models trained on N ranks over gloo.
+
+    /usr/bin/python3 bench/ddp_torch.py [--world 2] [--models conv,transformer] [--warmup 3] [--iters 10]
+
+Spawns `--world` processes (torch.multiprocessing, MASTER_ADDR=127.0.0.1, a free port), each with
+torch.set_num_threads(1), wraps the model in DistributedDataParallel (gloo) and times one training
+step (zero_grad + forward + loss + backward + optimizer step) on a fixed random batch per rank.
+Each step starts after a barrier; the step time is the slowest rank's. Prints one JSON object
+per model on stdout:
+    {"model": "conv", "ms": 12.3, "times": [...], "world": 2, "batch": 32, "loss": 2.30, "torch": "1.13.0"}
+
+Models (bench/torch_models.py, identical to bench/models.lua and bench/fsdp_models.lua):
+  conv         Conv(1,32,3,pad 1)-ReLU-Conv(32,64,3,pad 1)-ReLU-AdaptiveAvgPool(1)-Flatten-Linear(64,10),
+               28x28, batch 32 per rank, Adam lr 1e-3
+  transformer  d 256, 4 heads, 2 blocks, seq 128, vocab 1000, batch 8 per rank, AdamW lr 3e-4 wd 0.01
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (F2's single-process models)
+
+BATCH = {"conv": 32, "transformer": 8}
+
+
+def build(name, rank):
+    torch.manual_seed(0)
+    if name == "conv":
+        model = torch_models.convnet()
+        opt_fn = lambda ps: torch.optim.Adam(ps, lr=1e-3)
+        torch.manual_seed(1 + rank)
+        B = BATCH[name]
+        x, y = torch.randn(B, 1, 28, 28), torch.randint(0, 10, (B,))
+        loss_fn = lambda m: F.cross_entropy(m(x), y)
+    elif name == "transformer":
+        vocab, T = 1000, 128
+        model = torch_models.Transformer(vocab=vocab, d=256, heads=4, layers=2, seq=T)
+        opt_fn = lambda ps: torch.optim.AdamW(ps, lr=3e-4, weight_decay=0.01)
+        torch.manual_seed(1 + rank)
+        B = BATCH[name]
+        x, y = torch.randint(0, vocab, (B, T)), torch.randint(0, vocab, (B, T))
+        loss_fn = lambda m: F.cross_entropy(m(x).view(B * T, vocab), y.view(B * T))
+    else:
+        raise SystemExit(f"ddp_torch.py: unknown model {name!r} (conv, transformer)")
+    return model, opt_fn, loss_fn
+
+
+def worker(rank, world, port, a, queue):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for name in a.models.split(","):
+        model, opt_fn, loss_fn = build(name, rank)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = opt_fn(ddp.parameters())
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp)
+            loss.backward()
+            opt.step()
+            return loss
+
+        for _ in range(a.warmup):
+            step()
+        times = []
+        t = torch.zeros(1)
+        for _ in range(a.iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = step()
+            t[0] = (time.perf_counter() - t0) * 1e3
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's step
+            times.append(float(t[0]))
+        lt = loss.detach().clone()
+        dist.all_reduce(lt)
+        if rank == 0:
+            queue.put({"model": name, "ms": statistics.median(times), "times": times, "world": world,
+                       "batch": BATCH[name], "loss": float(lt) / world, "threads": torch.get_num_threads(),
+                       "torch": torch.__version__})
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--models", default="conv,transformer")
+    a = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.spawn(worker, args=(a.world, free_port(), a, queue), nprocs=a.world, join=True)
+    while not queue.empty():
+        print(json.dumps(queue.get()), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

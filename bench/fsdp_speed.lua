@@ -1,0 +1,281 @@
+-- FSDP speed benchmarks at N = 2 ranks:
+--   shard  full-shard step time against no-shard (sharding = "none") on the same model and batch,
+--          both in one run (alternating steps); target full/none <= 1.15
+--   ddp    ours (full sharding, each block/layer a unit + the root) against PyTorch DDP over gloo
+--          (bench/ddp_torch.py) on the conv net and the transformer; target ours/DDP < 1
+--
+--   luajit bench/fsdp_speed.lua [--what shard,ddp] [--rounds 3] [--warmup 3] [--iters 10]
+--                               [--batch 128] [--depth 4] [--python /usr/bin/python3]
+--       the driver: launches `bin/fsdprun -n 2 bench/fsdp_speed.lua --child ...` (and ddp_torch.py),
+--       `rounds` times each, alternating ours and torch, and prints medians and spreads
+--   bin/fsdprun -n 2 bench/fsdp_speed.lua --child shard|conv|transformer     one measurement
+--
+-- A step is zero_grad + forward + loss + backward + optimizer step on a fixed random batch per
+-- rank. Every timed step starts after a barrier and counts as long as its slowest rank took; a
+-- measurement is the median over `iters` timed steps after `warmup` steps. Ranks run with
+-- OPENBLAS_NUM_THREADS=1 (fsdprun's default). See bench/README.md ("FSDP benchmarks").
+local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
+package.cpath = root .. "/?.so;" .. package.cpath
+
+local opts = { what = "shard,ddp", rounds = 3, warmup = 3, iters = 10, batch = 128, depth = 4, width = 1024,
+  python = "/usr/bin/python3", child = false, n = 2, shard_target = 1.15, ddp_target = 1.0 }
+local i = 1
+while arg and i <= #arg do
+  local a = arg[i]
+  local key = a:match("^%-%-([%w_]+)$")
+  if a == "--child" and arg[i + 1] then opts.child = arg[i + 1]; i = i + 1
+  elseif a == "-h" or a == "--help" then
+    print("usage: luajit bench/fsdp_speed.lua [--what shard,ddp] [--rounds R] [--warmup W] [--iters I] [--batch B] "
+      .. "[--depth D] [--width W] [--n 2] [--python PATH] | --child shard|conv|transformer")
+    os.exit(0)
+  elseif key and opts[key] ~= nil and arg[i + 1] then
+    local v = arg[i + 1]
+    opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
+    i = i + 1
+  else
+    io.stderr:write("bench/fsdp_speed.lua: unknown argument " .. a .. " (try --help)\n")
+    os.exit(2)
+  end
+  i = i + 1
+end
+
+local fm = require "fsdp_models"
+
+-- ---- child: measurements on the ranks ---------------------------------------------------------------
+local function child(what)
+  local fsdp = require "fsdp"
+  local F = fsdp.nn.functional
+  fsdp.init()
+  local R, N = fsdp.rank(), fsdp.world_size()
+  local tm = fsdp.tensor({ 0 })
+
+  -- one timed step: barrier, step, the slowest rank's milliseconds
+  local function timed(step)
+    fsdp.barrier()
+    local t0 = fm.now_ms()
+    local loss = step()
+    tm:fill_(fm.now_ms() - t0)
+    fsdp.all_reduce(tm, "max")
+    return tm:item(), loss
+  end
+
+  local function make_step(model, opt, loss_fn)
+    return function()
+      opt:zero_grad()
+      local loss = loss_fn(model)
+      loss:backward()
+      opt:step()
+      return loss
+    end
+  end
+
+  local function mean_loss(loss)
+    local t = fsdp.tensor({ loss:item() })
+    fsdp.all_reduce(t, "avg")
+    return t:item()
+  end
+
+  if what == "shard" then
+    -- the same MLP twice: full sharding and no sharding, steps alternating between them
+    local cases = {}
+    for k, sh in ipairs { "full", "none" } do
+      fsdp.manual_seed(0)
+      local model = fm.wide_mlp(opts.depth, opts.width)
+      fm.wrap_each(model, { sharding = sh })
+      local opt = fsdp.optim.Adam(model:parameters(), { lr = 1e-3 })
+      cases[k] = { name = sh, model = model, opt = opt, times = {} }
+    end
+    fsdp.manual_seed(1 + R)
+    local x, y = fsdp.randn(opts.batch, 784), fsdp.randint(0, 10, { opts.batch })
+    local lf = function(m) return F.cross_entropy(m(x), y) end
+    for _, c in ipairs(cases) do c.step = make_step(c.model, c.opt, lf) end
+    for _ = 1, opts.warmup do for _, c in ipairs(cases) do c.step() end end
+    collectgarbage()
+    fsdp.comm.reset_stats()
+    for it = 1, opts.iters do
+      for k = 1, 2 do
+        local c = cases[(it + k) % 2 + 1] -- alternate which goes first
+        local ms, loss = timed(c.step)
+        c.times[#c.times + 1] = ms
+        c.loss = loss
+      end
+    end
+    local st = fsdp.comm_stats()
+    local l1, l2 = mean_loss(cases[1].loss), mean_loss(cases[2].loss)
+    if R == 0 then
+      local lo1, hi1 = fm.range(cases[1].times)
+      local lo2, hi2 = fm.range(cases[2].times)
+      print(("RESULT what=shard full=%.3f none=%.3f full_lo=%.3f full_hi=%.3f none_lo=%.3f none_hi=%.3f "
+        .. "loss_full=%.5f loss_none=%.5f ag_bytes=%d rs_bytes=%d ar_bytes=%d")
+        :format(fm.median(cases[1].times), fm.median(cases[2].times), lo1, hi1, lo2, hi2, l1, l2,
+          st.all_gather.bytes / opts.iters, st.reduce_scatter.bytes / opts.iters, st.all_reduce.bytes / opts.iters))
+    end
+  elseif what == "conv" or what == "transformer" then
+    fsdp.manual_seed(0)
+    local model, opt, lf
+    if what == "conv" then
+      model = fm.convnet()
+      fm.wrap_each(model, {})
+      opt = fsdp.optim.Adam(model:parameters(), { lr = 1e-3 })
+      fsdp.manual_seed(1 + R)
+      local B = 32
+      local x, y = fsdp.randn(B, 1, 28, 28), fsdp.randint(0, 10, { B })
+      lf = function(m) return F.cross_entropy(m(x), y) end
+    else
+      local vocab, T, B = 1000, 128, 8
+      model = fm.transformer()
+      fm.wrap_each(model, {})
+      opt = fsdp.optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.01 })
+      fsdp.manual_seed(1 + R)
+      local x, y = fsdp.randint(0, vocab, { B, T }), fsdp.randint(0, vocab, { B, T })
+      lf = function(m) return F.cross_entropy(m(x):view(B * T, vocab), y:view(B * T)) end
+    end
+    local step = make_step(model, opt, lf)
+    for _ = 1, opts.warmup do step() end
+    collectgarbage()
+    local times, loss = {}, nil
+    for it = 1, opts.iters do times[it], loss = timed(step) end
+    local l = mean_loss(loss)
+    if R == 0 then
+      local lo, hi = fm.range(times)
+      print(("RESULT what=%s ms=%.3f lo=%.3f hi=%.3f loss=%.5f"):format(what, fm.median(times), lo, hi, l))
+    end
+  else
+    error("bench/fsdp_speed.lua: --child expects shard, conv or transformer, got " .. tostring(what))
+  end
+  io.stdout:flush()
+end
+
+if opts.child then
+  child(opts.child)
+  os.exit(0)
+end
+
+-- ---- driver -------------------------------------------------------------------------------------------
+local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local runner, me = root .. "/bin/fsdprun", root .. "/bench/fsdp_speed.lua"
+local failed = 0
+
+local function run(cmd)
+  io.stderr:write("  " .. cmd .. "\n")
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+local function ours(what)
+  local out = run(("%s -n %d %s --child %s --warmup %d --iters %d --batch %d --depth %d --width %d"):format(
+    shell_quote(runner), opts.n, shell_quote(me), what, opts.warmup, opts.iters, opts.batch, opts.depth, opts.width))
+  local line = out:match("RESULT ([^\n]*)")
+  if not line then
+    failed = failed + 1
+    print(("ours (%s) FAILED:\n%s"):format(what, out:sub(-2000)))
+    return nil
+  end
+  local r = {}
+  for k, v in line:gmatch("([%w_]+)=([%d%.%-]+)") do r[k] = tonumber(v) end
+  return r
+end
+
+local function spread(t)
+  local lo, hi = fm.range(t)
+  return ("%.3f-%.3f"):format(lo, hi)
+end
+
+local function fmt_list(t)
+  local s = {}
+  for _, v in ipairs(t) do s[#s + 1] = ("%.1f"):format(v) end
+  return table.concat(s, " ")
+end
+
+local what = {}
+for w in opts.what:gmatch("[^,]+") do what[w] = true end
+
+print(("FSDP speed at N = %d (OPENBLAS_NUM_THREADS=%s per rank), %d round(s) x (%d warmup + %d timed steps); "
+  .. "ms per step = median over the timed steps of the slowest rank"):format(opts.n,
+    os.getenv("OPENBLAS_NUM_THREADS") or "1", opts.rounds, opts.warmup, opts.iters))
+local verdicts = {}
+
+if what.shard then
+  local full, none, ratio, best = {}, {}, {}, {}
+  local last
+  for _ = 1, opts.rounds do
+    local r = ours("shard")
+    if r then
+      full[#full + 1], none[#none + 1], ratio[#ratio + 1] = r.full, r.none, r.full / r.none
+      best[#best + 1] = r.full_lo / r.none_lo
+      last = r
+    end
+  end
+  print()
+  print(("-- full shard vs no shard: MLP 784-%s-10 (%d hidden layers of %d), each Linear a unit + root, Adam, batch %d per rank")
+    :format(opts.width, opts.depth, opts.width, opts.batch))
+  if last then
+    local r3 = {}
+    for k, v in ipairs(ratio) do r3[k] = ("%.3f"):format(v) end
+    print(("   per round (ms): full %s | none %s | full/none %s"):format(fmt_list(full), fmt_list(none), table.concat(r3, " ")))
+    print(("   median: full %.1f ms, none %.1f ms, full/none %.3f (round ratios %s); within the last round full %.1f-%.1f, none %.1f-%.1f")
+      :format(fm.median(full), fm.median(none), fm.median(ratio), spread(ratio), last.full_lo, last.full_hi, last.none_lo,
+        last.none_hi))
+    print(("   fastest step full/fastest step none, median over rounds: %.3f (a load-insensitive cross-check)"):format(fm.median(best)))
+    print(("   loss after the last step: full %.5f, none %.5f; bytes per step on rank 0: all-gather %.1f MiB, "
+      .. "reduce-scatter %.1f MiB (full), all-reduce %.1f MiB (none)"):format(last.loss_full, last.loss_none, last.ag_bytes / 2 ^ 20,
+        last.rs_bytes / 2 ^ 20, last.ar_bytes / 2 ^ 20))
+    verdicts[#verdicts + 1] = ("full/none = %.3f (target <= %.2f)%s"):format(fm.median(ratio), opts.shard_target,
+      fm.median(ratio) <= opts.shard_target and "" or "  MISSED")
+  end
+end
+
+if what.ddp then
+  local torch_ok = os.execute(shell_quote(opts.python) .. " -c 'import torch' >/dev/null 2>&1")
+  torch_ok = torch_ok == 0 or torch_ok == true
+  local models = { "conv", "transformer" }
+  local res = { conv = { ours = {}, ddp = {}, ratio = {} }, transformer = { ours = {}, ddp = {}, ratio = {} } }
+  for _ = 1, opts.rounds do
+    local tr = {}
+    if torch_ok then -- both torch models in one spawn, then ours; alternating rounds
+      local out = run(("%s %s --world %d --warmup %d --iters %d --models conv,transformer"):format(shell_quote(opts.python),
+        shell_quote(root .. "/bench/ddp_torch.py"), opts.n, opts.warmup, opts.iters))
+      for line in out:gmatch("[^\n]+") do
+        local m, ms = line:match('"model": "(%w+)", "ms": ([%d%.eE+-]+)')
+        if m then tr[m] = { ms = tonumber(ms), loss = tonumber(line:match('"loss": ([%d%.eE+-]+)')),
+          ver = line:match('"torch": "([^"]+)"') } end
+      end
+      if not tr.conv then print("DDP (torch) FAILED:\n" .. out:sub(-2000)) end
+    end
+    for _, m in ipairs(models) do
+      local r = ours(m)
+      local x = res[m]
+      if r then x.ours[#x.ours + 1] = r.ms; x.loss = r.loss end
+      if tr[m] then
+        x.ddp[#x.ddp + 1] = tr[m].ms; x.tloss = tr[m].loss; x.ver = tr[m].ver
+        if r then x.ratio[#x.ratio + 1] = r.ms / tr[m].ms end
+      end
+    end
+  end
+  print()
+  print("-- ours (full shard, each block/layer a unit + root) vs PyTorch DDP over gloo (torch.set_num_threads(1) per rank)")
+  if not torch_ok then print("   note: PyTorch not available to " .. opts.python .. "; only our times are shown") end
+  local desc = { conv = "conv net 28x28, batch 32/rank, Adam", transformer = "transformer d256 h4 L2 T128, batch 8/rank, AdamW" }
+  print(("   %-12s %-48s %9s %9s %8s %12s %s"):format("model", "configuration", "ours ms", "DDP ms", "ours/DDP",
+    "ratio range", "loss ours/DDP"))
+  for _, m in ipairs(models) do
+    local x = res[m]
+    local o, d, r = fm.median(x.ours), fm.median(x.ddp), fm.median(x.ratio)
+    print(("   %-12s %-48s %9.1f %9s %8s %12s %s/%s"):format(m, desc[m], o, #x.ddp > 0 and ("%.1f"):format(d) or "-",
+      #x.ratio > 0 and ("%.3f"):format(r) or "-", #x.ratio > 0 and spread(x.ratio) or "-",
+      x.loss and ("%.3f"):format(x.loss) or "-", x.tloss and ("%.3f"):format(x.tloss) or "-"))
+    print(("   %-12s per round: ours %s | DDP %s"):format("", fmt_list(x.ours), fmt_list(x.ddp)))
+    if #x.ratio > 0 then
+      verdicts[#verdicts + 1] = ("%s ours/DDP = %.3f (target < %.2f)%s"):format(m, r, opts.ddp_target,
+        r < opts.ddp_target and "" or "  MISSED")
+    end
+  end
+  if res.conv.ver then print("   torch " .. res.conv.ver) end
+end
+
+print()
+for _, v in ipairs(verdicts) do print(v) end
+if failed > 0 then os.exit(1) end

@@ -1,0 +1,693 @@
+-- Sharded checkpoints: every rank saves only what it owns, and a checkpoint loads at any world size.
+--
+--   fsdp.save_sharded("ckpt", model, opt, {epoch = 3, step = 1200})   -- collective: every rank calls it
+--   local extra = fsdp.load_sharded("ckpt", model, opt)               -- extra.epoch == 3
+--   $ bin/fsdp-consolidate ckpt full.safetensors [--with-optimizer]   -- one PyTorch-style file
+--
+-- Layout on disk (a checkpoint is replaced as a whole; a crash, even kill -9, at any point leaves
+-- the previous one loadable):
+--   DIR/ckpt-<gen>/rank-<r>-of-<N>.safetensors   one file per rank (fsdp.save: temp file + rename)
+--   DIR/latest                                   "ckpt-<gen>\nworld_size <N>\n", replaced atomically by
+--                                                rank 0 after every rank file is written
+-- Older generations are removed after `latest` names the new one.
+--
+-- A rank file holds
+--   "model.<name>"        this rank's piece of each parameter (the parameter tensor itself between
+--                         steps: its flat elements [start, start + length)) and of each persistent
+--                         buffer (buffers and parameters outside units are replicated: the whole tensor)
+--   "optim.<name>.<key>"  the optimizer state tensors of that parameter (piece-shaped)
+--   metadata (string -> string): format, world_size, rank, gen, fingerprint (sorted "name shape"
+--   lines), layout (JSON: name -> {shape, numel, chunk, start, length, kind}), optim (JSON: class,
+--   param groups with hyperparameters and parameter names, scalar state per parameter, state
+--   tensor keys), rng (this rank's generator state), extra (JSON of the user's table).
+-- Loading: each rank assembles the flat range it owns under the current layout from the
+-- overlapping pieces of the old rank files (interval arithmetic over all of them), checks
+-- everything first, then copies into the parameters and optimizer state in place. RNG: rank r
+-- takes old rank r's state (old rank 0's when the old world had fewer ranks).
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+
+local M = {}
+local FORMAT = "fsdp-sharded-v1"
+
+-- ---- small JSON (metadata values are strings; structured ones are JSON text) ------------------
+local json_escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
+                       ["\r"] = "\\r", ["\t"] = "\\t" }
+local function json_encode(v, what)
+  local tv = type(v)
+  if tv == "nil" then return "null" end
+  if tv == "boolean" then return tostring(v) end
+  if tv == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then
+      error(("%s: cannot store the non-finite number %s"):format(what, tostring(v)), 0)
+    end
+    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%.0f"):format(v) end
+    return ("%.17g"):format(v)
+  end
+  if tv == "string" then
+    return '"' .. v:gsub('[%c"\\]', function(c) return json_escapes[c] or ("\\u%04x"):format(c:byte()) end) .. '"'
+  end
+  if tv == "table" and not fsdp.is_tensor(v) then
+    local n, count = #v, 0
+    for _ in pairs(v) do count = count + 1 end
+    local parts = {}
+    if count == n then
+      for i = 1, n do parts[i] = json_encode(v[i], what) end
+      return "[" .. table.concat(parts, ",") .. "]"
+    end
+    local keys = {}
+    for k in pairs(v) do
+      if type(k) ~= "string" then
+        error(("%s: table keys must be strings (or a list), got the %s key %s"):format(what, type(k), tostring(k)), 0)
+      end
+      keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    for i, k in ipairs(keys) do parts[i] = json_encode(k, what) .. ":" .. json_encode(v[k], what) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  error(("%s: cannot store a %s (only strings, numbers, booleans and tables of them)"):format(what, tv), 0)
+end
+
+local json_unescapes = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+local function json_decode(s, what)
+  local pos = 1
+  local function fail(msg) error(("%s: malformed JSON (%s at byte %d)"):format(what, msg, pos), 0) end
+  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
+  local value
+  local function str()
+    pos = pos + 1
+    local buf = {}
+    while true do
+      local a = s:find('["\\]', pos)
+      if not a then fail("unterminated string") end
+      buf[#buf + 1] = s:sub(pos, a - 1)
+      if s:sub(a, a) == '"' then pos = a + 1; return table.concat(buf) end
+      local e = s:sub(a + 1, a + 1)
+      if e == "u" then
+        local cp = tonumber(s:sub(a + 2, a + 5), 16) or fail("bad \\u escape")
+        if cp < 0x80 then buf[#buf + 1] = string.char(cp)
+        elseif cp < 0x800 then buf[#buf + 1] = string.char(0xc0 + math.floor(cp / 64), 0x80 + cp % 64)
+        else buf[#buf + 1] = string.char(0xe0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64) end
+        pos = a + 6
+      else
+        buf[#buf + 1] = json_unescapes[e] or fail("bad escape")
+        pos = a + 2
+      end
+    end
+  end
+  function value()
+    ws()
+    local c = s:sub(pos, pos)
+    if c == "{" then
+      pos = pos + 1
+      local t = {}
+      ws()
+      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
+      while true do
+        ws()
+        if s:sub(pos, pos) ~= '"' then fail("expected a key") end
+        local k = str()
+        ws()
+        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
+        pos = pos + 1
+        t[k] = value()
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "}" then return t end
+        if c ~= "," then fail("expected ',' or '}'") end
+      end
+    elseif c == "[" then
+      pos = pos + 1
+      local t = {}
+      ws()
+      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
+      while true do
+        t[#t + 1] = value()
+        ws()
+        c = s:sub(pos, pos)
+        pos = pos + 1
+        if c == "]" then return t end
+        if c ~= "," then fail("expected ',' or ']'") end
+      end
+    elseif c == '"' then
+      return str()
+    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
+    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
+    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4; return nil
+    end
+    local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
+    if not num or num == "" or not tonumber(num) then fail("unexpected character") end
+    pos = pos + #num
+    return tonumber(num)
+  end
+  local v = value()
+  ws()
+  if pos <= #s then fail("trailing characters") end
+  return v
+end
+M._json_encode, M._json_decode = json_encode, json_decode
+
+-- ---- files and directories (libc through the FFI; no shelling out from MPI ranks) ----------------
+for _, decl in ipairs {
+  "int mkdir(const char* path, unsigned int mode);",
+  "int rmdir(const char* path);",
+  "int fsync(int fd);",
+  "int open(const char* path, int flags, ...);",
+  "int close(int fd);",
+  "long write(int fd, const void* buf, unsigned long n);",
+  "int getpid(void);",
+  "int kill(int pid, int sig);",
+  "char* strerror(int errnum);",
+  "typedef struct fsdp_ckpt_DIR fsdp_ckpt_DIR;",
+  "fsdp_ckpt_DIR* opendir(const char* path);",
+  "int closedir(fsdp_ckpt_DIR* d);",
+  "struct fsdp_ckpt_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
+  "struct fsdp_ckpt_dirent* readdir(fsdp_ckpt_DIR* d);",
+} do pcall(ffi.cdef, decl) end
+local libc = ffi.C
+local linux = ffi.os == "Linux"
+local O_RDONLY, O_WRONLY_CREAT_TRUNC = 0, 1 + 64 + 512  -- Linux values
+
+local function errno_str() return ffi.string(libc.strerror(ffi.errno())) end
+
+local function mkdir_p(path, what)
+  local cur = path:sub(1, 1) == "/" and "/" or ""
+  for part in path:gmatch("[^/]+") do
+    cur = cur .. part
+    if libc.mkdir(cur, tonumber("755", 8)) ~= 0 and ffi.errno() ~= 17 then  -- EEXIST
+      error(("%s: cannot create the directory '%s': %s"):format(what, cur, errno_str()), 0)
+    end
+    cur = cur .. "/"
+  end
+end
+
+-- names in a directory (nil when it cannot be listed)
+local function listdir(path)
+  local ok, res = pcall(function()
+    local d = libc.opendir(path)
+    if d == nil then return nil end
+    local names = {}
+    while true do
+      local e = libc.readdir(d)
+      if e == nil then break end
+      local name = ffi.string(e.d_name)
+      if name ~= "." and name ~= ".." then names[#names + 1] = name end
+    end
+    libc.closedir(d)
+    return names
+  end)
+  return ok and res or nil
+end
+
+-- removes a checkpoint generation directory (its files, then itself); best effort
+local function remove_generation(path, known_files)
+  for _, name in ipairs(listdir(path) or known_files or {}) do os.remove(path .. "/" .. name) end
+  libc.rmdir(path)
+end
+
+-- writes a small file durably and atomically: temp file, fsync, rename, fsync of the directory
+local function write_atomic(path, text, what)
+  local tmp = ("%s.tmp.%d"):format(path, linux and libc.getpid() or 0)
+  if linux then
+    local fd = libc.open(tmp, O_WRONLY_CREAT_TRUNC, ffi.cast("int", tonumber("644", 8)))
+    if fd < 0 then error(("%s: cannot create '%s': %s"):format(what, tmp, errno_str()), 0) end
+    local n = libc.write(fd, text, #text)
+    local synced = libc.fsync(fd)
+    libc.close(fd)
+    if n ~= #text or synced ~= 0 then
+      os.remove(tmp)
+      error(("%s: cannot write '%s': %s"):format(what, tmp, errno_str()), 0)
+    end
+  else
+    local f, err = io.open(tmp, "wb")
+    if not f then error(("%s: cannot create '%s': %s"):format(what, tmp, err), 0) end
+    f:write(text)
+    f:close()
+  end
+  local ok, err = os.rename(tmp, path)
+  if not ok then
+    os.remove(tmp)
+    error(("%s: cannot rename '%s' to '%s': %s"):format(what, tmp, path, tostring(err)), 0)
+  end
+  if linux then
+    local dfd = libc.open(path:match("^(.*)/[^/]*$") or ".", O_RDONLY)
+    if dfd >= 0 then libc.fsync(dfd); libc.close(dfd) end
+  end
+end
+
+-- reads DIR/latest -> gen, world_size; nil, message when there is none
+local function read_latest(dir)
+  local path = dir .. "/latest"
+  local f, err = io.open(path, "rb")
+  if not f then return nil, ("cannot read '%s' (%s)"):format(path, err) end
+  local text = f:read("*a") or ""
+  f:close()
+  local gen = tonumber(text:match("^ckpt%-(%d+)\n"))
+  local world = tonumber(text:match("\nworld_size (%d+)\n"))
+  if not gen or not world or world < 1 then
+    return nil, ("'%s' is malformed: expected \"ckpt-<gen>\\nworld_size <N>\\n\", got %q"):format(path, text:sub(1, 100))
+  end
+  return gen, world
+end
+
+local function gen_dir(dir, gen) return ("%s/ckpt-%d"):format(dir, gen) end
+local function rank_file(dir, gen, r, n) return ("%s/rank-%d-of-%d.safetensors"):format(gen_dir(dir, gen), r, n) end
+
+-- ---- what a model holds: its tensors and their layout --------------------------------------------
+local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
+local function ptr_key(p) return tonumber(ffi.cast("intptr_t", p)) end
+
+-- list of {name, t, kind, shape, numel, chunk, start, length} for every parameter (named_parameters
+-- order) and persistent buffer of `model`, under the current layout
+local function model_entries(model, what)
+  if type(model) ~= "table" or not rawget(model, "_modules") then
+    error(("%s: expected an nn.Module, got a %s"):format(what, type(model)), 0)
+  end
+  local entries, by_name = {}, {}
+  local unit_maps = {}
+  local numel, chunk, start, length = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  local shp = ffi.new("int64_t[?]", 8)
+  for name, p in model:named_parameters() do
+    local e = { name = name, t = p, kind = "param" }
+    local u = C.fsdp_param_unit(p)
+    if u == nil then
+      e.shape, e.numel = p:shape(), p:numel()
+      e.chunk, e.start, e.length = e.numel, 0, e.numel
+    else
+      local uk = ptr_key(u)
+      local map = unit_maps[uk]
+      if not map then
+        map = {}
+        for i = 0, C.fsdp_unit_num_params(u) - 1 do map[ptr_key(C.fsdp_unit_param(u, i))] = i end
+        unit_maps[uk] = map
+      end
+      local i = map[ptr_key(p)]
+      if not i then
+        error(("%s: parameter %q claims FSDP unit '%s' but is not among its parameters")
+          :format(what, name, ffi.string(C.fsdp_unit_path(u))), 0)
+      end
+      fsdp._check(C.fsdp_unit_param_layout(u, i, numel, chunk, start, length))
+      local nd = C.fsdp_param_full_shape(p, shp)
+      e.shape = {}
+      for d = 0, nd - 1 do e.shape[d + 1] = tonumber(shp[d]) end
+      e.numel, e.chunk, e.start, e.length = tonumber(numel[0]), tonumber(chunk[0]), tonumber(start[0]), tonumber(length[0])
+      e.unit = ffi.string(C.fsdp_unit_path(u))
+    end
+    if p:numel() ~= e.length then
+      error(("%s: parameter %q of FSDP unit '%s' is gathered (%d elements, its local piece has %d); call it between "
+        .. "steps, outside forward/backward and summon_full_params"):format(what, name, e.unit or "?", p:numel(), e.length), 0)
+    end
+    entries[#entries + 1] = e
+    by_name[name] = e
+  end
+  for prefix, m in model:named_modules() do
+    local np = rawget(m, "_non_persistent")
+    local bufs = rawget(m, "_buffers")
+    for _, bname in ipairs(bufs and bufs.names or {}) do
+      local t = bufs.values[bname]
+      local name = prefix == "" and bname or (prefix .. "." .. bname)
+      if t ~= nil and not (np and np[bname]) and not by_name[name] then
+        local e = { name = name, t = t, kind = "buffer", shape = t:shape(), numel = t:numel() }
+        e.chunk, e.start, e.length = e.numel, 0, e.numel
+        entries[#entries + 1] = e
+        by_name[name] = e
+      end
+    end
+  end
+  return entries, by_name
+end
+
+local function fingerprint(list)  -- list of {name=, shape=}
+  local lines = {}
+  for i, e in ipairs(list) do lines[i] = e.name .. " " .. shape_str(e.shape) end
+  table.sort(lines)
+  return table.concat(lines, "\n")
+end
+
+local function flat_contig(t)
+  t = t:detach()
+  if not t:is_contiguous() then t = t:contiguous() end
+  return t
+end
+
+-- ---- save ----------------------------------------------------------------------------------------
+-- test hooks for the worst moment of a crash, "before_latest" (every rank file written, `latest`
+-- not yet updated): M._crash_at = "before_latest" raises an error there; with M._crash_kill = true,
+-- or the environment variable FSDP_CKPT_CRASH_AT=before_latest, the process kills itself (SIGKILL)
+local function crash_point(name)
+  local env = os.getenv("FSDP_CKPT_CRASH_AT")
+  if M._crash_at ~= name and env ~= name then return end
+  if M._crash_kill or env == name then
+    io.stdout:flush(); io.stderr:flush()
+    libc.kill(libc.getpid(), 9)
+  end
+  error("fsdp.save_sharded: simulated crash at " .. name, 0)
+end
+
+local function check_extra(extra, what)
+  if extra == nil then return {} end
+  if type(extra) ~= "table" or fsdp.is_tensor(extra) then
+    error(("%s: extra must be a table of strings / numbers, got a %s"):format(what, type(extra)), 0)
+  end
+  return extra
+end
+
+-- fsdp.save_sharded(dir, model[, optimizer[, extra]]): collective; every rank writes its own file
+function M.save_sharded(dir, model, optimizer, extra)
+  local what = "fsdp.save_sharded"
+  if type(dir) ~= "string" or dir == "" then error(what .. ": dir must be a non-empty string", 2) end
+  dir = dir:gsub("/+$", "")
+  if dir == "" then dir = "/" end
+  extra = check_extra(extra, what)
+  local rank, world = fsdp.rank(), fsdp.world_size()
+  local entries, by_name = model_entries(model, what)
+
+  local tensors, layout = {}, {}
+  for _, e in ipairs(entries) do
+    tensors["model." .. e.name] = flat_contig(e.t)
+    layout[e.name] = { shape = e.shape, numel = e.numel, chunk = e.chunk, start = e.start, length = e.length, kind = e.kind }
+  end
+  local meta = {
+    format = FORMAT, world_size = tostring(world), rank = tostring(rank),
+    fingerprint = fingerprint(entries), layout = json_encode(layout, what),
+    extra = json_encode(extra, what .. ": extra"),
+  }
+  local rng = fsdp.get_rng_state()
+  local parts = {}
+  for i = 1, 4 do parts[i] = tostring(rng[i]):gsub("U?LL$", "") end
+  meta.rng = table.concat(parts, ",")
+
+  if optimizer ~= nil then
+    if type(optimizer) ~= "table" or type(optimizer.param_groups) ~= "table" then
+      error(what .. ": optimizer must be an fsdp.optim optimizer", 2)
+    end
+    local name_of = {}
+    for _, e in ipairs(entries) do if e.kind == "param" then name_of[ptr_key(e.t)] = e.name end end
+    local groups, state = {}, {}
+    for gi, g in ipairs(optimizer.param_groups) do
+      local pg = { params = {} }
+      for k, v in pairs(g) do if k ~= "params" then pg[k] = v end end
+      for i, p in ipairs(g.params) do
+        local name = name_of[ptr_key(p)]
+        if not name then
+          error(("%s: parameter %d of the optimizer's group %d is not a parameter of the model"):format(what, i, gi), 2)
+        end
+        pg.params[i] = name
+        local st = optimizer:state_of(p)
+        if st and next(st) ~= nil then
+          local s = { scalars = {}, tensors = {} }
+          for k, v in pairs(st) do
+            if fsdp.is_tensor(v) then
+              if v:numel() ~= by_name[name].length then
+                error(("%s: optimizer state %q of %q has %d elements, the parameter's piece %d")
+                  :format(what, k, name, v:numel(), by_name[name].length), 2)
+              end
+              tensors["optim." .. name .. "." .. k] = flat_contig(v)
+              s.tensors[#s.tensors + 1] = k
+            else
+              s.scalars[k] = v
+            end
+          end
+          table.sort(s.tensors)
+          state[name] = s
+        end
+      end
+      groups[gi] = pg
+    end
+    meta.optim = json_encode({ class = optimizer.__name, groups = groups, state = state }, what .. ": optimizer state")
+  end
+
+  -- agree on the generation (rank 0 reads `latest` and clears leftovers of a crashed attempt)
+  local gen
+  if rank == 0 then
+    local prev = read_latest(dir)
+    gen = (prev or 0) + 1
+    mkdir_p(dir, what)
+    remove_generation(gen_dir(dir, gen))
+    mkdir_p(gen_dir(dir, gen), what)
+  end
+  if world > 1 then
+    local t = fsdp.tensor({ gen or 0 }, "int64")
+    fsdp.broadcast(t, 0, { tag = "save_sharded:gen" })
+    gen = t:item()
+  end
+  meta.gen = tostring(gen)
+
+  -- every rank writes its file; then every rank learns whether all of them succeeded
+  local function agree(ok, err, doing)
+    if world > 1 then
+      local t = fsdp.tensor({ ok and 0 or 1 })
+      fsdp.all_reduce(t, "max", { tag = "save_sharded:" .. doing })
+      if t:item() ~= 0 and ok then
+        error(("%s: another rank failed while %s in '%s' (see its error)"):format(what, doing, dir), 0)
+      end
+    end
+    if not ok then error(err, 0) end
+  end
+  local path = rank_file(dir, gen, rank, world)
+  local ok, err = pcall(fsdp.save, path, tensors, meta)
+  agree(ok, ok or (what .. ": " .. tostring(err)), "writing rank files")
+
+  crash_point("before_latest")
+
+  ok, err = true, nil
+  if rank == 0 then
+    ok, err = pcall(function()
+      write_atomic(dir .. "/latest", ("ckpt-%d\nworld_size %d\n"):format(gen, world), what)
+      for _, name in ipairs(listdir(dir) or { ("ckpt-%d"):format(gen - 1) }) do
+        local g = tonumber(name:match("^ckpt%-(%d+)$"))
+        if g and g ~= gen then remove_generation(dir .. "/" .. name) end
+        if name:match("^latest%.tmp%.") then os.remove(dir .. "/" .. name) end
+      end
+    end)
+  end
+  agree(ok, err, "updating latest")
+  return gen
+end
+
+-- ---- reading a checkpoint (any world size, no communication) ---------------------------------------
+-- -> {dir, gen, world_size, path, files = {[0..N-1] = {path, tensors, meta, layout}}, layout, entries,
+--     optim, extra}
+function M.read(dir, what)
+  what = what or "fsdp.read_sharded"
+  if type(dir) ~= "string" or dir == "" then error(what .. ": dir must be a non-empty string", 0) end
+  dir = dir:gsub("/+$", "")
+  local gen, world = read_latest(dir)
+  if not gen then error(("%s: no checkpoint in '%s': %s"):format(what, dir, world), 0) end
+  local ck = { dir = dir, gen = gen, world_size = world, path = gen_dir(dir, gen), files = {} }
+  for r = 0, world - 1 do
+    local path = rank_file(dir, gen, r, world)
+    local ok, tensors, meta = pcall(fsdp.load, path)
+    if not ok then error(("%s: cannot read checkpoint file '%s': %s"):format(what, path, tostring(tensors)), 0) end
+    local function bad(msg) error(("%s: checkpoint file '%s' %s"):format(what, path, msg), 0) end
+    if meta.format ~= FORMAT then bad(("is not an fsdp sharded checkpoint file (format %q)"):format(tostring(meta.format))) end
+    if tonumber(meta.world_size) ~= world or tonumber(meta.rank) ~= r or tonumber(meta.gen) ~= gen then
+      bad(("says world_size %s, rank %s, gen %s; expected %d, %d, %d (from '%s/latest')")
+        :format(tostring(meta.world_size), tostring(meta.rank), tostring(meta.gen), world, r, gen, dir))
+    end
+    local f = { path = path, tensors = tensors, meta = meta, layout = json_decode(meta.layout or "", path .. ": layout") }
+    if r == 0 then
+      ck.fingerprint = meta.fingerprint
+      ck.layout = f.layout
+      ck.extra = json_decode(meta.extra or "{}", path .. ": extra")
+      ck.optim = meta.optim and json_decode(meta.optim, path .. ": optim") or nil
+    elseif meta.fingerprint ~= ck.fingerprint then
+      bad(("describes another model than '%s'"):format(ck.files[0].path))
+    end
+    for name, l in pairs(f.layout) do
+      local t = tensors["model." .. name]
+      if not t then bad(("lacks the tensor %q"):format("model." .. name)) end
+      if t:numel() ~= l.length then
+        bad(("holds %d elements of %q, its layout says %d"):format(t:numel(), name, l.length))
+      end
+      if l.numel ~= ck.layout[name].numel then bad(("gives %q %d elements, rank 0's file %d"):format(name, l.numel, ck.layout[name].numel)) end
+    end
+    if meta.rng then
+      local st = {}
+      for num in meta.rng:gmatch("%d+") do
+        local v = 0ULL
+        for i = 1, #num do v = v * 10ULL + (num:byte(i) - 48) end
+        st[#st + 1] = v
+      end
+      if #st == 4 then f.rng = st end
+    end
+    ck.files[r] = f
+  end
+  ck.entries = {}
+  for name, l in pairs(ck.layout) do ck.entries[#ck.entries + 1] = { name = name, shape = l.shape, numel = l.numel, kind = l.kind } end
+  table.sort(ck.entries, function(a, b) return a.name < b.name end)
+  return ck
+end
+
+-- the flat elements [start, start + length) of `key` (a tensor stored piecewise under the layout of
+-- `name`), assembled from the rank files that hold them: a new 1-D tensor
+local function assemble(ck, key, name, start, length, what)
+  local f0 = ck.files[0].tensors[key]
+  local dtype = f0 and f0.dtype or "float32"
+  if length == 0 then return fsdp.empty({ 0 }, { dtype = dtype }) end
+  local pieces = {}
+  for r = 0, ck.world_size - 1 do
+    local f = ck.files[r]
+    local l = f.layout[name]
+    if l.length > 0 then pieces[#pieces + 1] = { r = r, start = l.start, length = l.length, f = f } end
+  end
+  table.sort(pieces, function(a, b) if a.start ~= b.start then return a.start < b.start end return a.r < b.r end)
+  local parts, pos, stop = {}, start, start + length
+  for _, pc in ipairs(pieces) do
+    local a, b = math.max(pos, pc.start), math.min(stop, pc.start + pc.length)
+    if a == pos and b > a then
+      local t = pc.f.tensors[key]
+      if not t then error(("%s: checkpoint file '%s' lacks the tensor %q"):format(what, pc.f.path, key), 0) end
+      if t:numel() ~= pc.length then
+        error(("%s: checkpoint file '%s' holds %d elements of %q, expected %d"):format(what, pc.f.path, t:numel(), key, pc.length), 0)
+      end
+      parts[#parts + 1] = t:reshape(-1):narrow(1, a - pc.start + 1, b - a)
+      pos = b
+    end
+  end
+  if pos ~= stop then
+    error(("%s: the rank files of '%s' do not cover elements [%d, %d) of %q"):format(what, ck.path, pos, stop, key), 0)
+  end
+  if #parts == 1 then return parts[1]:contiguous() end
+  return fsdp.cat(parts, 1)
+end
+
+-- ---- load ----------------------------------------------------------------------------------------
+-- local extra = fsdp.load_sharded(dir, model[, optimizer]): every rank reads the checkpoint named
+-- by dir/latest (saved at any world size) and fills its own pieces; nothing changes on error
+function M.load_sharded(dir, model, optimizer)
+  local what = "fsdp.load_sharded"
+  local entries, by_name = model_entries(model, what)
+  local ck = M.read(dir, what)
+
+  -- same model? names and full shapes
+  local missing, unexpected, mismatched = {}, {}, {}
+  for _, e in ipairs(entries) do
+    local l = ck.layout[e.name]
+    if not l then missing[#missing + 1] = e.name
+    elseif shape_str(l.shape) ~= shape_str(e.shape) then
+      mismatched[#mismatched + 1] = ("%q: checkpoint %s, model %s"):format(e.name, shape_str(l.shape), shape_str(e.shape))
+    end
+  end
+  for _, ce in ipairs(ck.entries) do if not by_name[ce.name] then unexpected[#unexpected + 1] = ce.name end end
+  if #missing + #unexpected + #mismatched > 0 then
+    table.sort(missing); table.sort(mismatched)
+    local msg = {}
+    if #missing > 0 then msg[#msg + 1] = "missing keys: " .. table.concat(missing, ", ") end
+    if #unexpected > 0 then msg[#msg + 1] = "unexpected keys: " .. table.concat(unexpected, ", ") end
+    if #mismatched > 0 then msg[#msg + 1] = "shape mismatch for " .. table.concat(mismatched, "; ") end
+    error(("%s: the checkpoint '%s' does not match the model (%s)"):format(what, ck.path, table.concat(msg, "; ")), 2)
+  end
+
+  -- optimizer: same class, same groups of the same parameters
+  local opt_sd
+  if optimizer ~= nil then
+    if type(optimizer) ~= "table" or type(optimizer.param_groups) ~= "table" then
+      error(what .. ": optimizer must be an fsdp.optim optimizer", 2)
+    end
+    local o = ck.optim
+    if not o then error(("%s: the checkpoint '%s' holds no optimizer state (it was saved without an optimizer)"):format(what, ck.path), 2) end
+    if o.class ~= optimizer.__name then
+      error(("%s: the checkpoint '%s' holds %s state, the optimizer is %s"):format(what, ck.path, tostring(o.class), tostring(optimizer.__name)), 2)
+    end
+    if #o.groups ~= #optimizer.param_groups then
+      error(("%s: the checkpoint '%s' has %d parameter groups, the optimizer %d"):format(what, ck.path, #o.groups, #optimizer.param_groups), 2)
+    end
+    local name_of = {}
+    for _, e in ipairs(entries) do if e.kind == "param" then name_of[ptr_key(e.t)] = e.name end end
+    opt_sd = { state = {}, param_groups = {} }
+    local idx = 0
+    for gi, g in ipairs(optimizer.param_groups) do
+      local saved = o.groups[gi]
+      local names = {}
+      for i, p in ipairs(g.params) do
+        names[i] = name_of[ptr_key(p)] or error(("%s: parameter %d of the optimizer's group %d is not a parameter of the model"):format(what, i, gi), 2)
+      end
+      if table.concat(names, ",") ~= table.concat(saved.params or {}, ",") then
+        error(("%s: parameter group %d of the checkpoint '%s' holds {%s}, the optimizer's {%s}")
+          :format(what, gi, ck.path, table.concat(saved.params or {}, ", "), table.concat(names, ", ")), 2)
+      end
+      local pg = { params = {} }
+      for k, v in pairs(saved) do if k ~= "params" then pg[k] = v end end
+      for i, p in ipairs(g.params) do
+        pg.params[i] = idx
+        local st = o.state[names[i]]
+        if st then
+          local e = by_name[names[i]]
+          local s = {}
+          for k, v in pairs(st.scalars or {}) do s[k] = v end
+          for _, k in ipairs(st.tensors or {}) do
+            s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length, what):reshape(p:shape())
+          end
+          opt_sd.state[idx] = s
+        end
+        idx = idx + 1
+      end
+      opt_sd.param_groups[gi] = pg
+    end
+  end
+
+  -- assemble everything, then write
+  local values = {}
+  for i, e in ipairs(entries) do
+    values[i] = assemble(ck, "model." .. e.name, e.name, e.start, e.length, what)
+  end
+  fsdp.no_grad(function()
+    for i, e in ipairs(entries) do if e.length > 0 then e.t:copy_(values[i]) end end
+  end)
+  if opt_sd then optimizer:load_state_dict(opt_sd) end
+  local r = fsdp.rank()
+  local f = ck.files[r] or ck.files[0]
+  if f.rng then fsdp.set_rng_state(f.rng) end
+  return ck.extra
+end
+
+-- ---- consolidation (bin/fsdp-consolidate) ---------------------------------------------------------
+-- writes the full tensors of the latest checkpoint in `dir` under their PyTorch names (and with
+-- opts.with_optimizer the full optimizer state tensors as "optim.<name>.<key>") to one safetensors
+-- file; returns {path=, gen=, world_size=, names = {...}, shapes = {name = shape}, bytes=}
+function M.consolidate(dir, out, opts)
+  local what = "fsdp-consolidate"
+  opts = opts or {}
+  local ck = M.read(dir, what)
+  local tensors, shapes, names, bytes = {}, {}, {}, 0
+  local function add(key, name, shape)
+    local numel = ck.layout[name].numel
+    local t = assemble(ck, key, name, 0, numel, what):reshape(shape)
+    tensors[key] = t
+    shapes[key] = shape
+    names[#names + 1] = key
+    bytes = bytes + t:numel() * (t.dtype == "int64" and 8 or (t.dtype == "float32" and 4 or 2))
+  end
+  for _, e in ipairs(ck.entries) do add("model." .. e.name, e.name, e.shape) end
+  -- PyTorch names: strip the "model." prefix
+  local final = {}
+  for _, k in ipairs(names) do final[k:sub(7)] = tensors[k]; shapes[k:sub(7)] = shapes[k] end
+  for i, k in ipairs(names) do names[i] = k:sub(7) end
+  local meta = { format = "fsdp-consolidated", source = ck.path, world_size = tostring(ck.world_size),
+                 gen = tostring(ck.gen), extra = ck.files[0].meta.extra }
+  if opts.with_optimizer then
+    if not ck.optim then error(("%s: the checkpoint '%s' holds no optimizer state"):format(what, ck.path), 0) end
+    local layout_names = {}
+    for name in pairs(ck.optim.state) do layout_names[#layout_names + 1] = name end
+    table.sort(layout_names)
+    for _, name in ipairs(layout_names) do
+      for _, k in ipairs(ck.optim.state[name].tensors or {}) do
+        local key = "optim." .. name .. "." .. k
+        local t = assemble(ck, key, name, 0, ck.layout[name].numel, what):reshape(ck.layout[name].shape)
+        final[key] = t
+        shapes[key] = ck.layout[name].shape
+        names[#names + 1] = key
+        bytes = bytes + t:numel() * 4
+      end
+    end
+    meta.optim = ck.files[0].meta.optim
+  end
+  fsdp.save(out, final, meta)
+  return { path = out, gen = ck.gen, world_size = ck.world_size, source = ck.path, names = names, shapes = shapes, bytes = bytes }
+end
+
+return M

@@ -1,0 +1,692 @@
+-- The FSDP test matrix: many cases in one launch.
+--
+--   bin/fsdprun -n 2 tests/scripts/fsdp_matrix.lua [pattern]     (also -n 4, and -n 1 = plain luajit)
+--   FSDP_MATRIX_SABOTAGE=lr ...   the wrapped side trains with a 1% larger learning rate: every
+--                                 case must FAIL (proves the comparison can fail)
+--
+-- Every case trains two copies of one model built from the same seed:
+--   reference  unwrapped, single process, on the GLOBAL batch
+--   fsdp       wrapped as the case says, on this rank's slice of the global batch
+-- for at least 3 steps (SGD with momentum unless the case says otherwise), and checks
+--   loss   the ranks' mean loss equals the reference loss (per step)
+--   grad   each parameter's .grad is the matching piece of the reference gradient (per step)
+--   param  the gathered state_dict equals the reference's (same names, values), and each
+--          parameter tensor is this rank's piece of the reference values (after the last step)
+--   idle   fsdp.all_idle() and every fsdp.unit_states() entry is IDLE after every step
+--   plus case-specific checks (collective counts/bytes, error messages, eval outputs, ...).
+-- Rank 0 prints one line per case:
+--   CASE <name> ws=<N> loss=<max diff> grad=<..> param=<..> aux=<..> PASS|FAIL
+-- and any rank prints "DETAIL <name> rank <r>: <why>" for each failed check, then
+--   SUMMARY ws=<N> cases=<n> failed=<n> max_loss=.. max_grad=.. max_param=.. (f32 cases) ...
+-- The exit status is 1 when a case failed.
+--
+-- Tolerances (|diff| <= atol + rtol * |reference|, elementwise):
+--   f32   loss 1e-5 + 1e-5 rel; grads and params 2e-6 + 1e-4 rel  (measured maxima are printed)
+--   bf16  loss 2e-2 + 2e-2 rel; grads 5e-3 + 5e-2 rel; params 5e-3 + 5e-2 rel
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local C = fsdp.C
+local nn, F = fsdp.nn, fsdp.nn.functional
+
+fsdp.init()
+fsdp.comm.set_timeout(tonumber(os.getenv("FSDP_COMM_TIMEOUT") or "") or 60)
+local R, N = fsdp.rank(), fsdp.world_size()
+local Wr = require "fsdp.wrap"
+
+local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
+local models = dofile(here .. "fsdp_models.lua")
+local GB = models.GLOBAL_B
+local pattern = arg and arg[1]
+local sabotage = os.getenv("FSDP_MATRIX_SABOTAGE")
+
+local TOL = {
+  f32 = { loss_a = 1e-5, loss_r = 1e-5, a = 2e-6, r = 1e-4 },
+  bf16 = { loss_a = 2e-2, loss_r = 2e-2, a = 5e-3, r = 5e-2 },
+}
+
+-- ---- helpers ------------------------------------------------------------------------------------------
+local function flat(t) return t:contiguous():tolist() end
+
+local function same_ptr(a, b) return ffi.cast("void*", a) == ffi.cast("void*", b) end
+
+-- [start, start + len) of p's flattened full tensor that this rank holds as p
+local function piece_range(p)
+  local u = C.fsdp_param_unit(p)
+  if u == nil then return 0, p:numel(), p:numel() end
+  for i = 0, C.fsdp_unit_num_params(u) - 1 do
+    if same_ptr(C.fsdp_unit_param(u, i), p) then
+      local n, c, s, l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+      assert(C.fsdp_unit_param_layout(u, i, n, c, s, l) == 0)
+      return tonumber(s[0]), tonumber(l[0]), tonumber(n[0])
+    end
+  end
+  error("parameter not found in its unit")
+end
+
+local function params_by_name(m)
+  local r, order = {}, {}
+  for name, p in m:named_parameters() do r[name] = p; order[#order + 1] = name end
+  return r, order
+end
+
+-- compares `got` (flat list) with `ref` (flat list, from offset off) elementwise; returns max
+-- |diff| and the first violating index (or nil)
+local function cmp(got, ref, off, tol)
+  local md, bad = 0, nil
+  for i = 1, #got do
+    local e = ref[off + i]
+    local d = math.abs(got[i] - e)
+    if d ~= d then d = math.huge end
+    if d > md then md = d end
+    if not bad and not (d <= tol.a + tol.r * math.abs(e)) then bad = i end
+  end
+  return md, bad
+end
+
+local function comm_snapshot()
+  local s = fsdp.comm_stats()
+  local r = {}
+  for k, v in pairs(s) do r[k] = { count = v.count, bytes = v.bytes } end
+  return r
+end
+local function comm_diff(a, b)
+  local r = {}
+  for k, v in pairs(b) do r[k] = { count = v.count - a[k].count, bytes = v.bytes - a[k].bytes } end
+  return r
+end
+
+-- the reference's way of clipping: global 2-norm over every gradient, PyTorch's formula
+local function ref_clip(model, max_norm)
+  local sq = 0
+  for _, p in ipairs(model:parameters()) do
+    if p.grad then for _, v in ipairs(flat(p.grad)) do sq = sq + v * v end end
+  end
+  local total = math.sqrt(sq)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 then
+    fsdp.no_grad(function() for _, p in ipairs(model:parameters()) do if p.grad then p.grad:mul_(coef) end end end)
+  end
+  return total
+end
+
+-- ---- expected collectives -------------------------------------------------------------------------------
+-- Computed independently of wrap.lua: each parameter belongs to the unit with the longest path
+-- that prefixes its name ("" = the root); a unit's group (trainable / frozen) holds
+-- S = sum(ceil(numel / W)) elements. Per step, with every unit in forward and backward:
+--   full     all-gather per non-empty group in forward, again in backward except the root;
+--            one reduce-scatter of W * S_trainable floats per unit with trainable parameters
+--   grad_op  all-gathers in forward only; reduce-scatters as above
+--   none     no all-gather; one all-reduce of S_trainable floats per unit with trainable params
+-- opts.no_backward_gather = {path = true}: units that are never needed in backward (frozen, with
+-- inputs that need no grad) gather only in forward.
+local function expected_comm(model, unit_paths, sharding, opts)
+  opts = opts or {}
+  local W = sharding == "none" and 1 or N
+  local units = {}
+  for _, path in ipairs(unit_paths) do units[path] = { s = { 0, 0 } } end
+  for name, p in model:named_parameters() do
+    local best
+    for _, path in ipairs(unit_paths) do
+      if path == "" or name:sub(1, #path + 1) == path .. "." then
+        if not best or #path > #best then best = path end
+      end
+    end
+    assert(best, "no unit owns " .. name)
+    local g = p.requires_grad and 1 or 2
+    local n = p:numel()
+    units[best].s[g] = units[best].s[g] + math.ceil(n / W)
+  end
+  local e = {
+    all_gather = { count = 0, bytes = 0 }, reduce_scatter = { count = 0, bytes = 0 },
+    all_reduce = { count = 0, bytes = 0 }, broadcast = { count = 0, bytes = 0 }, barrier = { count = 0, bytes = 0 },
+  }
+  for path, u in pairs(units) do
+    for g = 1, 2 do
+      if u.s[g] > 0 and sharding ~= "none" then
+        local times = 1
+        if sharding == "full" and path ~= "" and not (opts.no_backward_gather or {})[path] then times = 2 end
+        e.all_gather.count = e.all_gather.count + times
+        e.all_gather.bytes = e.all_gather.bytes + times * W * u.s[g] * 4
+      end
+    end
+    if u.s[1] > 0 then
+      local k = sharding == "none" and "all_reduce" or "reduce_scatter"
+      e[k].count = e[k].count + 1
+      e[k].bytes = e[k].bytes + W * u.s[1] * 4
+    end
+  end
+  return e
+end
+
+local function comm_str(c)
+  return ("ag %d/%dB rs %d/%dB ar %d/%dB bc %d"):format(c.all_gather.count, c.all_gather.bytes,
+    c.reduce_scatter.count, c.reduce_scatter.bytes, c.all_reduce.count, c.all_reduce.bytes, c.broadcast.count)
+end
+
+-- ---- wrapping policies ----------------------------------------------------------------------------------
+-- each returns the list of unit paths it created ("" = root), used for the expected collectives
+local P = {}
+P.nested = {
+  root = function(m, o) fsdp.wrap(m, o); return { "" } end,
+  children = function(m, o) fsdp.wrap(m["2"], o); fsdp.wrap(m, o); return { "2", "" } end,
+  every = function(m, o)  -- every child (the ReLUs too: units without parameters); the root owns nothing
+    local ps = {}
+    for name, c in m:named_children() do fsdp.wrap(c, o); ps[#ps + 1] = name end
+    fsdp.wrap(m, o); ps[#ps + 1] = ""
+    return ps
+  end,
+  nested3 = function(m, o) fsdp.wrap(m["2"]["0"], o); fsdp.wrap(m["2"], o); fsdp.wrap(m, o); return { "2.0", "2", "" } end,
+  outer_first = function(m, o) fsdp.wrap(m, o); fsdp.wrap(m["2"], o); return { "", "2" } end,
+  auto = function(m, o)
+    local oo = { min_params = 100 }
+    for k, v in pairs(o) do oo[k] = v end
+    fsdp.auto_wrap(m, oo)
+    return { "0", "2.0", "2.2", "" }  -- own params: 0: 104, 2.0: 154, 2.2: 132, 4: 36 (stays with the root)
+  end,
+}
+P.conv = {
+  root = function(m, o) fsdp.wrap(m, o); return { "" } end,
+  children = function(m, o) fsdp.wrap(m.trunk, o); fsdp.wrap(m.head, o); fsdp.wrap(m, o); return { "trunk", "head", "" } end,
+  blocks = function(m, o)  -- three levels: Block -> trunk -> root; the root and the trunk own nothing
+    fsdp.wrap(m.trunk["0"], o); fsdp.wrap(m.trunk["1"], o); fsdp.wrap(m.trunk, o); fsdp.wrap(m.head, o); fsdp.wrap(m, o)
+    return { "trunk.0", "trunk.1", "trunk", "head", "" }
+  end,
+}
+P.transformer = {
+  root = function(m, o) fsdp.wrap(m, o); return { "" } end,
+  blocks = function(m, o)
+    fsdp.wrap(m.blocks["0"], o); fsdp.wrap(m.blocks["1"], o); fsdp.wrap(m, o)
+    return { "blocks.0", "blocks.1", "" }
+  end,
+  auto = function(m, o)
+    local oo = { min_params = 250 }
+    for k, v in pairs(o) do oo[k] = v end
+    fsdp.auto_wrap(m, oo)
+    -- own params: attn 216 + 72, mlp.fc 288, mlp.proj 264; a block's rest (ln1, ln2) 32 stays with the root
+    return { "blocks.0.attn", "blocks.0.mlp.fc", "blocks.0.mlp.proj", "blocks.1.attn", "blocks.1.mlp.fc",
+             "blocks.1.mlp.proj", "" }
+  end,
+}
+P.branchy = {
+  aux = function(m, o) fsdp.wrap(m.aux, o); fsdp.wrap(m.body["2"], o); fsdp.wrap(m, o); return { "aux", "body.2", "" } end,
+}
+P.twice = {
+  shared = function(m, o) fsdp.wrap(m.shared, o); fsdp.wrap(m, o); return { "shared", "" } end,
+}
+
+local function freeze(m, prefix, flag)
+  for name, p in m:named_parameters() do
+    if name == prefix or name:sub(1, #prefix + 1) == prefix .. "." then p.requires_grad = flag or false end
+  end
+end
+
+-- ---- the runner -----------------------------------------------------------------------------------------
+local results = {}   -- name -> {params = {name -> flat list}, comm = {per step}}
+local summary = { cases = 0, failed = 0, f32 = { loss = 0, grad = 0, param = 0 }, bf16 = { loss = 0, grad = 0, param = 0 } }
+local failed_names = {}
+
+local function default_step(S, k)
+  local x, y = S.batch(k)
+  local loss = S.spec.loss(S.model(x), y)
+  S.opt:zero_grad()
+  loss:backward()
+  S.opt:step()
+  return loss:item()
+end
+
+local function make_side(c, spec, is_ref)
+  local S = { is_ref = is_ref, spec = spec, case = c }
+  S.model = spec.build()
+  -- rows of the global batch that this side trains on
+  function S.rows(t)
+    if is_ref or N == 1 then return t end
+    local b = GB / N
+    return t:narrow(1, R * b + 1, b):contiguous()
+  end
+  -- this rank's rows of a global-batch result (for comparing the reference's outputs)
+  function S.slice(t)
+    if N == 1 then return t end
+    local b = GB / N
+    return t:narrow(1, R * b + 1, b):contiguous()
+  end
+  function S.batch(seed)
+    local x, y = spec.batch(seed)
+    return S.rows(x), S.rows(y)
+  end
+  return S
+end
+
+local function make_opt(c, S)
+  local lr = c.lr or 0.1
+  if sabotage == "lr" and not S.is_ref then lr = lr * 1.01 end
+  if c.optim == "adam" then return fsdp.optim.Adam(S.model:parameters(), { lr = lr * 0.1 }) end
+  return fsdp.optim.SGD(S.model:parameters(), { lr = lr, momentum = 0.9 })
+end
+
+local function run_case(c)
+  local tol = TOL[c.tol or "f32"]
+  local spec = models[c.model]
+  local fails = {}
+  local function fail(msg) fails[#fails + 1] = msg end
+  local st = { loss = 0, grad = 0, param = 0, aux = 0 }
+  local ctx = { case = c, fail = fail, comm = {}, results = results, N = N, R = R }
+
+  local ok, err = pcall(function()
+    local ref, fs = make_side(c, spec, true), make_side(c, spec, false)
+    ctx.ref, ctx.fs = ref, fs
+    if c.freeze then c.freeze(ref.model); c.freeze(fs.model) end
+    local opts = {}
+    for k, v in pairs(c.opts or {}) do opts[k] = v end
+    if c.wrap then
+      ctx.unit_paths = c.wrap(fs.model, opts)
+    end
+    if ctx.unit_paths then  -- the units that exist are the ones the policy meant (auto_wrap included)
+      local want, got = {}, {}
+      for _, p in ipairs(ctx.unit_paths) do if p ~= "" then want[#want + 1] = p end end
+      for p in pairs(fsdp.unit_states(fs.model)) do if p ~= fs.model.__name then got[#got + 1] = p end end
+      table.sort(want); table.sort(got)
+      if table.concat(want, ",") ~= table.concat(got, ",") then
+        fail("units are {" .. table.concat(got, ",") .. "}, expected {" .. table.concat(want, ",") .. "}")
+      end
+    end
+    if c.after_wrap then c.after_wrap(ref, ctx); c.after_wrap(fs, ctx) end
+    ref.opt, fs.opt = make_opt(c, ref), make_opt(c, fs)
+    local step = c.step or default_step
+    for k = 1, c.steps or 3 do
+      local aux_r, aux_f = {}, {}
+      if c.before_step then aux_r = c.before_step(ref, k, ctx) or {}; aux_f = c.before_step(fs, k, ctx) or {} end
+      local lr_, ar = step(ref, k, ctx)
+      local before = comm_snapshot()
+      local lf, af = step(fs, k, ctx)
+      ctx.comm[k] = comm_diff(before, comm_snapshot())
+      for _, a in ipairs(ar or {}) do aux_r[#aux_r + 1] = a end
+      for _, a in ipairs(af or {}) do aux_f[#aux_f + 1] = a end
+      -- idle after every step
+      if not fsdp.all_idle() then fail(("step %d: fsdp.all_idle() is false"):format(k)) end
+      for path, s in pairs(fsdp.unit_states(fs.model)) do
+        if s ~= "IDLE" then fail(("step %d: unit '%s' is %s"):format(k, path, s)) end
+      end
+      -- loss: mean over ranks of the slice losses
+      local t = fsdp.tensor({ lf })
+      if N > 1 then fsdp.all_reduce(t, "avg") end
+      local d = math.abs(t:item() - lr_)
+      if d ~= d then d = math.huge end
+      st.loss = math.max(st.loss, d)
+      if not (d <= tol.loss_a + tol.loss_r * math.abs(lr_)) then
+        fail(("step %d: loss %.8g, reference %.8g"):format(k, t:item(), lr_))
+      end
+      -- aux values (eval outputs, norms ...): this rank's rows of the reference's
+      if #aux_r ~= #aux_f then fail(("step %d: %d aux values vs %d in the reference"):format(k, #aux_f, #aux_r)) end
+      for i = 1, math.min(#aux_r, #aux_f) do
+        local a = type(aux_f[i]) == "number" and { aux_f[i] } or flat(aux_f[i])
+        local b = type(aux_r[i]) == "number" and { aux_r[i] } or flat(aux_r[i])
+        if #a ~= #b then fail(("step %d: aux %d has %d elements, reference %d"):format(k, i, #a, #b))
+        else
+          local md, bad = cmp(a, b, 0, tol)
+          st.aux = math.max(st.aux, md)
+          if bad then fail(("step %d: aux %d element %d: %.8g vs %.8g"):format(k, i, bad, a[bad], b[bad])) end
+        end
+      end
+      -- gradients: the piece of the reference gradient
+      local rp = params_by_name(ref.model)
+      local fp, order = params_by_name(fs.model)
+      for _, name in ipairs(order) do
+        local p, q = fp[name], rp[name]
+        local g, rg = p.grad, q and q.grad
+        local s, l = piece_range(p)
+        if (g == nil) ~= (rg == nil) and not (g == nil and l == 0) then
+          fail(("step %d: %s.grad is %s, the reference's is %s"):format(k, name, g == nil and "nil" or "set",
+            rg == nil and "nil" or "set"))
+        elseif g ~= nil and rg ~= nil then
+          if g:numel() ~= l then fail(("step %d: %s.grad has %d elements, the piece %d"):format(k, name, g:numel(), l))
+          else
+            local md, bad = cmp(flat(g), flat(rg), s, tol)
+            st.grad = math.max(st.grad, md)
+            if bad then fail(("step %d: %s.grad[%d] (piece %d+%d) differs: %.8g vs %.8g"):format(k, name, s + bad, s, l, flat(g)[bad], flat(rg)[s + bad])) end
+          end
+        end
+      end
+      if c.after_step then c.after_step(ctx, k) end
+    end
+    -- parameters: local pieces, then the gathered state dict (names and values)
+    local rp = params_by_name(ref.model)
+    local fp, order = params_by_name(fs.model)
+    for _, name in ipairs(order) do
+      local s, l = piece_range(fp[name])
+      if not rp[name] then fail("parameter " .. name .. " is not in the reference")
+      elseif fp[name]:numel() ~= l then fail(("%s holds %d elements, its piece %d"):format(name, fp[name]:numel(), l))
+      else
+        local md, bad = cmp(flat(fp[name]), flat(rp[name]), s, tol)
+        st.param = math.max(st.param, md)
+        if bad then fail(("local piece of %s differs at %d"):format(name, s + bad)) end
+      end
+    end
+    local sr, sf = ref.model:state_dict(), fs.model:state_dict()
+    local saved = {}
+    for name, t in pairs(sr) do
+      local u = sf[name]
+      if not u then fail("state_dict lacks " .. name)
+      elseif table.concat(u:shape(), "x") ~= table.concat(t:shape(), "x") then
+        fail(("state_dict %s has shape %s, reference %s"):format(name, table.concat(u:shape(), "x"), table.concat(t:shape(), "x")))
+      else
+        local a = flat(u)
+        saved[name] = a
+        local md, bad = cmp(a, flat(t), 0, tol)
+        st.param = math.max(st.param, md)
+        if bad then fail(("param %s[%d]: %.8g vs reference %.8g"):format(name, bad, a[bad], flat(t)[bad])) end
+      end
+    end
+    for name in pairs(sf) do if not sr[name] then fail("state_dict has an extra key " .. name) end end
+    results[c.name] = { params = saved, comm = ctx.comm, unit_paths = ctx.unit_paths }
+    if c.check then c.check(ctx) end
+  end)
+  if not ok then fail("error: " .. tostring(err)) end
+
+  -- every rank's verdict
+  local v = fsdp.tensor({ st.loss, st.grad, st.param, st.aux, #fails })
+  if N > 1 then fsdp.all_reduce(v, "max") end
+  v = v:tolist()
+  local passed = v[5] == 0
+  for _, f in ipairs(fails) do print(("DETAIL %s rank %d: %s"):format(c.name, R, f)) end
+  if R == 0 then
+    print(("CASE %-34s ws=%d loss=%.2e grad=%.2e param=%.2e aux=%.2e %s"):format(c.name, N, v[1], v[2], v[3], v[4],
+      passed and "PASS" or "FAIL"))
+  end
+  io.stdout:flush()
+  summary.cases = summary.cases + 1
+  if not passed then summary.failed = summary.failed + 1; failed_names[#failed_names + 1] = c.name end
+  local m = summary[c.tol or "f32"]
+  m.loss = math.max(m.loss, v[1]); m.grad = math.max(m.grad, v[2]); m.param = math.max(m.param, v[3])
+end
+
+-- ---- the cases ------------------------------------------------------------------------------------------
+local cases = {}
+local function case(c) cases[#cases + 1] = c end
+
+-- exact collective counts and bytes per step, against expected_comm
+local function check_comm(sharding, opts)
+  return function(ctx)
+    if N == 1 then return end
+    local e = expected_comm(ctx.ref.model, ctx.unit_paths, sharding, opts)
+    for k, got in ipairs(ctx.comm) do
+      for _, kind in ipairs { "all_gather", "reduce_scatter", "all_reduce", "broadcast" } do
+        if got[kind].count ~= e[kind].count or got[kind].bytes ~= e[kind].bytes then
+          ctx.fail(("step %d collectives: got %s, expected %s"):format(k, comm_str(got), comm_str(e)))
+          break
+        end
+      end
+    end
+  end
+end
+
+-- (a) wrapping, for each model
+for _, pol in ipairs { "root", "children", "every", "nested3", "outer_first", "auto" } do
+  case { name = "nested/wrap=" .. pol, model = "nested", wrap = P.nested[pol], check = check_comm("full") }
+end
+case { name = "nested/wrap=none", model = "nested",  -- the harness itself: plain data parallel by hand
+  step = function(S, k)
+    if S.is_ref then return default_step(S, k) end
+    local x, y = S.batch(k)
+    local loss = S.spec.loss(S.model(x), y)
+    S.opt:zero_grad(); loss:backward()
+    if N > 1 then for _, p in ipairs(S.model:parameters()) do fsdp.all_reduce(p.grad, "avg") end end
+    S.opt:step()
+    return loss:item()
+  end }
+for _, pol in ipairs { "root", "children", "blocks" } do
+  case { name = "conv/wrap=" .. pol, model = "conv", wrap = P.conv[pol], check = check_comm("full") }
+end
+for _, pol in ipairs { "root", "blocks", "auto" } do
+  case { name = "transformer/wrap=" .. pol, model = "transformer", wrap = P.transformer[pol], check = check_comm("full") }
+end
+-- Adam on the nested model (not the transformer: its key biases get gradients that are zero up
+-- to rounding, which Adam normalizes to full-size steps of either sign)
+case { name = "nested/children+adam", model = "nested", wrap = P.nested.children, optim = "adam", steps = 4 }
+
+-- (b) freezing
+case { name = "conv/freeze=trunk,blocks", model = "conv", wrap = P.conv.blocks,
+  freeze = function(m) freeze(m, "trunk") end,
+  -- the trunk's inputs need no grad and its parameters are frozen: nothing in backward needs it
+  check = check_comm("full", { no_backward_gather = { ["trunk.0"] = true, ["trunk.1"] = true } }) }
+case { name = "conv/freeze=trunk,children", model = "conv", wrap = P.conv.children,
+  freeze = function(m) freeze(m, "trunk") end,
+  check = function(ctx)
+    check_comm("full", { no_backward_gather = { trunk = true } })(ctx)
+    -- frozen parameters add no reduce-scatter bytes: the difference to the unfrozen run is
+    -- exactly the trunk's padded gradient (W * ceil(numel / W) floats per parameter)
+    local base = results["conv/wrap=children"]
+    if N == 1 or not base then return end
+    local trunk = 0
+    for name, p in ctx.ref.model:named_parameters() do
+      if name:find("^trunk%.") then trunk = trunk + N * math.ceil(p:numel() / N) * 4 end
+    end
+    local d = base.comm[1].reduce_scatter.bytes - ctx.comm[1].reduce_scatter.bytes
+    if d ~= trunk then ctx.fail(("reduce-scatter bytes drop by %d when the trunk is frozen, expected %d"):format(d, trunk)) end
+    local dc = base.comm[1].reduce_scatter.count - ctx.comm[1].reduce_scatter.count
+    if dc ~= 1 then ctx.fail(("frozen trunk unit: reduce-scatter count drops by %d, expected 1"):format(dc)) end
+  end }
+case { name = "conv/freeze=head,blocks", model = "conv", wrap = P.conv.blocks,
+  freeze = function(m) freeze(m, "head") end, check = check_comm("full") }
+case { name = "nested/freeze=middle,nested3", model = "nested", wrap = P.nested.nested3,  -- a frozen unit between trainable ones
+  freeze = function(m) freeze(m, "2.0") end, check = check_comm("full") }
+case { name = "nested/freeze=middle,root", model = "nested", wrap = P.nested.root,
+  freeze = function(m) freeze(m, "2.0") end, check = check_comm("full") }
+case { name = "nested/freeze=mixed-in-unit", model = "nested", wrap = P.nested.children,
+  freeze = function(m) freeze(m, "0.weight"); freeze(m, "2.2.bias"); freeze(m, "4.bias") end, check = check_comm("full") }
+case { name = "nested/freeze=after-wrap", model = "nested", wrap = P.nested.nested3,
+  after_wrap = function(S) freeze(S.model, "2") end }
+case { name = "conv/unfreeze=trunk@3", model = "conv", wrap = P.conv.blocks, steps = 4,
+  freeze = function(m) freeze(m, "trunk") end,
+  before_step = function(S, k) if k == 3 then freeze(S.model, "trunk", true) end end,
+  check = function(ctx)
+    if N == 1 then return end
+    local e = expected_comm(ctx.ref.model, ctx.unit_paths, "full")  -- everything trainable by now
+    local g = ctx.comm[4]
+    if g.reduce_scatter.count ~= e.reduce_scatter.count or g.reduce_scatter.bytes ~= e.reduce_scatter.bytes then
+      ctx.fail("step 4 collectives after unfreezing: got " .. comm_str(g) .. ", expected " .. comm_str(e))
+    end
+  end }
+case { name = "nested/freeze=2@3", model = "nested", wrap = P.nested.children, steps = 4,
+  before_step = function(S, k) if k == 3 then freeze(S.model, "2") end end }
+case { name = "nested/freeze=all-but-one-bias", model = "nested", wrap = P.nested.nested3,
+  freeze = function(m) for name, p in m:named_parameters() do p.requires_grad = name == "2.0.bias" end end,
+  check = check_comm("full") }
+case { name = "transformer/freeze=embeddings", model = "transformer", wrap = P.transformer.blocks,  -- unit inputs need no grad
+  freeze = function(m) freeze(m, "wte"); freeze(m, "wpe") end }
+
+-- (c) usage
+case { name = "usage/unused-output", model = "branchy", wrap = P.branchy.aux }
+case { name = "usage/called-twice", model = "twice", wrap = P.twice.shared }
+case { name = "usage/no_grad-forward", model = "nested", wrap = P.nested.children,
+  before_step = function(S, k)
+    local x = S.batch(100 + k)
+    local out = fsdp.no_grad(function() return S.model(x) end)
+    return { S.is_ref and S.slice(out) or out }
+  end }
+case { name = "usage/eval-between-steps", model = "conv", wrap = P.conv.blocks, steps = 4,
+  before_step = function(S, k)
+    if k == 1 then return end
+    S.model:eval()
+    local x = S.batch(200 + k)
+    local out = fsdp.no_grad(function() return S.model(x) end)
+    S.model:train()
+    return { S.is_ref and S.slice(out) or out }
+  end }
+case { name = "usage/no_sync-accumulation", model = "nested", wrap = P.nested.children,
+  step = function(S, k, ctx)
+    S.opt:zero_grad()
+    local total = 0
+    local function micro(j)
+      local x, y = S.batch(k * 10 + j)
+      local l = S.spec.loss(S.model(x), y)
+      l:backward()
+      total = total + l:item()
+    end
+    if S.is_ref then micro(1); micro(2); micro(3)
+    else
+      local b = comm_snapshot()
+      S.model:no_sync(function() micro(1); micro(2) end)
+      local d = comm_diff(b, comm_snapshot())
+      if d.reduce_scatter.count + d.all_reduce.count > 0 then ctx.fail("no_sync reduced gradients: " .. comm_str(d)) end
+      micro(3)
+    end
+    S.opt:step()
+    return total
+  end }
+case { name = "usage/no_sync-accumulation,transformer", model = "transformer", wrap = P.transformer.blocks,
+  step = function(S, k)
+    S.opt:zero_grad()
+    local total = 0
+    local function micro(j)
+      local x, y = S.batch(k * 10 + j)
+      local l = S.spec.loss(S.model(x), y)
+      l:backward()
+      total = total + l:item()
+    end
+    if S.is_ref then micro(1); micro(2) else S.model:no_sync(function() micro(1) end); micro(2) end
+    S.opt:step()
+    return total
+  end }
+
+-- (d) strategies
+for _, sh in ipairs { "grad_op", "none" } do
+  case { name = "nested/children,sharding=" .. sh, model = "nested", wrap = P.nested.children, opts = { sharding = sh },
+    check = check_comm(sh) }
+  case { name = "transformer/blocks,sharding=" .. sh, model = "transformer", wrap = P.transformer.blocks,
+    opts = { sharding = sh }, check = check_comm(sh) }
+  case { name = "conv/freeze=trunk,blocks,sharding=" .. sh, model = "conv", wrap = P.conv.blocks, opts = { sharding = sh },
+    freeze = function(m) freeze(m, "trunk") end }
+end
+-- bf16 parameters: within bf16 tolerance of the f32 reference, and measurably different from f32 FSDP
+local function differs_from(base_name)
+  return function(ctx)
+    local base = results[base_name]
+    local mine = results[ctx.case.name]
+    if not base or not mine then ctx.fail("no result for " .. base_name); return end
+    local md = 0
+    for name, a in pairs(mine.params) do
+      for i, v in ipairs(a) do md = math.max(md, math.abs(v - base.params[name][i])) end
+    end
+    if not (md > 1e-6) then ctx.fail(("bf16 parameters equal the f32 run's (max diff %.3g): the policy did nothing"):format(md)) end
+    if R == 0 then print(("INFO %s: max |param - f32 fsdp param| = %.3e"):format(ctx.case.name, md)) end
+  end
+end
+case { name = "nested/children,bf16", model = "nested", wrap = P.nested.children, tol = "bf16",
+  opts = { mixed_precision = { param = "bf16" } }, check = differs_from("nested/wrap=children") }
+case { name = "transformer/blocks,bf16", model = "transformer", wrap = P.transformer.blocks, tol = "bf16",
+  opts = { mixed_precision = { param = "bf16" } }, check = differs_from("transformer/wrap=blocks") }
+
+-- (e) state dicts, clipping, summon_full_params
+case { name = "misc/state_dict-names", model = "transformer", wrap = P.transformer.blocks, steps = 1,
+  check = function(ctx)
+    local a, b = {}, {}
+    for name in ctx.ref.model:named_parameters() do a[#a + 1] = name end
+    for name in ctx.fs.model:named_parameters() do b[#b + 1] = name end
+    if table.concat(a, ",") ~= table.concat(b, ",") then ctx.fail("named_parameters order differs: " .. table.concat(b, ",")) end
+    local sd = ctx.fs.model:state_dict({ rank0_only = true })
+    local n = 0
+    for _ in pairs(sd) do n = n + 1 end
+    if R == 0 and n ~= #a then ctx.fail(("rank0_only state_dict has %d entries on rank 0, expected %d"):format(n, #a)) end
+    if R ~= 0 and n ~= 0 then ctx.fail(("rank0_only state_dict has %d entries on rank %d"):format(n, R)) end
+  end }
+case { name = "misc/load_state_dict-then-train", model = "nested", wrap = P.nested.children,
+  after_wrap = function(S)
+    -- a different starting point, loaded into the wrapped model (and into the reference)
+    fsdp.manual_seed(77)
+    local sd = {}
+    for name, p in pairs(models.nested.build():state_dict()) do sd[name] = p * 0.5 + 0.01 end
+    S.model:load_state_dict(sd)
+    local back = S.model:state_dict()
+    for name, t in pairs(sd) do
+      local md = cmp(flat(back[name]), flat(t), 0, TOL.f32)
+      if md > 0 then error(("load_state_dict: %s reads back with diff %.3g"):format(name, md)) end
+    end
+  end }
+for _, sh in ipairs { "full", "none" } do
+  case { name = "misc/clip_grad_norm,sharding=" .. sh, model = "nested", wrap = P.nested.children, opts = { sharding = sh },
+    step = function(S, k)
+      local x, y = S.batch(k)
+      local loss = S.spec.loss(S.model(x), y)
+      S.opt:zero_grad(); loss:backward()
+      local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
+      S.opt:step()
+      return loss:item(), { norm }
+    end }
+end
+case { name = "misc/summon_full_params", model = "nested", wrap = P.nested.nested3, steps = 3,
+  before_step = function(S, k, ctx)
+    if k ~= 3 then return end
+    local m = S.model
+    if S.is_ref then fsdp.no_grad(function() m["2"]["0"].bias:fill_(0.5); m["4"].weight:mul_(2) end); return end
+    -- without writeback, changes are dropped; shapes are the full ones while summoned
+    m:summon_full_params(function()
+      for name, p in m:named_parameters() do
+        local want = table.concat(ctx.ref.model:state_dict()[name]:shape(), "x")
+        if table.concat(p:shape(), "x") ~= want then ctx.fail(("summoned %s has shape %s, expected %s"):format(name, table.concat(p:shape(), "x"), want)) end
+      end
+      fsdp.no_grad(function() m["0"].weight:fill_(7) end)
+    end, { writeback = false })
+    for _, v in ipairs(flat(m:state_dict()["0.weight"])) do
+      if v == 7 then ctx.fail("summon_full_params{writeback=false} kept a change"); break end
+    end
+    -- with writeback (the default) they persist, in every unit
+    m:summon_full_params(function()
+      fsdp.no_grad(function() m["2"]["0"].bias:fill_(0.5); m["4"].weight:mul_(2) end)
+    end)
+  end }
+
+-- (f) bad input: a Lua error naming the unit and what was expected; the process keeps working
+local function expect_error(ctx, what, fn, ...)
+  local ok, err = pcall(fn)
+  if ok then ctx.fail(what .. ": expected an error, the call succeeded"); return end
+  err = tostring(err)
+  for _, frag in ipairs { ... } do
+    if not err:find(frag, 1, true) then ctx.fail(("%s: error %q does not mention %q"):format(what, err, frag)) end
+  end
+end
+case { name = "bad/wrap-twice", model = "nested", wrap = P.nested.children,
+  after_wrap = function(S, ctx)
+    if S.is_ref then return end
+    expect_error(ctx, "wrap root twice", function() fsdp.wrap(S.model) end, "already wrapped")
+    expect_error(ctx, "wrap child twice", function() fsdp.wrap(S.model["2"]) end, "already wrapped", "'2'")
+  end }
+case { name = "bad/wrap-after-forward", model = "nested", wrap = P.nested.children,
+  before_step = function(S, k, ctx)
+    if S.is_ref or k ~= 2 then return end
+    expect_error(ctx, "wrap child after first forward", function() fsdp.wrap(S.model["4"]) end, "4", "first forward")
+    expect_error(ctx, "wrap grandchild after first forward", function() fsdp.wrap(S.model["2"]["2"]) end, "2", "first forward")
+  end }
+case { name = "bad/freeze-between-forward-and-backward", model = "nested", wrap = P.nested.nested3,
+  before_step = function(S, k, ctx)
+    if S.is_ref or k ~= 2 then return end
+    local x, y = S.batch(k)
+    local loss = S.spec.loss(S.model(x), y)
+    local p = S.model["2"]["2"].weight
+    p.requires_grad = false
+    expect_error(ctx, "freeze between forward and backward", function() loss:backward() end, "'2'", "weight", "requires_grad")
+    p.requires_grad = true
+    if not fsdp.all_idle() then ctx.fail("units not idle after the failed backward") end
+  end }
+case { name = "bad/no_sync-on-nested-unit", model = "nested", wrap = P.nested.children,
+  before_step = function(S, k, ctx)
+    if S.is_ref or k ~= 2 then return end
+    local ran = false
+    expect_error(ctx, "no_sync on a nested unit", function() S.model["2"]:no_sync(function() ran = true end) end, "'2'", "root")
+    if ran then ctx.fail("no_sync ran its function on a nested unit") end
+    expect_error(ctx, "no_sync on an unwrapped module", function() S.model["4"]:no_sync(function() end) end, "not wrapped")
+  end }
+
+-- ---- run -------------------------------------------------------------------------------------------------
+local t0 = os.clock()
+for _, c in ipairs(cases) do
+  if not pattern or c.name:find(pattern) then run_case(c) end
+end
+if R == 0 then
+  print(("SUMMARY ws=%d cases=%d failed=%d f32: max_loss=%.2e max_grad=%.2e max_param=%.2e bf16: max_loss=%.2e max_grad=%.2e max_param=%.2e cpu=%.1fs")
+    :format(N, summary.cases, summary.failed, summary.f32.loss, summary.f32.grad, summary.f32.param,
+      summary.bf16.loss, summary.bf16.grad, summary.bf16.param, os.clock() - t0))
+  if #failed_names > 0 then print("FAILED " .. table.concat(failed_names, " ")) end
+end
+io.stdout:flush()
+fsdp.barrier()
+os.exit(summary.failed > 0 and 1 or 0)

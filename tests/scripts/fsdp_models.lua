@@ -1,0 +1,164 @@
+-- Model builders for the FSDP test matrix (tests/scripts/fsdp_matrix.lua).
+--
+--   local models = dofile "tests/scripts/fsdp_models.lua"
+--   local spec = models.nested     -- {build = fn() -> module, batch = fn(seed) -> x, y, loss = fn(out, y) -> loss}
+--
+-- Every builder is deterministic: it seeds the RNG itself, so two calls give identical
+-- parameters (one copy stays unwrapped as the reference, the other is wrapped). Sizes are tiny
+-- and deliberately odd (7, 13, 11, 3 ...) so that chunks are padded at world size 2 and 4 and
+-- some pieces are empty (a bias of 3 elements at world size 4: chunk 1, rank 3 holds nothing).
+-- batch(seed) gives the GLOBAL batch (GLOBAL_B rows, divisible by 1, 2 and 4); each rank
+-- trains on its own slice of it.
+local fsdp = require "fsdp"
+local nn, F = fsdp.nn, fsdp.nn.functional
+
+local M = {}
+M.GLOBAL_B = 8
+
+-- (1) four nested Linears, PyTorch's NestedWrappedModule style:
+--     Sequential(Linear, ReLU, Sequential(Linear, ReLU, Linear), ReLU, Linear)
+--     names: 0.weight 0.bias 2.0.weight 2.0.bias 2.2.weight 2.2.bias 4.weight 4.bias
+M.nested = {
+  build = function()
+    fsdp.manual_seed(11)
+    return nn.Sequential(
+      nn.Linear(7, 13), nn.ReLU(),
+      nn.Sequential(nn.Linear(13, 11), nn.ReLU(), nn.Linear(11, 11)),
+      nn.ReLU(),
+      nn.Linear(11, 3))
+  end,
+  batch = function(seed)
+    fsdp.manual_seed(1000 + seed)
+    return fsdp.randn{M.GLOBAL_B, 7}, fsdp.randint(0, 3, {M.GLOBAL_B})
+  end,
+  loss = function(out, y) return F.cross_entropy(out, y) end,
+}
+
+-- (2) the conv model of the second report: model.trunk = Sequential(Block(1, 8), Block(8, 8)),
+--     model.head = Sequential(AdaptiveAvgPool2d(1), Flatten(), Linear(8, 10))
+local Block = nn.Module:extend("Block")
+function Block:__init(cin, cout)
+  self.conv = nn.Conv2d(cin, cout, 3, { padding = 1 })
+  self.act = nn.ReLU()
+end
+function Block:forward(x) return self.act(self.conv(x)) end
+
+local ConvNet = nn.Module:extend("ConvNet")
+function ConvNet:__init()
+  self.trunk = nn.Sequential(Block(1, 8), Block(8, 8))
+  self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+end
+function ConvNet:forward(x) return self.head(self.trunk(x)) end
+
+M.conv = {
+  build = function()
+    fsdp.manual_seed(12)
+    return ConvNet()
+  end,
+  batch = function(seed)
+    fsdp.manual_seed(2000 + seed)
+    return fsdp.randn{M.GLOBAL_B, 1, 5, 5}, fsdp.randint(0, 10, {M.GLOBAL_B})
+  end,
+  loss = function(out, y) return F.cross_entropy(out, y) end,
+}
+
+-- (3) a 2-block causal transformer: embeddings, pre-norm blocks (attention through
+--     F.scaled_dot_product_attention with is_causal, GELU MLP, layer norms), final norm, head
+local VOCAB, T, D, NH = 11, 6, 8, 2
+local Attention = nn.Module:extend("Attention")
+function Attention:__init(d, n_head)
+  self.n_head = n_head
+  self.qkv = nn.Linear(d, 3 * d)
+  self.proj = nn.Linear(d, d)
+end
+function Attention:forward(x)                      -- (B, T, C)
+  local B, Tn, C = x:size(1), x:size(2), x:size(3)
+  local nh = self.n_head
+  local hd = C / nh
+  local qkv = self.qkv(x)                          -- (B, T, 3C)
+  local function heads(i) return qkv:narrow(3, i * C + 1, C):reshape(B, Tn, nh, hd):transpose(2, 3) end
+  local y = F.scaled_dot_product_attention(heads(0), heads(1), heads(2), { is_causal = true })
+  return self.proj(y:transpose(2, 3):reshape(B, Tn, C))
+end
+
+local MLP = nn.Module:extend("MLP")
+function MLP:__init(d)
+  self.fc = nn.Linear(d, 4 * d)
+  self.act = nn.GELU()
+  self.proj = nn.Linear(4 * d, d)
+end
+function MLP:forward(x) return self.proj(self.act(self.fc(x))) end
+
+local TBlock = nn.Module:extend("TBlock")
+function TBlock:__init(d, n_head)
+  self.ln1 = nn.LayerNorm(d)
+  self.attn = Attention(d, n_head)
+  self.ln2 = nn.LayerNorm(d)
+  self.mlp = MLP(d)
+end
+function TBlock:forward(x)
+  x = x + self.attn(self.ln1(x))
+  return x + self.mlp(self.ln2(x))
+end
+
+local Transformer = nn.Module:extend("Transformer")
+function Transformer:__init()
+  self.wte = nn.Embedding(VOCAB, D)
+  self.wpe = nn.Embedding(T, D)
+  self.blocks = nn.Sequential(TBlock(D, NH), TBlock(D, NH))
+  self.ln_f = nn.LayerNorm(D)
+  self.head = nn.Linear(D, VOCAB)
+end
+function Transformer:forward(idx)                  -- (B, T) int64
+  local x = self.wte(idx) + self.wpe(fsdp.arange(idx:size(2)))
+  return self.head(self.ln_f(self.blocks(x)))      -- (B, T, V)
+end
+
+M.transformer = {
+  build = function()
+    fsdp.manual_seed(13)
+    return Transformer()
+  end,
+  batch = function(seed)
+    fsdp.manual_seed(3000 + seed)
+    return fsdp.randint(0, VOCAB, {M.GLOBAL_B, T}), fsdp.randint(0, VOCAB, {M.GLOBAL_B, T})
+  end,
+  loss = function(out, y) return F.cross_entropy(out:reshape(-1, VOCAB), y:reshape(-1)) end,
+}
+
+-- (4) usage models built around the nested one
+-- a branch whose output never reaches the loss: model.aux runs every forward, its result is dropped
+local Branchy = nn.Module:extend("Branchy")
+function Branchy:__init()
+  self.body = M.nested.build()
+  self.aux = nn.Linear(7, 5)
+end
+function Branchy:forward(x)
+  local _ = self.aux(x)  -- computed with grad enabled, never used
+  return self.body(x)
+end
+M.branchy = {
+  build = function() local m = Branchy(); return m end,
+  batch = M.nested.batch, loss = M.nested.loss,
+}
+
+-- one module called twice in a forward: shared(relu(shared(inp(x))))
+local Twice = nn.Module:extend("Twice")
+function Twice:__init()
+  fsdp.manual_seed(14)
+  self.inp = nn.Linear(7, 9)
+  self.shared = nn.Linear(9, 9)
+  self.out = nn.Linear(9, 3)
+end
+function Twice:forward(x)
+  local h = F.relu(self.inp(x))
+  h = F.relu(self.shared(h))
+  h = F.relu(self.shared(h))
+  return self.out(h)
+end
+M.twice = {
+  build = function() return Twice() end,
+  batch = M.nested.batch, loss = M.nested.loss,
+}
+
+return M
