@@ -47,7 +47,7 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv_queue, cv_done;
   pthread_t thread;
-  int initialized, thread_running, mpi_finalized, atexit_registered;
+  int initialized, mpi_finalized, atexit_registered;
   const fsdp_comm_backend* be;
   int rank, size;
   fsdp_work *head, *tail;
@@ -230,12 +230,7 @@ static void run_work(fsdp_work* w) {
     case FSDP_COLL_ALL_REDUCE: rc = be->all_reduce(w->out_ptr, w->count, w->arg, err); break;
     case FSDP_COLL_BROADCAST: rc = be->broadcast(w->out_ptr, w->count, w->arg, err); break;
     case FSDP_COLL_BARRIER: break;  // agreeing was the barrier: nobody passes before all arrived
-    case FSDP_COLL_FINALIZE:
-      be->finalize();
-      pthread_mutex_lock(&g.mu);
-      g.mpi_finalized = be != &self_backend;
-      pthread_mutex_unlock(&g.mu);
-      break;
+    case FSDP_COLL_FINALIZE: be->finalize(); break;
   }
   if (rc) {
     snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %s", kind_names[w->kind],
@@ -304,7 +299,7 @@ int fsdp_comm_init(const char* backend) {
   if (strcmp(want, "self") == 0) {
     be = &self_backend;
   } else if (strcmp(want, "mpi") == 0) {
-    CHECK_INT(!g.mpi_finalized, "comm init: MPI was already finalized in this process; it cannot be initialized again");
+    CHECK_INT(!g.mpi_finalized, "comm init: the mpi communicator was already finalized in this process (MPI cannot be initialized twice)");
     be = load_mpi_backend();
     if (!be) return -1;
   } else {
@@ -341,7 +336,6 @@ int fsdp_comm_init(const char* backend) {
     pthread_join(g.thread, NULL);
     CHECK_INT(0, "comm init (%s): %s", be->name, g.init_err);
   }
-  g.thread_running = 1;
   g.initialized = 1;
   if (!g.atexit_registered) {
     atexit(comm_atexit);
@@ -438,8 +432,8 @@ int fsdp_comm_finalize(void) {
   pthread_mutex_unlock(&g.mu);
   wait_done(w);  // the thread drains everything queued before, then agrees and finalizes
   pthread_join(g.thread, NULL);
-  g.thread_running = 0;
   g.initialized = 0;
+  if (g.be != &self_backend) g.mpi_finalized = 1;  // finalized, or abandoned after an error: no second init
   int rc = w->status;
   if (rc) fsdp_errorf("comm finalize: %s", w->err);
   free(w);

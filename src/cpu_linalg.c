@@ -48,38 +48,168 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
   }
 }
 
-// ---- convolution: im2col + GEMM ------------------------------------------------------------------------------
-// For one image and C channels: col (C*kh*kw, OH*OW), row (c, ki, kj), column (oh, ow).
+// ---- convolution: im2col + a packed GEMM micro-kernel --------------------------------------------------------
+// Per image and group, convolution is three GEMMs over the columns col (K, P), K = Cg*kh*kw rows
+// (c, ki, kj) and P = OH*OW columns (oh, ow):
+//   forward      y (Og, P)  = w (Og, K) @ col (K, P)
+//   input grad   gcol (K, P) = w^T (K, Og) @ gy (Og, P), then col2im adds gcol back into gx
+//   weight grad  gw (Og, K) += gy (Og, P) @ col^T (P, K)
+// These GEMMs are small and oddly shaped (K = 9 or 288, Og = 32 or 64), where OpenBLAS reaches
+// ~65% of peak and pays for packing on every call. Here operands are packed once into the
+// micro-kernel's layout -- im2col writes its columns straight into it -- and a 4x24 AVX2/FMA
+// micro-kernel runs near peak. Images are split across OpenMP threads, each with its own scratch.
+//   packed A: [ceil(M/4)][K][4]    (4 rows of A, interleaved along K)
+//   packed B: [ceil(N/24)][K][24]  (24 columns of B, interleaved along K)
 
-static void im2col_channel(float* col, const float* x, const fsdp_conv_geom* g) {
-  // one input channel x (H, W) -> kh*kw rows of col
-  int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
-  for (int ki = 0; ki < g->kh; ki++)
-    for (int kj = 0; kj < g->kw; kj++) {
-      float* row = col + (int64_t)(ki * g->kw + kj) * OH * OW;
-      int64_t off_w = (int64_t)kj * g->dw - g->pw;
-      // ow range whose iw = ow*sw + off_w lies in [0, W)
-      int64_t lo = off_w >= 0 ? 0 : (-off_w + g->sw - 1) / g->sw;
-      int64_t hi = W - off_w <= 0 ? 0 : (W - off_w + g->sw - 1) / g->sw;
-      if (hi > OW) hi = OW;
-      if (lo > hi) lo = hi;
-      for (int64_t oh = 0; oh < OH; oh++) {
-        float* r = row + oh * OW;
-        int64_t ih = oh * g->sh - g->ph + (int64_t)ki * g->dh;
-        if (ih < 0 || ih >= H) { memset(r, 0, OW * sizeof(float)); continue; }
-        const float* xr = x + ih * W + off_w;
-        for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0.0f;
-        if (g->sw == 1) memcpy(r + lo, xr + lo, (hi - lo) * sizeof(float));
-        else for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];
-        for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0.0f;
+#define MR 4
+#define NR 24
+#define KC 256  // K block: a packed B panel (KC x NR) stays in L1
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+// C (4, 24) = (accumulate ? C : 0) + Ap (k, 4)^T-interleaved @ Bp (k, 24)
+static void micro_kernel(int64_t k, const float* Ap, const float* Bp, float* C, int64_t ldc, int accumulate) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  for (int64_t i = 0; i < k; i++) {
+    __m256 b0 = _mm256_loadu_ps(Bp), b1 = _mm256_loadu_ps(Bp + 8), b2 = _mm256_loadu_ps(Bp + 16);
+    __m256 a = _mm256_broadcast_ss(Ap);
+    c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01); c02 = _mm256_fmadd_ps(a, b2, c02);
+    a = _mm256_broadcast_ss(Ap + 1);
+    c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11); c12 = _mm256_fmadd_ps(a, b2, c12);
+    a = _mm256_broadcast_ss(Ap + 2);
+    c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21); c22 = _mm256_fmadd_ps(a, b2, c22);
+    a = _mm256_broadcast_ss(Ap + 3);
+    c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31); c32 = _mm256_fmadd_ps(a, b2, c32);
+    Ap += MR;
+    Bp += NR;
+  }
+  __m256 rows[MR][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
+  for (int r = 0; r < MR; r++) {
+    float* c = C + r * ldc;
+    for (int j = 0; j < 3; j++) {
+      __m256 v = rows[r][j];
+      if (accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(c + 8 * j));
+      _mm256_storeu_ps(c + 8 * j, v);
+    }
+  }
+}
+#else
+static void micro_kernel(int64_t k, const float* Ap, const float* Bp, float* C, int64_t ldc, int accumulate) {
+  float acc[MR][NR] = {{0}};
+  for (int64_t i = 0; i < k; i++, Ap += MR, Bp += NR)
+    for (int r = 0; r < MR; r++)
+      for (int j = 0; j < NR; j++) acc[r][j] += Ap[r] * Bp[j];
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) C[r * ldc + j] = (accumulate ? C[r * ldc + j] : 0.0f) + acc[r][j];
+}
+#endif
+
+// C (M, N) = (accumulate ? C : 0) + A (M, K) @ B (K, N) from packed A and B
+static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
+                        int accumulate) {
+  float edge[MR * NR];
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    int64_t kc = K - k0 < KC ? K - k0 : KC;
+    int acc = accumulate || k0 > 0;
+    for (int64_t n0 = 0; n0 < N; n0 += NR) {
+      const float* bp = Bp + n0 * K + k0 * NR;  // panel n0/NR, rows k0..
+      int64_t nn = N - n0 < NR ? N - n0 : NR;
+      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const float* ap = Ap + m0 * K + k0 * MR;
+        int64_t mm = M - m0 < MR ? M - m0 : MR;
+        float* c = C + m0 * ldc + n0;
+        if (mm == MR && nn == NR) { micro_kernel(kc, ap, bp, c, ldc, acc); continue; }
+        for (int64_t r = 0; r < mm; r++)  // partial tile: go through a full-size buffer
+          for (int64_t j = 0; j < nn; j++) edge[r * NR + j] = acc ? c[r * ldc + j] : 0.0f;
+        micro_kernel(kc, ap, bp, edge, NR, 1);
+        for (int64_t r = 0; r < mm; r++)
+          for (int64_t j = 0; j < nn; j++) c[r * ldc + j] = edge[r * NR + j];
       }
     }
+  }
 }
 
-static void col2im_channel(float* x, const float* col, const fsdp_conv_geom* g) {
-  // x (H, W) = sum of the kh*kw rows of col scattered back (x overwritten)
+static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// packs A (M, K), element (i, k) at src[i*rs + k*cs], into [ceil(M/4)][K][4] (zero rows past M)
+static void pack_a(float* Ap, const float* src, int64_t rs, int64_t cs, int64_t M, int64_t K) {
+  for (int64_t m0 = 0; m0 < M; m0 += MR) {
+    float* d = Ap + m0 * K;
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t r = 0; r < MR; r++) d[k * MR + r] = m0 + r < M ? src[(m0 + r) * rs + k * cs] : 0.0f;
+  }
+}
+
+// packs B (K, N), element (k, j) at src[k*rs + j] (rows contiguous), into [ceil(N/24)][K][24]
+static void pack_b(float* Bp, const float* src, int64_t rs, int64_t K, int64_t N) {
+  for (int64_t n0 = 0; n0 < N; n0 += NR) {
+    int64_t nn = N - n0 < NR ? N - n0 : NR;
+    float* d = Bp + n0 * K;
+    for (int64_t k = 0; k < K; k++) {
+      memcpy(d + k * NR, src + k * rs + n0, nn * sizeof(float));
+      for (int64_t j = nn; j < NR; j++) d[k * NR + j] = 0.0f;
+    }
+  }
+}
+
+// one row (c, ki, kj) of the columns: row[p] for p = (oh, ow), from the input plane x (H, W)
+static void im2col_row(float* row, const float* x, const fsdp_conv_geom* g, int ki, int kj) {
   int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
-  memset(x, 0, H * W * sizeof(float));
+  int64_t off_w = (int64_t)kj * g->dw - g->pw;
+  // ow range whose iw = ow*sw + off_w lies in [0, W)
+  int64_t lo = off_w >= 0 ? 0 : (-off_w + g->sw - 1) / g->sw;
+  int64_t hi = W - off_w <= 0 ? 0 : (W - off_w + g->sw - 1) / g->sw;
+  if (hi > OW) hi = OW;
+  if (lo > hi) lo = hi;
+  for (int64_t oh = 0; oh < OH; oh++) {
+    float* r = row + oh * OW;
+    int64_t ih = oh * g->sh - g->ph + (int64_t)ki * g->dh;
+    if (ih < 0 || ih >= H) { memset(r, 0, OW * sizeof(float)); continue; }
+    const float* xr = x + ih * W + off_w;
+    for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0.0f;
+    if (g->sw == 1) memcpy(r + lo, xr + lo, (hi - lo) * sizeof(float));
+    else for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];
+    for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0.0f;
+  }
+}
+
+// the columns (K, P) of one group of one image x (Cg, H, W), packed as GEMM operand B of the
+// forward ([P/24][K][24]); `row` is P floats of scratch
+static void im2col_pack_fwd(float* Bp, float* row, const float* x, const fsdp_conv_geom* g, int64_t Cg) {
+  int64_t HW = g->H * g->W, P = g->OH * g->OW, K = Cg * g->kh * g->kw;
+  for (int64_t c = 0, k = 0; c < Cg; c++)
+    for (int ki = 0; ki < g->kh; ki++)
+      for (int kj = 0; kj < g->kw; kj++, k++) {
+        im2col_row(row, x + c * HW, g, ki, kj);
+        for (int64_t p0 = 0; p0 < P; p0 += NR) {
+          int64_t nn = P - p0 < NR ? P - p0 : NR;
+          float* d = Bp + p0 * K + k * NR;
+          memcpy(d, row + p0, nn * sizeof(float));
+          for (int64_t j = nn; j < NR; j++) d[j] = 0.0f;
+        }
+      }
+}
+
+// the transposed columns col^T (P, K), packed as operand B of the weight gradient ([K/24][P][24])
+static void im2col_pack_wgrad(float* Bp, float* row, const float* x, const fsdp_conv_geom* g, int64_t Cg) {
+  int64_t HW = g->H * g->W, P = g->OH * g->OW, K = Cg * g->kh * g->kw;
+  for (int64_t c = 0, k = 0; c < Cg; c++)
+    for (int ki = 0; ki < g->kh; ki++)
+      for (int kj = 0; kj < g->kw; kj++, k++) {
+        im2col_row(row, x + c * HW, g, ki, kj);
+        float* d = Bp + (k / NR) * NR * P + k % NR;
+        for (int64_t p = 0; p < P; p++) d[p * NR] = row[p];
+      }
+  for (int64_t k = K; k < round_up(K, NR); k++) {  // zero columns of the last panel
+    float* d = Bp + (k / NR) * NR * P + k % NR;
+    for (int64_t p = 0; p < P; p++) d[p * NR] = 0.0f;
+  }
+}
+
+// x (H, W) += the kh*kw rows of col (row (ki, kj) at col + (ki*kw + kj)*P) scattered back
+static void col2im_channel(float* x, const float* col, const fsdp_conv_geom* g) {
+  int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
   for (int ki = 0; ki < g->kh; ki++)
     for (int kj = 0; kj < g->kw; kj++) {
       const float* row = col + (int64_t)(ki * g->kw + kj) * OH * OW;
@@ -101,66 +231,44 @@ static void col2im_channel(float* x, const float* col, const fsdp_conv_geom* g) 
     }
 }
 
-static bool conv_is_pointwise(const fsdp_conv_geom* g) {
-  return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
-}
-
-// col (C*kh*kw, P) of one image x (C, H, W)
-static void im2col_image(float* col, const float* x, const fsdp_conv_geom* g) {
-  int64_t HW = g->H * g->W, KP = (int64_t)g->kh * g->kw * g->OH * g->OW;
-  for (int64_t c = 0; c < g->C; c++) im2col_channel(col + c * KP, x + c * HW, g);
-}
-
-// Images are independent, so convolution splits the batch across OpenMP threads, each with its own
-// column buffer and single-threaded GEMMs (per-image GEMMs are too small to thread well inside
-// BLAS). With fewer images than threads, images run one after another and BLAS threads each GEMM.
-typedef struct { int nthreads, blas_threads; } conv_par;
-static conv_par conv_par_begin(const fsdp_conv_geom* g) {
-  conv_par p = {omp_get_max_threads(), openblas_get_num_threads()};
+// threads for a convolution: images split across them when there are enough images and work
+static int conv_threads(const fsdp_conv_geom* g) {
+  int t = omp_get_max_threads();
   int64_t flops = g->N * g->O * g->OH * g->OW * (g->C / g->groups) * g->kh * g->kw;
-  if (p.nthreads > g->N || flops < 262144) p.nthreads = 1;
-  if (p.nthreads > 1 && p.blas_threads > 1) openblas_set_num_threads(1);
-  return p;
-}
-static void conv_par_end(conv_par p) {
-  if (p.nthreads > 1 && p.blas_threads > 1) openblas_set_num_threads(p.blas_threads);
+  return (t > g->N || flops < 262144) ? 1 : t;
 }
 
 static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
-  int64_t K = Cg * g->kh * g->kw;           // GEMM inner size per group
-  int64_t per = g->C * g->kh * g->kw * P;  // columns of one image
-  bool pw = conv_is_pointwise(g);
-  conv_par par = conv_par_begin(g);
-  size_t col_bytes = pw ? 0 : (size_t)(par.nthreads * per) * sizeof(float);
-  float* cols = pw ? NULL : fsdp_alloc(col_bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  if (!pw && !cols) { conv_par_end(par); return -1; }
-#pragma omp parallel for num_threads(par.nthreads) schedule(static)
+  int64_t K = Cg * g->kh * g->kw;  // GEMM inner size per group
+  int nt = conv_threads(g);
+  // shared: packed weights of every group; per thread: one packed B and one row
+  int64_t wsz = round_up(Og, MR) * K, bsz = round_up(P, NR) * K + P;
+  size_t bytes = (size_t)(G * wsz + nt * bsz) * sizeof(float);
+  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  if (!buf) return -1;
+  for (int64_t gi = 0; gi < G; gi++) pack_a(buf + gi * wsz, w + gi * Og * K, K, 1, Og, K);
+#pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t n = 0; n < g->N; n++) {
+    float* bp = buf + G * wsz + omp_get_thread_num() * bsz;
+    float* row = bp + round_up(P, NR) * K;
     float* yn = y + n * g->O * P;  // (O, P)
-    const float* col = x + n * g->C * HW;
-    if (!pw) {
-      float* mine = cols + omp_get_thread_num() * per;
-      im2col_image(mine, col, g);
-      col = mine;
-    }
     if (b)
       for (int64_t o = 0; o < g->O; o++)
         for (int64_t p = 0; p < P; p++) yn[o * P + p] = b[o];
-    // y[n, g] (Og, P) = w[g] (Og, K) @ col[g] (K, P)
-    for (int64_t gi = 0; gi < G; gi++)
-      cpu_gemm(0, 0, Og, P, K, 1.0f, w + gi * Og * K, K, col + gi * K * P, P, b ? 1.0f : 0.0f, yn + gi * Og * P, P);
+    for (int64_t gi = 0; gi < G; gi++) {  // y[n, g] (Og, P) = w[g] (Og, K) @ col[g] (K, P)
+      im2col_pack_fwd(bp, row, x + (n * g->C + gi * Cg) * HW, g, Cg);
+      gemm_packed(Og, P, K, buf + gi * wsz, bp, yn + gi * Og * P, P, b != NULL);
+    }
   }
-  conv_par_end(par);
-  fsdp_free(cols, col_bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
   return 0;
 }
 
 static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
                                const float* x, const float* w) {
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
-  int64_t K = Cg * g->kh * g->kw, KK = (int64_t)g->kh * g->kw * P;
-  int64_t per = g->C * g->kh * g->kw * P, wsize = g->O * K;
+  int64_t K = Cg * g->kh * g->kw, KK = (int64_t)g->kh * g->kw * P, wsize = g->O * K;
   if (gb) {  // gb (O) = sum over n, p of gy (N, O, P)
 #pragma omp parallel for if (g->N * g->O * P > 32768)
     for (int64_t o = 0; o < g->O; o++) {
@@ -174,47 +282,51 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
   }
   if (gw) memset(gw, 0, (size_t)wsize * sizeof(float));
   if ((!gx && !gw) || g->N == 0) return 0;
-  bool pw = conv_is_pointwise(g);
-  conv_par par = conv_par_begin(g);
-  // per thread: a column buffer and a partial weight gradient, kept transposed: gwt[g] (K, Og)
-  // (the GEMM shape (K, Og) <- (K, P) @ (P, Og) runs ~1.6x faster in OpenBLAS than (Og, K) <- (Og, P) @ (P, K))
-  int64_t scratch = (pw ? 0 : per) + (gw ? wsize : 0);
-  size_t bytes = (size_t)(par.nthreads * scratch) * sizeof(float);
+  int nt = conv_threads(g);
+  // shared: w[g]^T packed as A (K, Og) for the input gradient
+  // per thread: gy[n, g] packed as A (Og, P) and col^T packed as B (P, K) for the weight gradient,
+  //             gy[n, g] packed as B (Og, P) and gcol (K, P) for the input gradient, one row, and a
+  //             partial weight gradient (all threads' partials are summed at the end)
+  int64_t wtsz = gx ? round_up(K, MR) * Og : 0;
+  int64_t sa = gw ? round_up(Og, MR) * P + round_up(K, NR) * P : 0;
+  int64_t sb = gx ? round_up(P, NR) * Og + K * P : 0;
+  int64_t per = sa + sb + P + (gw ? wsize : 0);
+  size_t bytes = (size_t)(G * wtsz + nt * per) * sizeof(float);
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  if (!buf) { conv_par_end(par); return -1; }
-#pragma omp parallel num_threads(par.nthreads)
+  if (!buf) return -1;
+  for (int64_t gi = 0; gi < G && gx; gi++) pack_a(buf + gi * wtsz, w + gi * Og * K, 1, K, K, Og);
+#pragma omp parallel num_threads(nt)
   {
-    int t = omp_get_thread_num();
-    float* col = buf + t * scratch;
-    float* gwt = col + (pw ? 0 : per);
-    if (gw) memset(gwt, 0, (size_t)wsize * sizeof(float));
+    float* mine = buf + G * wtsz + omp_get_thread_num() * per;
+    float *ga = mine, *bt = mine + (gw ? round_up(Og, MR) * P : 0);        // weight gradient operands
+    float *gbp = mine + sa, *gcol = gbp + (gx ? round_up(P, NR) * Og : 0);  // input gradient operands
+    float *row = mine + sa + sb, *gw_t = row + P;
+    if (gw) memset(gw_t, 0, (size_t)wsize * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g->N; n++) {
-      const float* gyn = gy + n * g->O * P;  // (O, P)
-      if (gw) {  // gwt[g] (K, Og) += col[g] (K, P) @ gy[n, g]^T (P, Og)
-        const float* src = x + n * g->C * HW;
-        if (!pw) { im2col_image(col, src, g); src = col; }
-        for (int64_t gi = 0; gi < G; gi++)
-          cpu_gemm(0, 1, K, Og, P, 1.0f, src + gi * K * P, P, gyn + gi * Og * P, P, 1.0f, gwt + gi * K * Og, Og);
-      }
-      if (gx) {  // gcol[g] (K, P) = w[g]^T (K, Og) @ gy[n, g] (Og, P); col2im into gx[n]
-        float* gxn = gx + n * g->C * HW;
-        float* dst = pw ? gxn : col;
-        for (int64_t gi = 0; gi < G; gi++)
-          cpu_gemm(1, 0, K, P, Og, 1.0f, w + gi * Og * K, K, gyn + gi * Og * P, P, 0.0f, dst + gi * K * P, P);
-        if (!pw)
-          for (int64_t c = 0; c < g->C; c++) col2im_channel(gxn + c * HW, col + c * KK, g);
+      for (int64_t gi = 0; gi < G; gi++) {
+        const float* gyg = gy + (n * g->O + gi * Og) * P;  // gy[n, g] (Og, P)
+        if (gw) {  // gw[g] (Og, K) += gy[n, g] (Og, P) @ col^T (P, K)
+          pack_a(ga, gyg, P, 1, Og, P);
+          im2col_pack_wgrad(bt, row, x + (n * g->C + gi * Cg) * HW, g, Cg);
+          gemm_packed(Og, K, P, ga, bt, gw_t + gi * Og * K, K, 1);
+        }
+        if (gx) {  // gcol (K, P) = w[g]^T (K, Og) @ gy[n, g] (Og, P); gx[n, g] = col2im(gcol)
+          pack_b(gbp, gyg, P, Og, P);
+          gemm_packed(K, P, Og, buf + gi * wtsz, gbp, gcol, P, 0);
+          float* gxg = gx + (n * g->C + gi * Cg) * HW;
+          for (int64_t c = 0; c < Cg; c++) {
+            memset(gxg + c * HW, 0, HW * sizeof(float));
+            col2im_channel(gxg + c * HW, gcol + c * KK, g);
+          }
+        }
       }
     }
   }
-  // gw[g] (Og, K) = sum over threads of gwt[g]^T
-  for (int t = 0; gw && t < par.nthreads; t++) {
-    const float* gwt = buf + t * scratch + (pw ? 0 : per);
-    for (int64_t gi = 0; gi < G; gi++)
-      for (int64_t o = 0; o < Og; o++)
-        for (int64_t k = 0; k < K; k++) gw[(gi * Og + o) * K + k] += gwt[(gi * K + k) * Og + o];
+  for (int t = 0; gw && t < nt; t++) {  // sum the per-thread weight gradients
+    const float* part = buf + G * wtsz + t * per + sa + sb + P;
+    for (int64_t i = 0; i < wsize; i++) gw[i] += part[i];
   }
-  conv_par_end(par);
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
   return 0;
 }

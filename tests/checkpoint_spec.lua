@@ -317,3 +317,5 @@ describe("sharded checkpoints in one process", function()
     assert.truthy(err:find("expected an nn.Module", 1, true), err)
   end)
 end)
+
+teardown(function() os.execute(("rm -rf %q"):format(base)) end)

@@ -159,6 +159,12 @@ describe("fsdprun", function()
     end
     assert.is_nil(out:find("woke up", 1, true), out)  -- the sleeping rank was stopped
     assert.truthy(dt < 30, "took " .. dt .. " s")
+    -- rank 0 coordinates the check: when it is the one missing, the others name it
+    rc, out, dt = sh(fsdprun .. " -n 2 " .. scripts .. "comm_timeout.lua 0", "FSDP_COMM_TIMEOUT=1")
+    assert.is_not.equal(0, rc, out)
+    assert.truthy(out:find("rank 1 error after %d s: timed out after 1 s waiting for rank 0 in all_reduce 'skipped'"), out)
+    assert.is_nil(out:find("woke up", 1, true), out)
+    assert.truthy(dt < 30, "took " .. dt .. " s")
   end)
 
   it("stops every rank when one raises a Lua error, showing its message", function()

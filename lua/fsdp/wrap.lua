@@ -89,6 +89,9 @@ function W.wrap(module, opts)
     if u.forwarded then
       local p = path_in(u.module, module)
       if p and p ~= "" then
+        -- the module's path from the root (a nested unit's own path is already one), not from u
+        -- (the matrix's bad/wrap-after-forward printed "cannot wrap 2 (Linear) inside unit '2'" for 2.2)
+        if u.parent then p = u.path .. "." .. p end
         error(("fsdp.wrap: cannot wrap %s (%s) inside unit '%s' after that unit's first forward; wrap inner modules first")
           :format(p, module_label(module), u.path), 2)
       end

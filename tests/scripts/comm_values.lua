@@ -92,6 +92,19 @@ for _, algo in ipairs { 0, 1 } do
     end
   end
 end
+do  -- in place: out is this rank's chunk of the input buffer
+  local k = 1001
+  for _, algo in ipairs { 0, 1 } do
+    fsdp.comm.set_reduce_scatter_algo(algo)
+    local buf = contrib(r, N * k)
+    local out = buf:narrow(1, r * k + 1, k)
+    fsdp.reduce_scatter(out, buf, "sum", { tag = "rs.inplace" })
+    rs_bytes = rs_bytes + N * k * 4
+    local want = {}
+    for i = 0, k - 1 do want[#want + 1] = N * (r * k + i) + N * (N + 1) / 2 end
+    check_list(out, want, "reduce_scatter in place, algo " .. algo)
+  end
+end
 fsdp.comm.set_reduce_scatter_algo(0)
 do  -- both algorithms agree on random data, bit for bit up to summation order
   fsdp.manual_seed(100 + r)
@@ -168,7 +181,7 @@ end
 local s = fsdp.comm_stats()
 assert(s.all_gather.count == 4 + 3 + 4, "all_gather count " .. s.all_gather.count)
 assert(s.all_gather.bytes == ag_bytes, ("all_gather bytes %d, expected %d"):format(s.all_gather.bytes, ag_bytes))
-assert(s.reduce_scatter.count == 2 * 2 * 3 + 2 + 1, "reduce_scatter count " .. s.reduce_scatter.count)
+assert(s.reduce_scatter.count == 2 * 2 * 3 + 2 + 2 + 1, "reduce_scatter count " .. s.reduce_scatter.count)
 assert(s.reduce_scatter.bytes == rs_bytes, ("reduce_scatter bytes %d, expected %d"):format(s.reduce_scatter.bytes, rs_bytes))
 assert(s.all_reduce.count == 4 and s.all_reduce.bytes == ar_bytes, "all_reduce stats")
 assert(s.broadcast.count == 4 * N and s.broadcast.bytes == bc_bytes, "broadcast stats")
