@@ -2,6 +2,7 @@
  * cpu_elem.c -- CPU kernels for copies/casts, fills, axpy and the elementwise/reduction family.
  */
 #include "internal.h"
+#include "fastmath.h"
 
 #include <math.h>
 
@@ -229,33 +230,10 @@ static void cpu_binary(int op, float* out, const float* a, const float* b, int n
 }
 
 // ---- unary -----------------------------------------------------------------------------------------
-// Vectorisable float32 exp (Cephes' expf: exp(x) = 2^k * exp(r), |r| <= ln2/2, degree-6 polynomial);
-// within 2 ulp of expf. 2^k is applied as two factors so results down to the subnormals and up to
-// overflow (inf) come out right; NaN stays NaN.
-static inline float exp_f(float x) {
-  float xc = x < -104.0f ? -104.0f : x;  // maxps / minps; a NaN passes through and propagates
-  xc = xc > 88.8f ? 88.8f : xc;
-  float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  float r = xc - k * 0.693359375f;
-  r = r - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
-  uint32_t e1 = (uint32_t)(k1 + 127) << 23, e2 = (uint32_t)(k2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &e1, 4);
-  memcpy(&s2, &e2, 4);
-  return p * s1 * s2;
-}
 // tanh(x) = 1 - 2 / (exp(2x) + 1), with the odd polynomial near 0 where that form cancels
 static inline float tanh_f(float x) {
   float ax = x < 0 ? -x : x;
-  float e = exp_f(2.0f * ax);
+  float e = fsdp_expf(2.0f * ax);
   float big = 1.0f - 2.0f / (e + 1.0f);
   float x2 = x * x;  // Cephes tanhf polynomial for |x| < 0.625
   float small = ((((-5.70498872745e-3f * x2 + 2.06390887954e-2f) * x2 - 5.37397155531e-2f) * x2 +
@@ -263,7 +241,7 @@ static inline float tanh_f(float x) {
   float t = ax < 0.625f ? small : big;
   return x < 0 ? -t : t;  // NaN propagates through exp_f
 }
-static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+static inline float sigmoid_f(float x) { return 1.0f / (1.0f + fsdp_expf(-x)); }
 
 // Vectorisable float32 log (Cephes' logf: x = 2^e * m, m in [sqrt(1/2), sqrt(2)), polynomial in
 // m - 1); within 2 ulp of logf. Subnormals are rescaled; 0 -> -inf, x < 0 -> NaN, inf -> inf.
@@ -305,7 +283,7 @@ static inline float erf_f(float x) {
   float ax = __builtin_fabsf(x);
   float t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  float r = 1.0f - poly * exp_f(-ax * ax);
+  float r = 1.0f - poly * fsdp_expf(-ax * ax);
   return __builtin_copysignf(r, x);
 }
 
@@ -325,7 +303,7 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
   float p = (float)pd;
   switch (op) {
     case FSDP_UN_NEG: UNARY_LOOP(-v); break;
-    case FSDP_UN_EXP: UNARY_LOOP_HEAVY(exp_f(v)); break;
+    case FSDP_UN_EXP: UNARY_LOOP_HEAVY(fsdp_expf(v)); break;
     case FSDP_UN_LOG: UNARY_LOOP_HEAVY(log_f(v)); break;
     case FSDP_UN_SQRT: UNARY_LOOP(sqrtf(v)); break;
     case FSDP_UN_ABS: UNARY_LOOP(fabsf(v)); break;
@@ -369,7 +347,7 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_SIGMOID: UNARY_BW_LOOP(g * y[i] * (1.0f - y[i])); break;
     case FSDP_UN_RELU: UNARY_BW_LOOP(y[i] > 0.0f ? g : 0.0f); break;
     case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-      UNARY_BW_LOOP_HEAVY(g * (0.5f * (1.0f + erf_f(x[i] * GELU_K0)) + x[i] * GELU_K1 * exp_f(-0.5f * x[i] * x[i])));
+      UNARY_BW_LOOP_HEAVY(g * (0.5f * (1.0f + erf_f(x[i] * GELU_K0)) + x[i] * GELU_K1 * fsdp_expf(-0.5f * x[i] * x[i])));
       break;
     case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
       UNARY_BW_LOOP_HEAVY(({

@@ -4,46 +4,22 @@
  *
  * Rows are independent, so the big loops run rows in parallel with OpenMP; inner loops are
  * plain (or `omp simd` reduction) loops over contiguous floats that the compiler vectorizes.
- * exp goes through exp_nonpos(), a branch-free polynomial that vectorizes (libm's expf does not).
+ * exp goes through fsdp_exp_nonpos(), a branch-free polynomial that vectorizes (libm's expf does not).
  */
-// the float selects in exp_nonpos() only if-convert (and so vectorize) without trapping math;
+// the float selects in fsdp_exp_nonpos() only if-convert (and so vectorize) without trapping math;
 // nothing here relies on floating-point exception flags
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
 
 #include "internal.h"
+#include "fastmath.h"
 
 #include <math.h>
 #include <omp.h>
 
 #define PAR_MIN 32768  // elements below which a loop stays on one thread
 #define TILE 64        // columns per tile when the reduced dim is strided (inner > 1)
-
-// ---- exp -----------------------------------------------------------------------------------------
-// exp(x) for x <= 0 with Cephes' single-precision polynomial (max relative error 8.5e-8 over
-// [-90, 0], checked against double exp on every float): branch-free so it vectorizes; exact 0 for
-// x < -87 (so -inf gives 0), NaN propagates. Every caller passes arguments <= 0 (x - max, x - lse).
-static inline float exp_nonpos(float x) {
-  float xc = x < -87.0f ? -87.0f : x;
-  float z = xc * 1.44269504088896341f + 12582912.0f;  // n = round(x / ln 2) in the low mantissa bits
-  float fx = z - 12582912.0f;
-  float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;  // x - n ln 2 in two parts
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  uint32_t zi, bits;
-  memcpy(&zi, &z, 4);
-  bits = (zi - 0x4B400000u + 127u) << 23;  // 2^n as a float's bits (0x4B400000: the bits of 1.5 * 2^23)
-  float p2;
-  memcpy(&p2, &bits, 4);
-  y *= p2;
-  return x < -87.0f ? 0.0f : y;
-}
 
 // ---- softmax ---------------------------------------------------------------------------------------
 // one contiguous row of length n; returns the row's logsumexp
@@ -53,13 +29,13 @@ static inline float softmax_row(float* y, const float* x, int64_t n, int log) {
   for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
   if (log) {
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += exp_nonpos(x[i] - mx);
+    for (int64_t i = 0; i < n; i++) sum += fsdp_exp_nonpos(x[i] - mx);
     float ls = logf(sum);
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mx) - ls;
   } else {
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; i++) {
-      float e = exp_nonpos(x[i] - mx);
+      float e = fsdp_exp_nonpos(x[i] - mx);
       y[i] = e;
       sum += e;
     }
@@ -83,10 +59,10 @@ static void softmax_tile(float* y, const float* x, int64_t n, int64_t inner, int
     float* yc = y + c * inner;
     if (log) {
 #pragma omp simd
-      for (int64_t s = 0; s < len; s++) sum[s] += exp_nonpos(xc[s] - mx[s]);
+      for (int64_t s = 0; s < len; s++) sum[s] += fsdp_exp_nonpos(xc[s] - mx[s]);
     } else {
 #pragma omp simd
-      for (int64_t s = 0; s < len; s++) { yc[s] = exp_nonpos(xc[s] - mx[s]); sum[s] += yc[s]; }
+      for (int64_t s = 0; s < len; s++) { yc[s] = fsdp_exp_nonpos(xc[s] - mx[s]); sum[s] += yc[s]; }
     }
   }
   if (log) {
@@ -123,7 +99,7 @@ static inline void softmax_backward_row(float* gx, const float* gy, const float*
 #pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < n; i++) dot += gy[i];
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) gx[i] = gy[i] - exp_nonpos(y[i]) * dot;
+    for (int64_t i = 0; i < n; i++) gx[i] = gy[i] - fsdp_exp_nonpos(y[i]) * dot;
   } else {
 #pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < n; i++) dot += gy[i] * y[i];
@@ -141,7 +117,7 @@ static void softmax_backward_tile(float* gx, const float* gy, const float* y, in
     int64_t k = c * inner;
     if (log) {
 #pragma omp simd
-      for (int64_t s = 0; s < len; s++) gx[k + s] = gy[k + s] - exp_nonpos(y[k + s]) * dot[s];
+      for (int64_t s = 0; s < len; s++) gx[k + s] = gy[k + s] - fsdp_exp_nonpos(y[k + s]) * dot[s];
     } else {
       for (int64_t s = 0; s < len; s++) gx[k + s] = y[k + s] * (gy[k + s] - dot[s]);
     }
@@ -191,7 +167,7 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
 #pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < C; c++) mx = x[c] > mx ? x[c] : mx;
 #pragma omp simd reduction(+ : sum, sx)
-      for (int64_t c = 0; c < C; c++) { sum += exp_nonpos(x[c] - mx); sx += x[c]; }
+      for (int64_t c = 0; c < C; c++) { sum += fsdp_exp_nonpos(x[c] - mx); sx += x[c]; }
       float l = mx + logf(sum);
       lse[n] = l;
       total += (double)l - (double)keep * x[t] - (smoothing > 0.0f ? (double)spread * sx : 0.0);
@@ -210,7 +186,7 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
         for (int64_t s = 0; s < len; s++) mx[s] = x[c * S + s] > mx[s] ? x[c * S + s] : mx[s];
       for (int64_t c = 0; c < C; c++) {
 #pragma omp simd
-        for (int64_t s = 0; s < len; s++) { sum[s] += exp_nonpos(x[c * S + s] - mx[s]); sx[s] += x[c * S + s]; }
+        for (int64_t s = 0; s < len; s++) { sum[s] += fsdp_exp_nonpos(x[c * S + s] - mx[s]); sx[s] += x[c * S + s]; }
       }
       for (int64_t s = 0; s < len; s++) {
         float* l = lse + n * S + s0 + s;
@@ -239,7 +215,7 @@ static void cpu_cross_entropy_backward(float* gx, const float* logits, const flo
       if (t == ignore_index) { memset(g, 0, C * sizeof(float)); continue; }
       float l = lse[n];
 #pragma omp simd
-      for (int64_t c = 0; c < C; c++) g[c] = scale * (exp_nonpos(x[c] - l) - spread);
+      for (int64_t c = 0; c < C; c++) g[c] = scale * (fsdp_exp_nonpos(x[c] - l) - spread);
       g[t] -= scale * keep;
     }
     return;
@@ -252,7 +228,7 @@ static void cpu_cross_entropy_backward(float* gx, const float* logits, const flo
     float* g = gx + n * C * S;
     for (int64_t c = 0; c < C; c++)
 #pragma omp simd
-      for (int64_t s = 0; s < S; s++) g[c * S + s] = scale * (exp_nonpos(x[c * S + s] - l[s]) - spread);
+      for (int64_t s = 0; s < S; s++) g[c * S + s] = scale * (fsdp_exp_nonpos(x[c * S + s] - l[s]) - spread);
     for (int64_t s = 0; s < S; s++) {
       if (tg[s] == ignore_index)
         for (int64_t c = 0; c < C; c++) g[c * S + s] = 0.0f;

@@ -168,7 +168,7 @@ struct fsdp_node {
   fsdp_tensor* saved[FSDP_NODE_MAX_SAVED];
   int64_t saved_version[FSDP_NODE_MAX_SAVED];
   double f[8];                // op parameters (scalars)
-  int64_t i[16];              // op parameters (ints, dims, shapes)
+  int64_t i[24];              // op parameters (ints, dims, shapes)
   int64_t out_shape[FSDP_MAX_DIMS];
   int out_ndim, out_dtype;
   int released;               // saved tensors freed after a backward without retain_graph

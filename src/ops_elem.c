@@ -38,17 +38,17 @@ static fsdp_tensor* binary_forward(int op, fsdp_tensor* a, fsdp_tensor* b) {
   return out;
 }
 
-// binary nodes keep both input shapes: i[0] = ndim(a), i[1..8] = shape(a), i[9] = ndim(b) and
-// f[0..7] = shape(b) (integers, exact as doubles); saved slots 0/1 hold what each grad reads
+// binary nodes keep both input shapes: i[0] = ndim(a), i[1..8] = shape(a), i[9] = ndim(b),
+// i[10..17] = shape(b); saved slots 0/1 hold what each grad reads
 static void save_shapes(fsdp_node* n, const fsdp_tensor* a, const fsdp_tensor* b) {
   n->i[0] = a->ndim;
-  for (int d = 0; d < a->ndim; d++) n->i[1 + d] = a->shape[d];
+  memcpy(&n->i[1], a->shape, a->ndim * sizeof(int64_t));
   n->i[9] = b->ndim;
-  for (int d = 0; d < b->ndim; d++) n->f[d] = (double)b->shape[d];
+  memcpy(&n->i[10], b->shape, b->ndim * sizeof(int64_t));
 }
 static void shape_of_input(const fsdp_node* n, int which, shape_rec* r) {
   r->ndim = (int)n->i[which ? 9 : 0];
-  for (int d = 0; d < r->ndim; d++) r->shape[d] = which ? (int64_t)n->f[d] : n->i[1 + d];
+  memcpy(r->shape, &n->i[which ? 10 : 1], r->ndim * sizeof(int64_t));
 }
 
 // grad of input `which`: g (full broadcast shape) summed down to that input's shape

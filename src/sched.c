@@ -322,9 +322,8 @@ static int post_backward(fsdp_unit* u) {
   return u->opts.sharding == FSDP_NO_SHARD ? 0 : fsdp_shard_reshard(u, 0);
 }
 
-static fsdp_tensor* identity_pre_backward;  // unused marker to keep the node name unique
+// the identity node on a unit's outputs: the first gradient to reach it gathers the unit
 static int pre_backward_node(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  (void)identity_pre_backward;
   if (pre_backward((fsdp_unit*)(intptr_t)n->i[0])) return -1;
   g->refcount++;
   gin[0] = g;
