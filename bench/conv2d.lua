@@ -4,6 +4,8 @@
 --   Conv(1->32, 3x3, pad 1) - ReLU - Conv(32->64, 3x3, pad 1) - ReLU on (batch, 1, 28, 28)
 -- Rounds alternate between fsdp and a PyTorch child process so machine noise hits both alike;
 -- each side reports the best of its per-round medians. PyTorch is skipped if not importable.
+-- On a busy machine, compare single-threaded compute instead of wall time:
+--   FSDP_BENCH_CLOCK=cpu OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 luajit bench/conv2d.lua
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
@@ -14,8 +16,9 @@ typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
 int clock_gettime(int clk, bench_timespec* ts);
 ]]
 local ts = ffi.new("bench_timespec")
+local cpu_clock = os.getenv("FSDP_BENCH_CLOCK") == "cpu"
 local function now()
-  ffi.C.clock_gettime(1, ts)
+  ffi.C.clock_gettime(cpu_clock and 3 or 1, ts)  -- CLOCK_THREAD_CPUTIME_ID or CLOCK_MONOTONIC
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 local function median(t)
@@ -65,13 +68,14 @@ def step():
     y = F.relu(F.conv2d(h, w2, b2, padding=1))
     y.sum().backward()
     for p in ps: p.grad = None
+clock = time.thread_time if %s else time.perf_counter
 for _ in range(2): step()
 ts = []
 for _ in range(%d):
-    t = time.perf_counter(); step(); ts.append(time.perf_counter() - t)
+    t = clock(); step(); ts.append(clock() - t)
 ts.sort()
 print(ts[(len(ts) - 1) // 2])
-]]):format(threads, N, runs)
+]]):format(threads, N, cpu_clock and "True" or "False", runs)
 
 local function torch_available()
   local p = io.popen("/usr/bin/python3 -c 'import torch' 2>/dev/null && echo yes")
@@ -107,7 +111,8 @@ for r = 1, rounds do
   end
   print(line)
 end
-print(("conv block fwd+bwd, batch %d, %d threads (best of %d round medians)"):format(N, threads, rounds))
+print(("conv block fwd+bwd, batch %d, %d threads, %s time (best of %d round medians)"):format(N, threads,
+  cpu_clock and "thread CPU" or "wall", rounds))
 print(("  fsdp  %8.2f ms"):format(best_ours * 1e3))
 if has_torch then
   print(("  torch %8.2f ms"):format(best_torch * 1e3))

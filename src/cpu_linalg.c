@@ -136,8 +136,15 @@ static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 static void pack_a(float* Ap, const float* src, int64_t rs, int64_t cs, int64_t M, int64_t K) {
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     float* d = Ap + m0 * K;
-    for (int64_t k = 0; k < K; k++)
-      for (int64_t r = 0; r < MR; r++) d[k * MR + r] = m0 + r < M ? src[(m0 + r) * rs + k * cs] : 0.0f;
+    if (m0 + MR <= M) {
+      for (int64_t r = 0; r < MR; r++) {
+        const float* s = src + (m0 + r) * rs;
+        for (int64_t k = 0; k < K; k++) d[k * MR + r] = s[k * cs];
+      }
+    } else {
+      for (int64_t k = 0; k < K; k++)
+        for (int64_t r = 0; r < MR; r++) d[k * MR + r] = m0 + r < M ? src[(m0 + r) * rs + k * cs] : 0.0f;
+    }
   }
 }
 
@@ -146,9 +153,11 @@ static void pack_b(float* Bp, const float* src, int64_t rs, int64_t K, int64_t N
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
     int64_t nn = N - n0 < NR ? N - n0 : NR;
     float* d = Bp + n0 * K;
-    for (int64_t k = 0; k < K; k++) {
-      memcpy(d + k * NR, src + k * rs + n0, nn * sizeof(float));
-      for (int64_t j = nn; j < NR; j++) d[k * NR + j] = 0.0f;
+    if (nn == NR) {
+      for (int64_t k = 0; k < K; k++) memcpy(d + k * NR, src + k * rs + n0, NR * sizeof(float));  // inlined
+    } else {
+      for (int64_t k = 0; k < K; k++)
+        for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < nn ? src[k * rs + n0 + j] : 0.0f;
     }
   }
 }
@@ -168,7 +177,7 @@ static void im2col_row(float* row, const float* x, const fsdp_conv_geom* g, int 
     if (ih < 0 || ih >= H) { memset(r, 0, OW * sizeof(float)); continue; }
     const float* xr = x + ih * W + off_w;
     for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0.0f;
-    if (g->sw == 1) memcpy(r + lo, xr + lo, (hi - lo) * sizeof(float));
+    if (g->sw == 1) for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow];  // short rows: a loop beats memcpy
     else for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];
     for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0.0f;
   }
@@ -182,28 +191,33 @@ static void im2col_pack_fwd(float* Bp, float* row, const float* x, const fsdp_co
     for (int ki = 0; ki < g->kh; ki++)
       for (int kj = 0; kj < g->kw; kj++, k++) {
         im2col_row(row, x + c * HW, g, ki, kj);
-        for (int64_t p0 = 0; p0 < P; p0 += NR) {
-          int64_t nn = P - p0 < NR ? P - p0 : NR;
+        int64_t p0 = 0;
+        for (; p0 + NR <= P; p0 += NR) memcpy(Bp + p0 * K + k * NR, row + p0, NR * sizeof(float));  // inlined
+        if (p0 < P) {
           float* d = Bp + p0 * K + k * NR;
-          memcpy(d, row + p0, nn * sizeof(float));
-          for (int64_t j = nn; j < NR; j++) d[j] = 0.0f;
+          for (int64_t j = 0; j < NR; j++) d[j] = p0 + j < P ? row[p0 + j] : 0.0f;
         }
       }
 }
 
-// the transposed columns col^T (P, K), packed as operand B of the weight gradient ([K/24][P][24])
-static void im2col_pack_wgrad(float* Bp, float* row, const float* x, const fsdp_conv_geom* g, int64_t Cg) {
-  int64_t HW = g->H * g->W, P = g->OH * g->OW, K = Cg * g->kh * g->kw;
-  for (int64_t c = 0, k = 0; c < Cg; c++)
-    for (int ki = 0; ki < g->kh; ki++)
-      for (int kj = 0; kj < g->kw; kj++, k++) {
-        im2col_row(row, x + c * HW, g, ki, kj);
-        float* d = Bp + (k / NR) * NR * P + k % NR;
-        for (int64_t p = 0; p < P; p++) d[p * NR] = row[p];
-      }
-  for (int64_t k = K; k < round_up(K, NR); k++) {  // zero columns of the last panel
-    float* d = Bp + (k / NR) * NR * P + k % NR;
-    for (int64_t p = 0; p < P; p++) d[p * NR] = 0.0f;
+// the transposed columns col^T (P, K), packed as operand B of the weight gradient ([K/24][P][24]);
+// rows are built 24 at a time into `rows` (24*P floats) and interleaved with sequential writes
+static void im2col_pack_wgrad(float* Bp, float* rows, const float* x, const fsdp_conv_geom* g, int64_t Cg) {
+  int64_t HW = g->H * g->W, P = g->OH * g->OW, K = Cg * g->kh * g->kw, khw = (int64_t)g->kh * g->kw;
+  for (int64_t k0 = 0; k0 < K; k0 += NR) {
+    int64_t nk = K - k0 < NR ? K - k0 : NR;
+    for (int64_t j = 0; j < nk; j++) {
+      int64_t k = k0 + j, c = k / khw, kk = k % khw;
+      im2col_row(rows + j * P, x + c * HW, g, (int)(kk / g->kw), (int)(kk % g->kw));
+    }
+    float* d = Bp + k0 * P;
+    if (nk == NR) {
+      for (int64_t p = 0; p < P; p++)
+        for (int64_t j = 0; j < NR; j++) d[p * NR + j] = rows[j * P + p];
+    } else {
+      for (int64_t p = 0; p < P; p++)
+        for (int64_t j = 0; j < NR; j++) d[p * NR + j] = j < nk ? rows[j * P + p] : 0.0f;
+    }
   }
 }
 
@@ -290,7 +304,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
   int64_t wtsz = gx ? round_up(K, MR) * Og : 0;
   int64_t sa = gw ? round_up(Og, MR) * P + round_up(K, NR) * P : 0;
   int64_t sb = gx ? round_up(P, NR) * Og + K * P : 0;
-  int64_t per = sa + sb + P + (gw ? wsize : 0);
+  int64_t per = sa + sb + NR * P + (gw ? wsize : 0);
   size_t bytes = (size_t)(G * wtsz + nt * per) * sizeof(float);
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) return -1;
@@ -300,7 +314,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
     float* mine = buf + G * wtsz + omp_get_thread_num() * per;
     float *ga = mine, *bt = mine + (gw ? round_up(Og, MR) * P : 0);        // weight gradient operands
     float *gbp = mine + sa, *gcol = gbp + (gx ? round_up(P, NR) * Og : 0);  // input gradient operands
-    float *row = mine + sa + sb, *gw_t = row + P;
+    float *row = mine + sa + sb, *gw_t = row + NR * P;
     if (gw) memset(gw_t, 0, (size_t)wsize * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g->N; n++) {
@@ -324,7 +338,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
     }
   }
   for (int t = 0; gw && t < nt; t++) {  // sum the per-thread weight gradients
-    const float* part = buf + G * wtsz + t * per + sa + sb + P;
+    const float* part = buf + G * wtsz + t * per + sa + sb + NR * P;
     for (int64_t i = 0; i < wsize; i++) gw[i] += part[i];
   }
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);

@@ -196,7 +196,7 @@ static void prefetch(fsdp_unit* v) {
 }
 
 // returns a unit left over from an earlier pass to IDLE (its backward never came, or an error
-// stopped it); `keep_grads` keeps reductions that were already issued
+// stopped it); reductions already issued are completed and their gradients assigned
 static int finalize_unit(fsdp_unit* u) {
   int rc = 0;
   if (u->reduced_pending) rc = fsdp_shard_reduce_finish(u);

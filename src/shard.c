@@ -136,6 +136,13 @@ int fsdp_shard_release_param(fsdp_unit* u, int i) {
 }
 
 // ---- all-gather ---------------------------------------------------------------------------------------
+static void gather_cleanup(unit_group* g) {
+  if (g->gather) { fsdp_work_free(g->gather); g->gather = NULL; }
+  fsdp_tensor_release(g->gather_send);
+  fsdp_tensor_release(g->gather_recv);
+  g->gather_send = g->gather_recv = NULL;
+}
+
 int fsdp_shard_gather_start(fsdp_unit* u) {
   if (u->gathered) return 0;
   int pdt = u->opts.param_dtype;
@@ -150,18 +157,10 @@ int fsdp_shard_gather_start(fsdp_unit* u) {
       if (g->gather_send) copy_run(g->gather_send->storage, pdt, 0, g->shard, FSDP_F32, 0, S);
     }
     g->gather_recv = fsdp_new_cat(1, &WS, pdt, FSDP_CPU, FSDP_MEM_COMM);
-    if (!g->gather_send || !g->gather_recv) return -1;
-    g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
-    if (!g->gather) return -1;
+    if (g->gather_send && g->gather_recv) g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
+    if (!g->gather) { gather_cleanup(g); return -1; }
   }
   return 0;
-}
-
-static void gather_cleanup(unit_group* g) {
-  if (g->gather) { fsdp_work_free(g->gather); g->gather = NULL; }
-  fsdp_tensor_release(g->gather_send);
-  fsdp_tensor_release(g->gather_recv);
-  g->gather_send = g->gather_recv = NULL;
 }
 
 int fsdp_shard_gather_finish(fsdp_unit* u) {

@@ -1,0 +1,522 @@
+-- Train a conv net on Fashion-MNIST with FSDP: pretrain, checkpoint every epoch, resume, then a
+-- linear evaluation of the frozen trunk.
+--
+--   bin/fsdprun -n 2 examples/train.lua                    the default run (`make demo`)
+--   bin/fsdprun -n 2 examples/train.lua --resume checkpoints --epochs 6   continue a run
+--   bin/fsdprun -n 2 examples/train.lua --linear-eval     only the linear evaluation of ./checkpoints
+--   luajit examples/train.lua --help                       every flag
+--
+-- The model (PyTorch names in checkpoints):
+--   trunk  two FSDP-wrapped blocks Conv3x3-ReLU-MaxPool2 (1 -> C1 -> C2 channels, 28 -> 14 -> 7),
+--          themselves inside a wrapped unit "trunk" that owns no parameters
+--   head   a wrapped unit: Flatten -> Linear(C2*7*7, 10)
+--   root   the model itself, wrapped (owns no parameters)
+-- Pretraining: Adam, cross entropy, a distributed sampler: one permutation of the training set per
+-- epoch derived from (seed, epoch) -- the same on every rank -- cut into global batches; rank r
+-- takes the r-th slice of every global batch (the remainder of the epoch is dropped), so N ranks
+-- see exactly the samples a single process would see in each global batch.
+-- Every epoch: test accuracy on the test set (split across ranks, counts all-reduced), one JSONL
+-- metrics line, a sharded checkpoint (fsdp.save_sharded); at the end a consolidated
+-- CKPT/model.safetensors (full tensors, PyTorch names) and a PNG plot (gnuplot).
+-- Linear evaluation: the same model loaded from the pretrained weights, the trunk frozen (its
+-- nested units included), the head re-initialised and trained alone.
+-- Expected user errors (missing data, corrupt files, a checkpoint of another model, bad flags)
+-- end with one message on stderr and exit status 1 (2 for bad flags).
+local script_dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+-- fsdprun sets LUA_PATH for its tree; a plain `luajit examples/train.lua` in a checkout uses ../lua
+if not package.searchpath("fsdp", package.path) then
+  local root = script_dir .. "/.."
+  package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+  package.cpath = root .. "/?.so;" .. package.cpath
+end
+
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local nn, optim = fsdp.nn, fsdp.optim
+local F = nn.functional
+
+-- ---- flags ---------------------------------------------------------------------------------------
+local defaults = {
+  epochs = 4, ["batch-size"] = 128, lr = 1e-3, data = nil, ckpt = nil, resume = nil,
+  ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 1, ["linear-lr"] = 1e-3,
+  seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
+  channels = "32,64", ["eval-batch"] = 500,
+}
+local help = [[
+usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
+
+Pretrains a conv net on Fashion-MNIST with FSDP, checkpoints every epoch, then trains a new
+linear head on the frozen trunk and reports both test accuracies.
+
+  --epochs N            pretraining epochs (default 4)
+  --batch-size B        global batch size, split evenly over the ranks (default 128)
+  --lr LR               Adam learning rate for pretraining (default 0.001)
+  --data DIR            directory with the four *-ubyte(.gz) files (default: $FSDP_DATA_DIR,
+                        /usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`)
+  --ckpt DIR            checkpoint directory (default ./checkpoints, or the --resume DIR)
+  --resume DIR          continue pretraining from the sharded checkpoint in DIR
+  --linear-eval         only the linear evaluation, from the checkpoint in --ckpt / --resume DIR
+  --skip-linear-eval    pretraining only
+  --linear-epochs N     epochs of linear evaluation (default 1)
+  --linear-lr LR        Adam learning rate of the linear evaluation (default 0.001)
+  --seed S              initialisation and data order (default 0)
+  --limit N             use only the first N training images (CI)
+  --test-limit N        evaluate on the first N test images only
+  --metrics FILE        JSONL metrics, one object per epoch (default CKPT/metrics.jsonl)
+  --plot FILE.png       loss/accuracy plot (default CKPT/metrics.png; needs gnuplot)
+  --channels C1,C2      conv channels of the two trunk blocks (default 32,64)
+  --eval-batch B        batch size of evaluation (default 500)
+  -h, --help            this text
+]]
+local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true }
+local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["linear-epochs"] = "int",
+  ["linear-lr"] = "num", seed = "int", limit = "int", ["test-limit"] = "int", ["eval-batch"] = "int" }
+local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true }
+
+local function usage_error(msg)
+  io.stderr:write("train.lua: ", msg, "\n(see --help)\n")
+  os.exit(2)
+end
+
+local cfg = {}
+for k, v in pairs(defaults) do cfg[k] = v end
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    if a == "-h" or a == "--help" then io.write(help) os.exit(0) end
+    local key, inline = a:match("^%-%-([%w%-]+)=(.*)$")
+    key = key or a:match("^%-%-([%w%-]+)$")
+    if not key then usage_error(("unexpected argument '%s'"):format(a)) end
+    if flags_bool[key] then
+      if inline then usage_error(("--%s takes no value"):format(key)) end
+      cfg[key] = true
+      i = i + 1
+    elseif flags_num[key] or flags_str[key] then
+      local v = inline
+      if not v then
+        v = arg[i + 1]
+        if v == nil then usage_error(("--%s needs a value"):format(key)) end
+        i = i + 1
+      end
+      i = i + 1
+      if flags_num[key] then
+        local n = tonumber(v)
+        if not n or (flags_num[key] == "int" and n ~= math.floor(n)) then
+          usage_error(("--%s expects %s, got '%s'"):format(key, flags_num[key] == "int" and "an integer" or "a number", v))
+        end
+        if n < 0 or (n == 0 and key ~= "seed" and key ~= "epochs" and key ~= "linear-epochs") then
+          usage_error(("--%s must be positive, got %s"):format(key, v))
+        end
+        v = n
+      end
+      cfg[key] = v
+    else
+      usage_error(("unknown flag --%s"):format(key))
+    end
+  end
+end
+if cfg["linear-eval"] and cfg["skip-linear-eval"] then usage_error("--linear-eval and --skip-linear-eval exclude each other") end
+local C1, C2 = cfg.channels:match("^(%d+),(%d+)$")
+C1, C2 = tonumber(C1), tonumber(C2)
+if not C1 or C1 < 1 or C2 < 1 then usage_error(("--channels expects C1,C2 like 32,64, got '%s'"):format(cfg.channels)) end
+cfg.ckpt = (cfg.ckpt or cfg.resume or "./checkpoints"):gsub("/+$", "")
+cfg.metrics = cfg.metrics or (cfg.ckpt .. "/metrics.jsonl")
+cfg.plot = cfg.plot or (cfg.ckpt .. "/metrics.png")
+
+-- ---- errors: expected ones are a message, anything else a traceback ---------------------------------
+local UserError = {}
+local function fail(fmt, ...) error(setmetatable({ msg = fmt:format(...) }, UserError), 0) end
+-- runs fn; an error from it becomes a user error prefixed with `what`
+local function expect(what, fn, ...)
+  local res = { pcall(fn, ...) }
+  if not res[1] then
+    local e = res[2]
+    if getmetatable(e) == UserError then error(e, 0) end
+    fail("%s: %s", what, tostring(e))
+  end
+  return unpack(res, 2, table.maxn(res))
+end
+
+-- ---- small helpers ------------------------------------------------------------------------------------
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } fsdp_ex_timespec;
+int clock_gettime(int, fsdp_ex_timespec*);
+int isatty(int);
+int usleep(unsigned int);
+void _exit(int);
+]])
+local ts = ffi.new("fsdp_ex_timespec")
+local function now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+-- os.execute's success across Lua 5.1 (status 0) and 5.2-style (true) builds
+local function os_ok(a) return a == 0 or a == true end
+
+local function file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- flat JSON objects of numbers and strings, keys in the given order
+local function json_line(keys, obj)
+  local parts = {}
+  for _, k in ipairs(keys) do
+    local v = obj[k]
+    if v ~= nil then
+      local s
+      if type(v) == "number" then
+        s = (v == math.floor(v) and math.abs(v) < 2 ^ 53) and ("%d"):format(v) or ("%.17g"):format(v)
+      else
+        s = ('"%s"'):format(tostring(v):gsub('[%c"\\]', function(c) return ("\\u%04x"):format(c:byte()) end))
+      end
+      parts[#parts + 1] = ('"%s":%s'):format(k, s)
+    end
+  end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+local metric_keys = { "phase", "epoch", "loss", "test_acc", "samples_per_s", "seconds", "eval_seconds",
+  "steps", "world_size", "global_batch", "loss_checksum" }
+
+-- FNV-1a over the bytes of the float32 losses of one epoch: equal checksums = bit-identical losses
+local f32 = ffi.new("float[1]")
+local u8 = ffi.cast("uint8_t*", f32)
+local function fnv_init() return 2166136261 end
+local function fnv_add(h, x)
+  f32[0] = x
+  for i = 0, 3 do h = bit.tobit(bit.bxor(h, u8[i]) * 16777619 % 4294967296) end
+  return h
+end
+
+local function hms(s)
+  s = math.max(0, math.floor(s + 0.5))
+  if s >= 3600 then return ("%d:%02d:%02d"):format(s / 3600, s / 60 % 60, s % 60) end
+  return ("%d:%02d"):format(s / 60, s % 60)
+end
+
+-- ---- the model --------------------------------------------------------------------------------------
+local function block(cin, cout)  -- (B, cin, H, W) -> (B, cout, H/2, W/2)
+  return nn.Sequential(nn.Conv2d(cin, cout, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2))
+end
+
+local Net = nn.Module:extend("FashionNet")
+function Net:__init(c1, c2)
+  self.trunk = nn.Sequential(block(1, c1), block(c1, c2))        -- (B, 1, 28, 28) -> (B, c2, 7, 7)
+  self.head = nn.Sequential(nn.Flatten(), nn.Linear(c2 * 7 * 7, 10)) -- logits (B, 10)
+end
+function Net:forward(x) return self.head(self.trunk(x)) end
+
+local function new_head() return nn.Sequential(nn.Flatten(), nn.Linear(C2 * 7 * 7, 10)) end
+
+-- every block, the trunk (which then owns no parameters), the head and the root are FSDP units
+local function wrap_model(m)
+  for _, b in m.trunk:named_children() do fsdp.wrap(b) end
+  fsdp.wrap(m.trunk)
+  fsdp.wrap(m.head)
+  return fsdp.wrap(m)
+end
+
+local function count_params(m)
+  local n = 0
+  for _, p in m:named_parameters() do n = n + p:numel() end
+  return n
+end
+
+-- ---- setup ---------------------------------------------------------------------------------------------
+local function main()
+  fsdp.init()
+  local R, N = fsdp.rank(), fsdp.world_size()
+  local B = cfg["batch-size"]
+  if B % N ~= 0 then fail("--batch-size %d must be a multiple of the number of ranks (%d)", B, N) end
+  local b = B / N
+
+  -- rank 0 talks; stdout is a terminal: live lines (fsdprun passes its own stdout's tty-ness)
+  local say = R == 0 and function(fmt, ...) io.write(fmt:format(...), "\n") io.flush() end or function() end
+  local tty_env = os.getenv("FSDP_STDOUT_TTY")
+  local tty = R == 0 and (tty_env and tty_env == "1" or (not tty_env and ffi.C.isatty(1) == 1))
+
+  -- data (every rank holds the arrays; each trains on its slices)
+  local fm = require "fsdp.data.fashion_mnist"
+  local t0 = now()
+  local data_dir = fm.find_dir(cfg.data)
+  if cfg.data and not os_ok(os.execute(("test -d '%s'"):format(cfg.data:gsub("'", "'\\''")))) then
+    fail("data directory %s does not exist (pass --data DIR holding the Fashion-MNIST *-ubyte(.gz) files, or `apt-get install dataset-fashion-mnist`)", cfg.data)
+  end
+  local xtrain, ytrain = expect("loading the training set", fm.load, "train", { dir = cfg.data, limit = cfg.limit, normalize = true })
+  local xtest, ytest = expect("loading the test set", fm.load, "test", { dir = cfg.data, limit = cfg["test-limit"], normalize = true })
+  local ntrain, ntest = xtrain:size(1), xtest:size(1)
+  local steps = math.floor(ntrain / B)
+  if steps < 1 then fail("%d training images are fewer than one global batch of %d", ntrain, B) end
+  say("Fashion-MNIST from %s: %d train / %d test images (%.1fs); %d ranks, global batch %d (%d per rank), %d steps per epoch",
+    data_dir, ntrain, ntest, now() - t0, N, B, b, steps)
+
+  -- ---- distributed sampler: permutation(seed, epoch), same on every rank, no global RNG ------------
+  local function permutation(n, seed, epoch)
+    local s = (seed * 1000003 + epoch * 7919 + 12345) % 2147483646 + 1   -- Park-Miller, exact in doubles
+    local perm = ffi.new("int64_t[?]", n)
+    for i = 0, n - 1 do perm[i] = i end
+    for i = n - 1, 1, -1 do
+      s = s * 48271 % 2147483647
+      local j = s % (i + 1)
+      perm[i], perm[j] = perm[j], perm[i]
+    end
+    local t = fsdp.empty({ n }, { dtype = "int64" })
+    ffi.copy(t:data_ptr(), perm, n * 8)
+    return t
+  end
+
+  -- ---- evaluation: the test set split over ranks, counts all-reduced ----------------------------------
+  -- every rank runs the same number of forwards (the collectives of the units must match): a rank
+  -- whose slice has run out evaluates one sample and does not count it
+  local function evaluate(model)
+    local lo = math.floor(ntest * R / N)
+    local hi = math.floor(ntest * (R + 1) / N)
+    local eb = cfg["eval-batch"]
+    local nb = math.ceil(math.ceil(ntest / N) / eb)
+    model:eval()
+    local correct = fsdp.no_grad(function()
+      local c = 0
+      for k = 0, nb - 1 do
+        local s = lo + k * eb
+        local len = math.min(eb, hi - s)
+        local xb, yb = xtest:narrow(1, math.min(s, ntest - 1) + 1, math.max(len, 1)), nil
+        local pred = model(xb):argmax(2)
+        if len > 0 then
+          yb = ytest:narrow(1, s + 1, len)
+          c = c + pred:eq(yb):sum():item()
+        end
+      end
+      return c
+    end)
+    model:train()
+    local t = fsdp.tensor({ correct })
+    if N > 1 then fsdp.all_reduce(t, "sum") end
+    return t:item() / ntest
+  end
+
+  -- ---- metrics ---------------------------------------------------------------------------------------
+  local function metrics_write(lines, mode)
+    if R ~= 0 then return end
+    local dir = cfg.metrics:match("^(.*)/[^/]*$")
+    if dir then os.execute(("mkdir -p '%s'"):format(dir:gsub("'", "'\\''"))) end
+    local f, err = io.open(cfg.metrics, mode)
+    if not f then fail("cannot write the metrics file: %s", err) end
+    for _, l in ipairs(lines) do f:write(l, "\n") end
+    f:close()
+  end
+  local function metrics_read()
+    local f = io.open(cfg.metrics, "r")
+    if not f then return {} end
+    local out = {}
+    for l in f:lines() do
+      if l:match("^%s*{") then
+        out[#out + 1] = { line = l, phase = l:match('"phase":"([^"]*)"'), epoch = tonumber(l:match('"epoch":(%d+)')),
+          loss = tonumber(l:match('"loss":([-%d%.eE+]+)')), test_acc = tonumber(l:match('"test_acc":([-%d%.eE+]+)')) }
+      end
+    end
+    f:close()
+    return out
+  end
+
+  -- ---- one epoch of training -----------------------------------------------------------------------
+  -- returns {loss = mean over steps of the rank-averaged loss, checksum, seconds, samples_per_s}
+  local function train_epoch(model, opt, phase, epoch, nepochs, seed)
+    local perm = permutation(ntrain, seed, epoch)
+    local label = ("%s %d/%d"):format(phase, epoch, nepochs)
+    local sum, h = 0, fnv_init()
+    local te, last_draw, next_plain = now(), -1, 0.1
+    model:train()
+    for s = 1, steps do
+      local ix = perm:narrow(1, (s - 1) * B + R * b + 1, b)
+      local xb, yb = xtrain:index_select(1, ix), ytrain:index_select(1, ix)
+      local loss = F.cross_entropy(model(xb), yb)
+      opt:zero_grad()
+      loss:backward()
+      opt:step()
+      local l = loss:item()
+      if l ~= l then fail("%s: the loss became NaN at step %d (lower --lr)", label, s) end
+      sum, h = sum + l, fnv_add(h, l)
+      if R == 0 then
+        local t = now()
+        local frac = s / steps
+        local line = function()
+          local el = t - te
+          return ("%s [%-24s] %3d%%  %d/%d  %5.0f samples/s  loss %.4f  ETA %s"):format(label,
+            ("="):rep(math.floor(24 * frac)), math.floor(100 * frac), s, steps, s * B / el, sum / s,
+            hms(el / s * (steps - s)))
+        end
+        if tty and (t - last_draw > 0.25 or s == steps) then
+          io.write("\r", line(), "\27[K") io.flush()
+          last_draw = t
+        elseif not tty and frac >= next_plain and s < steps then
+          io.write(line(), "\n") io.flush()
+          while next_plain <= frac do next_plain = next_plain + 0.1 end
+        end
+      end
+    end
+    local seconds = now() - te
+    local t = fsdp.tensor({ sum })
+    if N > 1 then fsdp.all_reduce(t, "sum") end
+    return { loss = t:item() / N / steps, checksum = ("%08x"):format(h % 4294967296), seconds = seconds,
+      samples_per_s = steps * B / seconds }
+  end
+
+  local function finish_epoch(model, phase, epoch, nepochs, r)
+    local ta = now()
+    local acc = evaluate(model)
+    local eval_s = now() - ta
+    local rec = { phase = phase, epoch = epoch, loss = r.loss, test_acc = acc, samples_per_s = r.samples_per_s,
+      seconds = r.seconds, eval_seconds = eval_s, steps = steps, world_size = N, global_batch = B,
+      loss_checksum = r.checksum }
+    local final = ("%s %d/%d  loss %.4f  test acc %.4f  %.0f samples/s  %s (+%.1fs eval)  loss checksum %s")
+      :format(phase, epoch, nepochs, r.loss, acc, r.samples_per_s, hms(r.seconds), eval_s, r.checksum)
+    if R == 0 then
+      if tty then io.write("\r", final, "\27[K\n") io.flush() else say("%s", final) end
+    end
+    metrics_write({ json_line(metric_keys, rec) }, "a")
+    return acc
+  end
+
+  -- ---- pretraining -------------------------------------------------------------------------------------
+  local pretrain_acc, linear_acc
+  if not cfg["linear-eval"] then
+    fsdp.manual_seed(cfg.seed)
+    local model = wrap_model(Net(C1, C2))
+    local opt = optim.Adam(model:parameters(), { lr = cfg.lr })
+    local start = 1
+    if cfg.resume then
+      local extra = expect(("cannot resume from %s"):format(cfg.resume), fsdp.load_sharded, cfg.resume, model, opt)
+      if type(extra) ~= "table" or extra.phase ~= "pretrain" or type(extra.epoch) ~= "number" then
+        fail("cannot resume from %s: it is not a checkpoint of examples/train.lua's pretraining", cfg.resume)
+      end
+      if extra.global_batch ~= B or extra.seed ~= cfg.seed then
+        fail("cannot resume from %s: it was trained with --batch-size %s --seed %s; pass the same values to continue it",
+          cfg.resume, tostring(extra.global_batch), tostring(extra.seed))
+      end
+      start = extra.epoch + 1
+      -- the metrics file keeps the epochs up to the checkpoint
+      local keep = {}
+      for _, m in ipairs(metrics_read()) do
+        if m.phase == "pretrain" and m.epoch and m.epoch <= extra.epoch then keep[#keep + 1] = m.line end
+      end
+      metrics_write(keep, "w")
+      say("resumed from %s after epoch %d (pretrain test accuracy then: %s)", cfg.resume, extra.epoch,
+        extra.test_acc and ("%.4f"):format(extra.test_acc) or "?")
+      pretrain_acc = extra.test_acc
+    else
+      metrics_write({}, "w")
+    end
+    say("FashionNet: trunk 2 x Conv3x3-ReLU-MaxPool (1-%d-%d), head Linear(%d, 10): %d parameters in %d FSDP units; Adam lr %g",
+      C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr)
+    for epoch = start, cfg.epochs do
+      local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, cfg.seed)
+      pretrain_acc = finish_epoch(model, "pretrain", epoch, cfg.epochs, r)
+      expect("saving the checkpoint", fsdp.save_sharded, cfg.ckpt, model, opt,
+        { phase = "pretrain", epoch = epoch, seed = cfg.seed, global_batch = B, test_acc = pretrain_acc,
+          loss = r.loss, channels = cfg.channels })
+      if not fsdp.all_idle() then error("a unit is not idle after the epoch (an FSDP bug)") end
+    end
+    if start > cfg.epochs then say("nothing to train: the checkpoint is at epoch %d, --epochs is %d", start - 1, cfg.epochs) end
+    -- one consolidated file with the full tensors (PyTorch names), written by rank 0
+    if R == 0 then
+      local info = expect("consolidating the checkpoint", require("fsdp.checkpoint").consolidate, cfg.ckpt, cfg.ckpt .. "/model.safetensors")
+      say("checkpoint: %s (sharded, %d ranks), consolidated %s (%d tensors, %.1f MB)", info.source, info.world_size,
+        info.path, #info.names, info.bytes / 1e6)
+    end
+    fsdp.barrier()
+  end
+
+  -- ---- linear evaluation -------------------------------------------------------------------------------
+  if not cfg["skip-linear-eval"] then
+    local src = cfg.resume or cfg.ckpt
+    fsdp.manual_seed(cfg.seed)
+    local model = Net(C1, C2)
+    local full = src .. "/model.safetensors"
+    if file_exists(full) then
+      local sd = expect(("cannot read the pretrained weights %s"):format(full), fsdp.load, full)
+      expect(("the pretrained weights %s do not fit the model"):format(full), model.load_state_dict, model, sd)
+    else  -- no consolidated file yet (e.g. an interrupted run): the sharded checkpoint, read whole
+      expect(("cannot load the pretrained weights from %s"):format(src), fsdp.load_sharded, src, model)
+    end
+    if not pretrain_acc then pretrain_acc = evaluate(model) end
+    -- freeze the trunk, new head, wrap exactly as in pretraining (the trunk's nested units included)
+    for _, p in model.trunk:named_parameters() do p.requires_grad = false end
+    fsdp.manual_seed(cfg.seed + 1)
+    model.head = new_head()
+    wrap_model(model)
+    local trainable = {}
+    for _, p in ipairs(model:parameters()) do if p.requires_grad then trainable[#trainable + 1] = p end end
+    local opt = optim.Adam(trainable, { lr = cfg["linear-lr"] })
+    say("linear evaluation: trunk of %s frozen, new head Linear(%d, 10), Adam lr %g, %d epochs",
+      src, C2 * 49, cfg["linear-lr"], cfg["linear-epochs"])
+    if cfg["linear-eval"] then
+      local keep = {}
+      for _, m in ipairs(metrics_read()) do if m.phase ~= "linear" then keep[#keep + 1] = m.line end end
+      metrics_write(keep, "w")
+    end
+    linear_acc = evaluate(model)
+    say("linear 0/%d  test acc %.4f (untrained head)", cfg["linear-epochs"], linear_acc)
+    for epoch = 1, cfg["linear-epochs"] do
+      local r = train_epoch(model, opt, "linear", epoch, cfg["linear-epochs"], cfg.seed + 1000)
+      linear_acc = finish_epoch(model, "linear", epoch, cfg["linear-epochs"], r)
+    end
+  end
+
+  -- ---- plot and summary -----------------------------------------------------------------------------------
+  if R == 0 then
+    local gp = script_dir .. "/plot.gp"
+    if not os_ok(os.execute("command -v gnuplot >/dev/null 2>&1")) then
+      say("gnuplot not found (apt-get install gnuplot-nox): skipping the plot %s", cfg.plot)
+    elseif not file_exists(gp) then
+      say("%s not found: skipping the plot", gp)
+    else
+      -- gnuplot reads a table: one block per phase (epoch, loss, test accuracy)
+      local tsv = cfg.plot:gsub("%.png$", "") .. ".tsv"
+      local f = assert(io.open(tsv, "w"))
+      for i, phase in ipairs { "pretrain", "linear" } do
+        f:write(("# %s\n"):format(phase))
+        local any = false
+        for _, m in ipairs(metrics_read()) do
+          if m.phase == phase then f:write(("%d\t%.6f\t%.6f\n"):format(m.epoch, m.loss, m.test_acc)) any = true end
+        end
+        if not any then f:write("NaN\tNaN\tNaN\n") end
+        if i == 1 then f:write("\n\n") end
+      end
+      f:close()
+      local q = function(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+      local cmd = ("gnuplot -e %s %s 2>&1"):format(q(("data='%s'; out='%s'"):format(tsv, cfg.plot)), q(gp))
+      local p = io.popen(cmd)
+      local out = p:read("*a")
+      p:close()
+      if file_exists(cfg.plot) and not out:find("rror") then say("plot: %s", cfg.plot)
+      else say("gnuplot failed, no plot: %s", out) end
+    end
+    local function fmt(a) return a and ("%.4f"):format(a) or "skipped" end
+    say("pretrain test accuracy: %s, linear-eval test accuracy: %s", fmt(pretrain_acc), fmt(linear_acc))
+  end
+  fsdp.barrier()
+end
+
+local ok, err = xpcall(main, function(e)
+  if getmetatable(e) == UserError then return e end
+  return debug.traceback(tostring(e), 2)
+end)
+if not ok then
+  local msg = getmetatable(err) == UserError and err.msg or tostring(err)
+  local r = ""
+  if fsdp.comm.is_initialized() and fsdp.world_size() > 1 then
+    r = (" (rank %d)"):format(fsdp.rank())
+    -- an error every rank hits (bad data, a wrong checkpoint) is told once: rank 0 exits first and
+    -- the launcher stops the others; an error of another rank alone is still told a second later
+    if fsdp.rank() > 0 then ffi.C.usleep(1500000) end
+  end
+  io.stderr:write("train.lua", r, ": ", msg, "\n")
+  io.stderr:flush()
+  io.stdout:flush()
+  -- with several ranks, no orderly MPI finalize (it would wait for ranks that are not coming)
+  if r ~= "" then ffi.C._exit(1) end
+  os.exit(1)
+end
