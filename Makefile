@@ -67,6 +67,16 @@ memcheck: all $(CTESTS)
 	@for t in $(CTESTS); do echo "== valgrind $$t"; \
 	  OMP_NUM_THREADS=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 $$t || exit 1; done
 
+# libfsdp built with AddressSanitizer (build-asan/), then one short training run through LuaJIT
+# with the sanitizer preloaded: invalid accesses and leaks at exit are errors
+ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
+asan-check: lua/fsdp/cdef.lua
+	mkdir -p build-asan
+	$(CC) -O1 -g -fsanitize=address -fno-omit-frame-pointer -std=gnu11 -fPIC -fopenmp $(BLAS_CFLAGS) -shared \
+	  -o build-asan/libfsdp.so $(SRCS) $(LDLIBS)
+	ASAN_OPTIONS=detect_leaks=1 LD_PRELOAD=$(ASAN_LIB) \
+	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
+
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua
 
@@ -83,4 +93,4 @@ install: all
 clean:
 	rm -rf build libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all test memcheck bench demo install clean
+.PHONY: all test memcheck asan-check bench demo install clean

@@ -16,6 +16,7 @@ Models (bench/torch_models.py, identical to bench/models.lua and bench/fsdp_mode
   transformer  d 256, 4 heads, 2 blocks, seq 128, vocab 1000, batch 8 per rank, AdamW lr 3e-4 wd 0.01
 """
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -60,7 +61,8 @@ def worker(rank, world, port, a, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a lost peer is an error after a while, not a hang (gloo's default is 30 minutes)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=a.timeout))
     for name in a.models.split(","):
         model, opt_fn, loss_fn = build(name, rank)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -105,6 +107,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--models", default="conv,transformer")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds a rank waits for its peers")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")

@@ -19,7 +19,7 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/
 package.cpath = root .. "/?.so;" .. package.cpath
 
 local opts = { what = "shard,ddp", rounds = 3, warmup = 3, iters = 10, batch = 128, depth = 4, width = 1024,
-  python = "/usr/bin/python3", child = false, n = 2, shard_target = 1.15, ddp_target = 1.0 }
+  python = "/usr/bin/python3", child = false, timeout = 600, n = 2, shard_target = 1.15, ddp_target = 1.0 }
 local i = 1
 while arg and i <= #arg do
   local a = arg[i]
@@ -158,6 +158,7 @@ local runner, me = root .. "/bin/fsdprun", root .. "/bench/fsdp_speed.lua"
 local failed = 0
 
 local function run(cmd)
+  cmd = ("timeout %d %s"):format(opts.timeout, cmd) -- a stuck job fails this measurement, not the bench
   io.stderr:write("  " .. cmd .. "\n")
   local p = io.popen(cmd .. " 2>&1")
   local out = p:read("*a")
