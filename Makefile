@@ -80,6 +80,11 @@ asan-check: lua/fsdp/cdef.lua
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua
 
+# FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
+# shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".
+bench-fsdp: all
+	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_speed.lua
+
 demo: all
 	bash examples/demo.sh
 
@@ -93,4 +98,4 @@ install: all
 clean:
 	rm -rf build libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all test memcheck asan-check bench demo install clean
+.PHONY: all test memcheck asan-check bench bench-fsdp demo install clean

@@ -63,9 +63,11 @@ def worker(rank, world, port, a, queue):
     torch.set_num_threads(1)
     # a lost peer is an error after a while, not a hang (gloo's default is 30 minutes)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=a.timeout))
+    keep = []  # DDP objects live until os._exit (see below)
     for name in a.models.split(","):
         model, opt_fn, loss_fn = build(name, rank)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
+        keep.append(ddp)
         opt = opt_fn(ddp.parameters())
 
         def step():
@@ -92,7 +94,11 @@ def worker(rank, world, port, a, queue):
             queue.put({"model": name, "ms": statistics.median(times), "times": times, "world": world,
                        "batch": BATCH[name], "loss": float(lt) / world, "threads": torch.get_num_threads(),
                        "torch": torch.__version__})
-    dist.destroy_process_group()
+    # torch 1.13 can deadlock tearing down DDP's reducer and the gloo group (a gloo thread waits for
+    # the GIL the destructor holds): the results are queued, so leave without the teardown
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def free_port():

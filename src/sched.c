@@ -170,7 +170,9 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   // every rank starts from rank 0's values
   if (u->opts.sync_module_states && fsdp_comm_world_size() > 1)
     for (int i = 0; i < n; i++) {
-      fsdp_work* w = fsdp_broadcast(ts[i], 0, u->path);
+      char tag[256];  // the parameter's name makes a shape mismatch between ranks self-explanatory
+      snprintf(tag, sizeof tag, "%s: %s", u->path, names && names[i] ? names[i] : "?");
+      fsdp_work* w = fsdp_broadcast(ts[i], 0, tag);
       int rc = w ? fsdp_work_wait(w) : -1;
       fsdp_work_free(w);
       if (rc) return -1;

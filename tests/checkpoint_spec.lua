@@ -7,33 +7,12 @@
 local fsdp = require "fsdp"
 local H = require "helpers"
 
-local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
-local function abspath(p)
-  local f = io.popen(("cd %q && pwd"):format(p))
-  local d = f:read("*l")
-  f:close()
-  return d
-end
-local root = abspath(here .. "/..")
-local scripts = root .. "/tests/scripts/"
+local root, scripts, sh = H.root, H.scripts, H.sh
 package.path = scripts .. "?.lua;" .. package.path
 local K = require "ckpt_model"
 local CK = require "fsdp.checkpoint"
 
-local function sh(cmd, env)
-  local p = io.popen(("cd /tmp && %s timeout -k 5 120 %s 2>&1; echo \"__rc=$?\""):format(env or "", cmd))
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out
-end
-
-local function has_mpi()
-  local f = io.open(root .. "/libfsdp_mpi.so", "rb")
-  if not f then return false end
-  f:close()
-  return os.execute("command -v mpirun >/dev/null 2>&1") == 0
-end
-local mpi = has_mpi()
+local mpi = H.has_mpi()
 
 local base = os.tmpname()
 os.remove(base)

@@ -4,35 +4,8 @@
 local fsdp = require "fsdp"
 local H = require "helpers"
 
-local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
-local function abspath(p)
-  local f = io.popen(("cd %q && pwd"):format(p))
-  local d = f:read("*l")
-  f:close()
-  return d
-end
-local root = abspath(here .. "/..")
-local fsdprun = root .. "/bin/fsdprun"
-local scripts = root .. "/tests/scripts/"
-
--- runs a shell command from /tmp (so nothing depends on the caller's directory) under a hard
--- timeout; returns exit status, combined output and elapsed seconds
-local function sh(cmd, env)
-  local t0 = os.time()
-  local p = io.popen(("cd /tmp && %s timeout -k 5 120 %s 2>&1; echo \"__rc=$?\""):format(env or "", cmd))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, out, os.time() - t0
-end
-
-local function has_mpi()
-  local f = io.open(root .. "/libfsdp_mpi.so", "rb")
-  if not f then return false end
-  f:close()
-  return os.execute("command -v mpirun >/dev/null 2>&1") == 0
-end
-local mpi = has_mpi()
+local root, scripts, fsdprun, sh = H.root, H.scripts, H.fsdprun, H.sh
+local mpi = H.has_mpi()
 
 local function count(s, pat)
   local n = 0

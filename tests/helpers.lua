@@ -104,4 +104,33 @@ function H.assert_error(fn, ...)
   return err
 end
 
+-- ---- running multi-rank scripts ------------------------------------------------------------------
+local function abspath(p)
+  local f = io.popen(("cd %q && pwd"):format(p))
+  local d = f:read("*l")
+  f:close()
+  return d
+end
+H.root = abspath((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests") .. "/..")
+H.scripts = H.root .. "/tests/scripts/"
+H.fsdprun = H.root .. "/bin/fsdprun"
+
+-- runs a shell command from /tmp (so nothing depends on the caller's directory) under a hard
+-- timeout (seconds, default 120); returns exit status, combined output and elapsed seconds
+function H.sh(cmd, env, timeout)
+  local t0 = os.time()
+  local p = io.popen(("cd /tmp && %s timeout -k 5 %d %s 2>&1; echo \"__rc=$?\""):format(env or "", timeout or 120, cmd))
+  local out = p:read("*a")
+  p:close()
+  return tonumber(out:match("__rc=(%d+)%s*$")), out, os.time() - t0
+end
+
+-- whether multi-rank runs are possible here (libfsdp_mpi.so built and mpirun installed)
+function H.has_mpi()
+  local f = io.open(H.root .. "/libfsdp_mpi.so", "rb")
+  if not f then return false end
+  f:close()
+  return os.execute("command -v mpirun >/dev/null 2>&1") == 0
+end
+
 return H
