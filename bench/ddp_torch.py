@@ -2,6 +2,7 @@
 """PyTorch DDP peer of bench/fsdp_speed.lua: the same models trained on N ranks over gloo.
 
     /usr/bin/python3 bench/ddp_torch.py [--world 2] [--models conv,transformer] [--warmup 3] [--iters 10]
+                                        [--timeout 120] [--fifo DIR]
 
 Spawns `--world` processes (torch.multiprocessing, MASTER_ADDR=127.0.0.1, a free port), each with
 torch.set_num_threads(1), wraps the model in DistributedDataParallel (gloo) and times one training
@@ -63,6 +64,21 @@ def worker(rank, world, port, a, queue):
     torch.set_num_threads(1)
     # a lost peer is an error after a while, not a hang (gloo's default is 30 minutes)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=a.timeout))
+    # paired mode (--fifo DIR, driven by bench/fsdp_speed.lua): every step waits for the driver's token
+    # on DIR/go.<rank> and answers on DIR/done.<rank>, so ours and DDP alternate step by step
+    go = done = None
+    if a.fifo:
+        go = os.open(os.path.join(a.fifo, f"go.{rank}"), os.O_RDONLY)
+        done = os.open(os.path.join(a.fifo, f"done.{rank}"), os.O_WRONLY)
+
+    def token_wait():
+        if go is not None and os.read(go, 1) != b"g":
+            raise SystemExit("ddp_torch.py: the driver went away")
+
+    def token_done():
+        if done is not None:
+            os.write(done, b"d")
+
     keep = []  # DDP objects live until os._exit (see below)
     for name in a.models.split(","):
         model, opt_fn, loss_fn = build(name, rank)
@@ -77,17 +93,18 @@ def worker(rank, world, port, a, queue):
             opt.step()
             return loss
 
-        for _ in range(a.warmup):
-            step()
         times = []
         t = torch.zeros(1)
-        for _ in range(a.iters):
+        for it in range(a.warmup + a.iters):
+            token_wait()
             dist.barrier()
             t0 = time.perf_counter()
             loss = step()
             t[0] = (time.perf_counter() - t0) * 1e3
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's step
-            times.append(float(t[0]))
+            token_done()
+            if it >= a.warmup:
+                times.append(float(t[0]))
         lt = loss.detach().clone()
         dist.all_reduce(lt)
         if rank == 0:
@@ -114,6 +131,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--models", default="conv,transformer")
     ap.add_argument("--timeout", type=int, default=120, help="seconds a rank waits for its peers")
+    ap.add_argument("--fifo", default="", help="directory of go.<rank>/done.<rank> FIFOs (paired mode)")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")

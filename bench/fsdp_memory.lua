@@ -187,8 +187,10 @@ local function report(gc, results)
       mb(r.t_grads), mb(r.t_optim), mb(r.t_comm)))
     if r.peak_comm > 0 then print(("      comm peak %s at %s"):format(mb(r.peak_comm), r.comm_where)) end
     if N == 4 then
-      verdict = ("N = 4: params %.2fx of S/N+L; total %.2fx of 4S/N+L, %.2fx of 4S/N+2L; target <= %.2fx")
-        :format(r.peak_params / f_params, r.total / f_total, r.total / f_total_g, opts.target)
+      local function mark(x) return x <= opts.target and "" or " (MISSED)" end
+      verdict = ("N = 4: params %.2fx of S/N+L%s; total %.2fx of 4S/N+L%s, %.2fx of 4S/N+2L%s; target <= %.2fx")
+        :format(r.peak_params / f_params, mark(r.peak_params / f_params), r.total / f_total, mark(r.total / f_total),
+          r.total / f_total_g, mark(r.total / f_total_g), opts.target)
     end
   end
   if verdict then print(verdict) end

@@ -37,8 +37,8 @@ local F = nn.functional
 
 -- ---- flags ---------------------------------------------------------------------------------------
 local defaults = {
-  epochs = 4, ["batch-size"] = 128, lr = 1e-3, data = nil, ckpt = nil, resume = nil,
-  ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 1, ["linear-lr"] = 1e-3,
+  epochs = 5, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
+  ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 2, ["linear-lr"] = 1e-3,
   seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
   channels = "32,64", ["eval-batch"] = 500,
 }
@@ -48,16 +48,17 @@ usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
 Pretrains a conv net on Fashion-MNIST with FSDP, checkpoints every epoch, then trains a new
 linear head on the frozen trunk and reports both test accuracies.
 
-  --epochs N            pretraining epochs (default 4)
+  --epochs N            pretraining epochs (default 5)
   --batch-size B        global batch size, split evenly over the ranks (default 128)
   --lr LR               Adam learning rate for pretraining (default 0.001)
+  --lr-decay G          the learning rate of epoch e is LR * G^(e-1) (default 0.7)
   --data DIR            directory with the four *-ubyte(.gz) files (default: $FSDP_DATA_DIR,
                         /usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`)
   --ckpt DIR            checkpoint directory (default ./checkpoints, or the --resume DIR)
   --resume DIR          continue pretraining from the sharded checkpoint in DIR
   --linear-eval         only the linear evaluation, from the checkpoint in --ckpt / --resume DIR
   --skip-linear-eval    pretraining only
-  --linear-epochs N     epochs of linear evaluation (default 1)
+  --linear-epochs N     epochs of linear evaluation (default 2)
   --linear-lr LR        Adam learning rate of the linear evaluation (default 0.001)
   --seed S              initialisation and data order (default 0)
   --limit N             use only the first N training images (CI)
@@ -69,7 +70,7 @@ linear head on the frozen trunk and reports both test accuracies.
   -h, --help            this text
 ]]
 local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true }
-local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["linear-epochs"] = "int",
+local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["lr-decay"] = "num", ["linear-epochs"] = "int",
   ["linear-lr"] = "num", seed = "int", limit = "int", ["test-limit"] = "int", ["eval-batch"] = "int" }
 local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true }
 
@@ -105,7 +106,7 @@ do
         if not n or (flags_num[key] == "int" and n ~= math.floor(n)) then
           usage_error(("--%s expects %s, got '%s'"):format(key, flags_num[key] == "int" and "an integer" or "a number", v))
         end
-        if n < 0 or (n == 0 and key ~= "seed" and key ~= "epochs" and key ~= "linear-epochs") then
+        if n < 0 or (n == 0 and key ~= "seed" and key ~= "epochs" and key ~= "linear-epochs" and key ~= "lr-decay") then
           usage_error(("--%s must be positive, got %s"):format(key, v))
         end
         v = n
@@ -392,9 +393,9 @@ local function main()
       if type(extra) ~= "table" or extra.phase ~= "pretrain" or type(extra.epoch) ~= "number" then
         fail("cannot resume from %s: it is not a checkpoint of examples/train.lua's pretraining", cfg.resume)
       end
-      if extra.global_batch ~= B or extra.seed ~= cfg.seed then
-        fail("cannot resume from %s: it was trained with --batch-size %s --seed %s; pass the same values to continue it",
-          cfg.resume, tostring(extra.global_batch), tostring(extra.seed))
+      if extra.global_batch ~= B or extra.seed ~= cfg.seed or extra.lr ~= cfg.lr or extra.lr_decay ~= cfg["lr-decay"] then
+        fail("cannot resume from %s: it was trained with --batch-size %s --seed %s --lr %s --lr-decay %s; pass the same values to continue it",
+          cfg.resume, tostring(extra.global_batch), tostring(extra.seed), tostring(extra.lr), tostring(extra.lr_decay))
       end
       start = extra.epoch + 1
       -- the metrics file keeps the epochs up to the checkpoint
@@ -409,14 +410,16 @@ local function main()
     else
       metrics_write({}, "w")
     end
-    say("FashionNet: trunk 2 x Conv3x3-ReLU-MaxPool (1-%d-%d), head Linear(%d, 10): %d parameters in %d FSDP units; Adam lr %g",
-      C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr)
+    say("FashionNet: trunk 2 x Conv3x3-ReLU-MaxPool (1-%d-%d), head Linear(%d, 10): %d parameters in %d FSDP units; Adam lr %g x %g per epoch",
+      C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr, cfg["lr-decay"])
     for epoch = start, cfg.epochs do
+      -- the schedule depends on the epoch alone, so a resumed run follows it too
+      for _, g in ipairs(opt.param_groups) do g.lr = cfg.lr * cfg["lr-decay"] ^ (epoch - 1) end
       local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, cfg.seed)
       pretrain_acc = finish_epoch(model, "pretrain", epoch, cfg.epochs, r)
       expect("saving the checkpoint", fsdp.save_sharded, cfg.ckpt, model, opt,
         { phase = "pretrain", epoch = epoch, seed = cfg.seed, global_batch = B, test_acc = pretrain_acc,
-          loss = r.loss, channels = cfg.channels })
+          loss = r.loss, channels = cfg.channels, lr = cfg.lr, lr_decay = cfg["lr-decay"] })
       if not fsdp.all_idle() then error("a unit is not idle after the epoch (an FSDP bug)") end
     end
     if start > cfg.epochs then say("nothing to train: the checkpoint is at epoch %d, --epochs is %d", start - 1, cfg.epochs) end
@@ -473,21 +476,30 @@ local function main()
     elseif not file_exists(gp) then
       say("%s not found: skipping the plot", gp)
     else
-      -- gnuplot reads a table: one block per phase (epoch, loss, test accuracy)
+      -- gnuplot reads a table: one block per phase (x on one epoch time line, epoch, loss, accuracy)
       local tsv = cfg.plot:gsub("%.png$", "") .. ".tsv"
       local f = assert(io.open(tsv, "w"))
+      local ms, npre, nlin = metrics_read(), 0, 0
+      for _, m in ipairs(ms) do
+        if m.phase == "pretrain" then npre = math.max(npre, m.epoch) else nlin = math.max(nlin, m.epoch) end
+      end
       for i, phase in ipairs { "pretrain", "linear" } do
-        f:write(("# %s\n"):format(phase))
+        f:write(("# %s: x epoch loss test_acc\n"):format(phase))
         local any = false
-        for _, m in ipairs(metrics_read()) do
-          if m.phase == phase then f:write(("%d\t%.6f\t%.6f\n"):format(m.epoch, m.loss, m.test_acc)) any = true end
+        for _, m in ipairs(ms) do
+          if m.phase == phase then
+            f:write(("%d\t%d\t%.6f\t%.6f\n"):format(m.epoch + (i == 2 and npre or 0), m.epoch, m.loss, m.test_acc))
+            any = true
+          end
         end
-        if not any then f:write("NaN\tNaN\tNaN\n") end
+        if not any then f:write("NaN\tNaN\tNaN\tNaN\n") end
         if i == 1 then f:write("\n\n") end
       end
       f:close()
       local q = function(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-      local cmd = ("gnuplot -e %s %s 2>&1"):format(q(("data='%s'; out='%s'"):format(tsv, cfg.plot)), q(gp))
+      local vars = ("data='%s'; out='%s'; npre=%d; nlin=%d; ntest=%d"):format(tsv, cfg.plot, npre, nlin, ntest)
+      local cmd = ("gnuplot -e %s %s 2>&1"):format(q(vars), q(gp))
+      os.remove(cfg.plot)
       local p = io.popen(cmd)
       local out = p:read("*a")
       p:close()

@@ -1,6 +1,12 @@
 /*
  * cpu_elem.c -- CPU kernels for copies/casts, fills, axpy and the elementwise/reduction family.
  */
+// no errno from sqrtf/logf and no FP-trap semantics, so math loops vectorise (we never read errno
+// or FP exception flags). It must come before the includes: GCC does not inline a function (here
+// fastmath.h's fsdp_expf) into code compiled with other optimize options, and a call per element
+// keeps exp/tanh/GELU loops scalar.
+#pragma GCC optimize("no-math-errno", "no-trapping-math")
+
 #include "internal.h"
 #include "fastmath.h"
 
@@ -151,10 +157,6 @@ static void cpu_scale(float* y, int64_t n, float s) {
 // ============================================================================================
 // elementwise / reduction family (ops_elem.c, ops_shape.c)
 // ============================================================================================
-// no errno from sqrtf/logf and no FP-trap semantics, so math loops vectorise (we never read errno
-// or FP exception flags)
-#pragma GCC optimize("no-math-errno", "no-trapping-math")
-
 #define PAR_MIN 32768      // below this many elements a loop stays on one thread
 #define PAR_MIN_HEAVY 4096 // the same for transcendental loops (several ns per element)
 #define CHUNK 16384    // binary loops split long rows into chunks of this many elements for threads

@@ -5,20 +5,118 @@
 #include "internal.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
 
+// LuaJIT dlclose()s libfsdp.so at exit (lua_close), and with it libgomp, whose idle worker
+// threads may still be finishing the last parallel region's barrier: they would run on in
+// unmapped code (a segfault at exit, seen under load). Pinning libgomp for the life of the
+// process keeps their code mapped; they die with the process.
+__attribute__((constructor)) static void pin_openmp_runtime(void) {
+  dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// ---- GEMM scheduling ------------------------------------------------------------------------------------
+// OpenBLAS always runs single-threaded here; the threads are ours (OpenMP). A list of independent
+// GEMMs is cut into pieces of about equal work -- a big GEMM along its longer output side, two
+// equal ones (a linear's grad_x and grad_w) one per thread, a batch of small ones (attention
+// heads) not at all -- and the threads take pieces as they come, with no synchronisation but the
+// region's end. This beats a sequence of OpenBLAS-threaded calls at these sizes: no barrier
+// inside each GEMM, no OpenBLAS worker spinning between GEMMs while our OpenMP kernels want the
+// cores, and independent GEMMs overlap.
+void openblas_set_num_threads(int n);
+int openblas_get_num_threads(void);
+
+#define GEMM_PAR_MIN (1 << 21)  // multiply-adds under which a GEMM list runs on the calling thread
+#define GEMM_PIECE_MIN (1 << 20)  // smallest piece worth its own OpenBLAS call (about 30 us)
+#define GEMM_ALIGN 16           // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
+
+static void blas_gemm(const fsdp_gemm_args* g) {
+  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M,
+              (int)g->N, (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C, (int)g->ldc);
+}
+
+// rows [lo, hi) (split_n = 0) or columns [lo, hi) (split_n = 1) of GEMM g's output
+typedef struct { const fsdp_gemm_args* g; int64_t lo, hi; int split_n; } gemm_piece;
+
+static void run_piece(const gemm_piece* p) {
+  fsdp_gemm_args a = *p->g;
+  if (p->split_n) {  // C[:, lo:hi] = op(A) @ op(B)[:, lo:hi]
+    a.N = p->hi - p->lo;
+    a.B += a.tb ? p->lo * a.ldb : p->lo;
+    a.C += p->lo;
+  } else {  // C[lo:hi, :] = op(A)[lo:hi, :] @ op(B)
+    a.M = p->hi - p->lo;
+    a.A += a.ta ? p->lo : p->lo * a.lda;
+    a.C += p->lo * a.ldc;
+  }
+  blas_gemm(&a);
+}
+
+static void cpu_gemm_many(int n, const fsdp_gemm_args* g) {
+  double work = 0;
+  for (int i = 0; i < n; i++) work += (double)g[i].M * g[i].N * g[i].K;
+  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int saved = openblas_get_num_threads();
+  if (saved != 1 && !omp_in_parallel()) openblas_set_num_threads(1);
+  if (nt == 1 || work < GEMM_PAR_MIN) {
+    for (int i = 0; i < n; i++) blas_gemm(&g[i]);
+  } else {
+    // pieces of about a thread's share of the work (a GEMM smaller than that stays whole), taken
+    // by the threads as they come. Finer pieces (4 per thread) balanced better on a loaded machine
+    // in theory but cost 3-4% more CPU time (each piece packs its shared operand again) with no
+    // wall-clock gain we could measure, so one share per piece.
+    double share = work / nt;
+    if (share < GEMM_PIECE_MIN) share = GEMM_PIECE_MIN;
+    int64_t np = 0, cap = 0;
+    for (int i = 0; i < n; i++) cap += 1 + (int64_t)((double)g[i].M * g[i].N * g[i].K / share + 0.5);
+    gemm_piece stack[64];
+    gemm_piece* pc = cap <= 64 ? stack : malloc(cap * sizeof(gemm_piece));
+    if (!pc) {  // no memory for the plan: run them one after another
+      for (int i = 0; i < n; i++) blas_gemm(&g[i]);
+      if (saved != 1) openblas_set_num_threads(saved);
+      return;
+    }
+    for (int i = 0; i < n; i++) {
+      int split_n = g[i].N > g[i].M;  // cut the longer side of the output
+      int64_t side = split_n ? g[i].N : g[i].M, blocks = (side + GEMM_ALIGN - 1) / GEMM_ALIGN;
+      int64_t k = (int64_t)((double)g[i].M * g[i].N * g[i].K / share + 0.5);
+      if (k > blocks) k = blocks;
+      if (k < 1) k = 1;
+      for (int64_t j = 0; j < k; j++) {
+        int64_t lo = blocks * j / k * GEMM_ALIGN, hi = blocks * (j + 1) / k * GEMM_ALIGN;
+        pc[np++] = (gemm_piece){&g[i], lo, hi < side ? hi : side, split_n};
+      }
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t i = 0; i < np; i++) run_piece(&pc[i]);
+    if (pc != stack) free(pc);
+  }
+  if (saved != 1 && !omp_in_parallel()) openblas_set_num_threads(saved);
+}
+
 static void cpu_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-              alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  fsdp_gemm_args g = {ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  cpu_gemm_many(1, &g);
 }
 
 static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                              const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
                              float beta, float* C, int64_t ldc, int64_t sc) {
-  for (int64_t b = 0; b < batch; b++)
-    cpu_gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
+  fsdp_gemm_args stack[64];
+  fsdp_gemm_args* g = batch <= 64 ? stack : malloc(batch * sizeof(fsdp_gemm_args));
+  if (!g) {  // no memory for the list: one at a time
+    for (int64_t b = 0; b < batch; b++)
+      cpu_gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
+    return;
+  }
+  int n = (int)batch;
+  for (int b = 0; b < n; b++)
+    g[b] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc};
+  cpu_gemm_many(n, g);
+  if (g != stack) free(g);
 }
 
 // ---- linear helpers ------------------------------------------------------------------------------------
@@ -130,6 +228,14 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const 
   }
 }
 
+// sum of x[0..n): 8 float lanes (vectorized), added up at the end
+static inline float sum_f32(const float* x, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += x[i];
+  return s;
+}
+
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // packs A (M, K), element (i, k) at src[i*rs + k*cs], into [ceil(M/4)][K][4] (zero rows past M)
@@ -171,6 +277,28 @@ static void im2col_row(float* row, const float* x, const fsdp_conv_geom* g, int 
   int64_t hi = W - off_w <= 0 ? 0 : (W - off_w + g->sw - 1) / g->sw;
   if (hi > OW) hi = OW;
   if (lo > hi) lo = hi;
+  if (g->sh == 1 && g->sw == 1 && OW == W) {
+    // stride 1 and output rows as wide as input rows (3x3 with padding 1): over its valid rows the
+    // im2col row is the plane shifted by one offset -- one long copy, then the few out-of-range
+    // columns (iw < 0 or iw >= W) set to zero
+    int64_t HW = H * W, P = OH * OW, shift = ((int64_t)ki * g->dh - g->ph) * W + off_w;
+    int64_t oh0 = g->ph - (int64_t)ki * g->dh, oh1 = H + oh0;  // rows with ih in [0, H)
+    oh0 = oh0 < 0 ? 0 : (oh0 > OH ? OH : oh0);
+    oh1 = oh1 < oh0 ? oh0 : (oh1 > OH ? OH : oh1);
+    int64_t a = oh0 * W, b = oh1 * W;
+    int64_t ca = a + shift < 0 ? -shift : a, cb = b + shift > HW ? HW - shift : b;  // stay inside the plane
+    if (cb < ca) cb = ca;
+    for (int64_t p = 0; p < ca; p++) row[p] = 0.0f;
+    for (int64_t p = ca; p < cb; p++) row[p] = x[p + shift];
+    for (int64_t p = cb; p < P; p++) row[p] = 0.0f;
+    if (lo > 0 || hi < OW)
+      for (int64_t oh = oh0; oh < oh1; oh++) {
+        float* r = row + oh * OW;
+        for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0.0f;
+        for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0.0f;
+      }
+    return;
+  }
   for (int64_t oh = 0; oh < OH; oh++) {
     float* r = row + oh * OW;
     int64_t ih = oh * g->sh - g->ph + (int64_t)ki * g->dh;
@@ -222,16 +350,34 @@ static void im2col_pack_wgrad(float* Bp, float* rows, const float* x, const fsdp
 }
 
 // x (H, W) += the kh*kw rows of col (row (ki, kj) at col + (ki*kw + kj)*P) scattered back
-static void col2im_channel(float* x, const float* col, const fsdp_conv_geom* g) {
+// (col is scratch: the fast path zeroes its out-of-range columns)
+static void col2im_channel(float* x, float* col, const fsdp_conv_geom* g) {
   int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
   for (int ki = 0; ki < g->kh; ki++)
     for (int kj = 0; kj < g->kw; kj++) {
-      const float* row = col + (int64_t)(ki * g->kw + kj) * OH * OW;
+      float* row = col + (int64_t)(ki * g->kw + kj) * OH * OW;
       int64_t off_w = (int64_t)kj * g->dw - g->pw;
       int64_t lo = off_w >= 0 ? 0 : (-off_w + g->sw - 1) / g->sw;
       int64_t hi = W - off_w <= 0 ? 0 : (W - off_w + g->sw - 1) / g->sw;
       if (hi > OW) hi = OW;
       if (lo > hi) lo = hi;
+      if (g->sh == 1 && g->sw == 1 && OW == W) {
+        // as in im2col_row: over the valid rows the plane takes the row shifted by one offset, so
+        // zero the row's out-of-range columns and add it in one long run
+        int64_t HW = H * W, shift = ((int64_t)ki * g->dh - g->ph) * W + off_w;
+        int64_t oh0 = g->ph - (int64_t)ki * g->dh, oh1 = H + oh0;
+        oh0 = oh0 < 0 ? 0 : (oh0 > OH ? OH : oh0);
+        oh1 = oh1 < oh0 ? oh0 : (oh1 > OH ? OH : oh1);
+        if (lo > 0 || hi < OW)
+          for (int64_t oh = oh0; oh < oh1; oh++) {
+            for (int64_t ow = 0; ow < lo; ow++) row[oh * OW + ow] = 0.0f;
+            for (int64_t ow = hi; ow < OW; ow++) row[oh * OW + ow] = 0.0f;
+          }
+        int64_t a = oh0 * W, b = oh1 * W;
+        int64_t ca = a + shift < 0 ? -shift : a, cb = b + shift > HW ? HW - shift : b;
+        for (int64_t p = ca; p < cb; p++) x[p + shift] += row[p];
+        continue;
+      }
       for (int64_t oh = 0; oh < OH; oh++) {
         int64_t ih = oh * g->sh - g->ph + (int64_t)ki * g->dh;
         if (ih < 0 || ih >= H) continue;
@@ -262,8 +408,8 @@ static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x,
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) return -1;
   for (int64_t gi = 0; gi < G; gi++) pack_a(buf + gi * wsz, w + gi * Og * K, K, 1, Og, K);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t n = 0; n < g->N; n++) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t n = 0; n < g->N; n++) {  // dynamic: a thread that loses its core hands work to the other
     float* bp = buf + G * wsz + omp_get_thread_num() * bsz;
     float* row = bp + round_up(P, NR) * K;
     float* yn = y + n * g->O * P;  // (O, P)
@@ -287,43 +433,43 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
 #pragma omp parallel for if (g->N * g->O * P > 32768)
     for (int64_t o = 0; o < g->O; o++) {
       float s = 0.0f;
-      for (int64_t n = 0; n < g->N; n++) {
-        const float* r = gy + (n * g->O + o) * P;
-        for (int64_t p = 0; p < P; p++) s += r[p];
-      }
+      for (int64_t n = 0; n < g->N; n++) s += sum_f32(gy + (n * g->O + o) * P, P);
       gb[o] = s;
     }
   }
   if (gw) memset(gw, 0, (size_t)wsize * sizeof(float));
   if ((!gx && !gw) || g->N == 0) return 0;
   int nt = conv_threads(g);
-  // shared: w[g]^T packed as A (K, Og) for the input gradient
+  // Images go in fixed chunks, each with its own partial weight gradient, summed in chunk order at
+  // the end: threads take chunks as they come (a thread that loses its core does not hold the other
+  // back), yet the result does not depend on which thread ran which chunk.
+  int64_t nchunk = nt == 1 ? 1 : (g->N < 4 * nt ? g->N : 4 * nt);
+  // shared: w[g]^T packed as A (K, Og) for the input gradient; the chunks' partial weight gradients
   // per thread: gy[n, g] packed as A (Og, P) and col^T packed as B (P, K) for the weight gradient,
-  //             gy[n, g] packed as B (Og, P) and gcol (K, P) for the input gradient, one row, and a
-  //             partial weight gradient (all threads' partials are summed at the end)
-  int64_t wtsz = gx ? round_up(K, MR) * Og : 0;
+  //             gy[n, g] packed as B (Og, P) and gcol (K, P) for the input gradient, and NR rows
+  int64_t wtsz = gx ? round_up(K, MR) * Og : 0, parts = gw ? nchunk * wsize : 0;
   int64_t sa = gw ? round_up(Og, MR) * P + round_up(K, NR) * P : 0;
   int64_t sb = gx ? round_up(P, NR) * Og + K * P : 0;
-  int64_t per = sa + sb + NR * P + (gw ? wsize : 0);
-  size_t bytes = (size_t)(G * wtsz + nt * per) * sizeof(float);
+  int64_t per = sa + sb + NR * P;
+  size_t bytes = (size_t)(G * wtsz + parts + nt * per) * sizeof(float);
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) return -1;
+  float* part0 = buf + G * wtsz;
   for (int64_t gi = 0; gi < G && gx; gi++) pack_a(buf + gi * wtsz, w + gi * Og * K, 1, K, K, Og);
-#pragma omp parallel num_threads(nt)
-  {
-    float* mine = buf + G * wtsz + omp_get_thread_num() * per;
+  if (gw) memset(part0, 0, (size_t)parts * sizeof(float));
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < nchunk; ch++) {
+    float* mine = part0 + parts + omp_get_thread_num() * per;
     float *ga = mine, *bt = mine + (gw ? round_up(Og, MR) * P : 0);        // weight gradient operands
     float *gbp = mine + sa, *gcol = gbp + (gx ? round_up(P, NR) * Og : 0);  // input gradient operands
-    float *row = mine + sa + sb, *gw_t = row + NR * P;
-    if (gw) memset(gw_t, 0, (size_t)wsize * sizeof(float));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g->N; n++) {
+    float *row = mine + sa + sb, *gw_c = part0 + ch * wsize;
+    for (int64_t n = g->N * ch / nchunk; n < g->N * (ch + 1) / nchunk; n++) {
       for (int64_t gi = 0; gi < G; gi++) {
         const float* gyg = gy + (n * g->O + gi * Og) * P;  // gy[n, g] (Og, P)
         if (gw) {  // gw[g] (Og, K) += gy[n, g] (Og, P) @ col^T (P, K)
           pack_a(ga, gyg, P, 1, Og, P);
           im2col_pack_wgrad(bt, row, x + (n * g->C + gi * Cg) * HW, g, Cg);
-          gemm_packed(Og, K, P, ga, bt, gw_t + gi * Og * K, K, 1);
+          gemm_packed(Og, K, P, ga, bt, gw_c + gi * Og * K, K, 1);
         }
         if (gx) {  // gcol (K, P) = w[g]^T (K, Og) @ gy[n, g] (Og, P); gx[n, g] = col2im(gcol)
           pack_b(gbp, gyg, P, Og, P);
@@ -337,8 +483,8 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
       }
     }
   }
-  for (int t = 0; gw && t < nt; t++) {  // sum the per-thread weight gradients
-    const float* part = buf + G * wtsz + t * per + sa + sb + NR * P;
+  for (int64_t ch = 0; gw && ch < nchunk; ch++) {  // sum the chunks' weight gradients, in order
+    const float* part = part0 + ch * wsize;
     for (int64_t i = 0; i < wsize; i++) gw[i] += part[i];
   }
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
@@ -449,8 +595,8 @@ static void cpu_adaptive_avg_pool2d_forward(const fsdp_conv_geom* g, float* y, c
       for (int64_t ow = 0; ow < g->OW; ow++) {
         int64_t w0 = ow * g->W / g->OW, w1 = ((ow + 1) * g->W + g->OW - 1) / g->OW;
         float s = 0.0f;
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * g->W + iw];
+        if (w0 == 0 && w1 == g->W) s = sum_f32(xp + h0 * g->W, (h1 - h0) * g->W);  // whole rows: one run
+        else for (int64_t ih = h0; ih < h1; ih++) s += sum_f32(xp + ih * g->W + w0, w1 - w0);
         y[pl * P + oh * g->OW + ow] = s / (float)((h1 - h0) * (w1 - w0));
       }
     }
@@ -478,6 +624,7 @@ static void cpu_adaptive_avg_pool2d_backward(const fsdp_conv_geom* g, float* gx,
 const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
     .gemm = cpu_gemm,
     .gemm_batched = cpu_gemm_batched,
+    .gemm_many = cpu_gemm_many,
     .bias_rows = cpu_bias_rows,
     .sum_rows = cpu_sum_rows,
     .conv2d_forward = cpu_conv2d_forward,

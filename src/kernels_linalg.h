@@ -14,6 +14,20 @@ typedef struct fsdp_conv_geom {
   int groups;
 } fsdp_conv_geom;
 
+// one GEMM: C (M,N) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T when tX; lda/ldb/ldc are row strides
+typedef struct fsdp_gemm_args {
+  int ta, tb;
+  int64_t M, N, K;
+  float alpha;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+} fsdp_gemm_args;
+
 typedef struct fsdp_linalg_kernels {
   // C (M,N) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T when tX; lda/ldb/ldc are row strides
   void (*gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -22,6 +36,9 @@ typedef struct fsdp_linalg_kernels {
   void (*gemm_batched)(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
                        float beta, float* C, int64_t ldc, int64_t sc);
+  // n independent GEMMs (no C overlaps another GEMM's A, B or C), run together: the threads share
+  // them out (e.g. a linear backward's grad_x and grad_w, one GEMM per thread)
+  void (*gemm_many)(int n, const fsdp_gemm_args* g);
   // ---- linear -----------------------------------------------------------------------------------
   // every row of y (M, N) = b (N)
   void (*bias_rows)(float* y, const float* b, int64_t M, int64_t N);

@@ -259,14 +259,23 @@ static int linear_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   operand W = {0};
   fsdp_tensor *gy = fsdp_as_contig(grad_out), *xc = NULL, *gx = NULL, *gw = NULL, *gb = NULL;  // gy (M, out)
   if (!gy) return -1;
+  // the two GEMMs are independent: they run together (one per thread at 2 threads)
+  fsdp_gemm_args gm[2];
+  int n_gemm = 0;
   if (node->needs_grad[0]) {  // gx (M, in) = gy (M, out) @ w (out, in)
     if (operand_of(w, out_f, in_f, &W) || !(gx = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x)))) goto fail;
-    mm(be->linalg, 0, W.trans, M, in_f, out_f, fsdp_f32(gy), out_f, W.p, W.ld, 0.0f, fsdp_f32(gx), in_f);
+    gm[n_gemm++] = (fsdp_gemm_args){0, W.trans, M, in_f, out_f, 1.0f, fsdp_f32(gy), out_f, W.p, W.ld, 0.0f,
+                                    fsdp_f32(gx), in_f};
   }
   if (node->needs_grad[1]) {  // gw (out, in) = gy^T (out, M) @ x (M, in)
     if (!(xc = fsdp_as_contig(x)) || !(gw = fsdp_new(2, w->shape, FSDP_F32, fsdp_device_of(w)))) goto fail;
-    mm(be->linalg, 1, 0, out_f, in_f, M, fsdp_f32(gy), out_f, fsdp_f32(xc), in_f, 0.0f, fsdp_f32(gw), in_f);
+    gm[n_gemm++] = (fsdp_gemm_args){1, 0, out_f, in_f, M, 1.0f, fsdp_f32(gy), out_f, fsdp_f32(xc), in_f, 0.0f,
+                                    fsdp_f32(gw), in_f};
   }
+  if (M > 0 && out_f > 0 && in_f > 0) be->linalg->gemm_many(n_gemm, gm);
+  else for (int i = 0; i < n_gemm; i++)  // empty sizes: mm() zero-fills
+    mm(be->linalg, gm[i].ta, gm[i].tb, gm[i].M, gm[i].N, gm[i].K, gm[i].A, gm[i].lda, gm[i].B, gm[i].ldb, 0.0f,
+       gm[i].C, gm[i].ldc);
   if (node->needs_grad[2]) {  // gb (out) = column sums of gy
     if (!(gb = fsdp_new(1, &out_f, FSDP_F32, fsdp_device_of(x)))) goto fail;
     be->linalg->sum_rows(fsdp_f32(gb), fsdp_f32(gy), M, out_f);

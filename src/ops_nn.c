@@ -45,6 +45,17 @@ static void bgemm(const fsdp_backend* be, int64_t batch, int ta, int tb, int64_t
   be->linalg->gemm_batched(batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, 0.0f, C, N, M * N);
 }
 
+// the same batched product appended to a list of independent GEMMs (g, *n; room for `batch` more),
+// so that two batched products run together through gemm_many
+static void bgemm_add(const fsdp_backend* be, fsdp_gemm_args* g, int* n, int64_t batch, int ta, int tb, int64_t M,
+                      int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa, const float* B,
+                      int64_t ldb, int64_t sb, float* C) {
+  if (batch * M * N == 0) return;
+  if (K == 0) { be->elem->fill(C, FSDP_F32, batch * M * N, 0.0); return; }
+  for (int64_t b = 0; b < batch; b++)
+    g[(*n)++] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, 0.0f, C + b * M * N, N};
+}
+
 // ---- softmax / log_softmax -----------------------------------------------------------------------
 // node->i: [0] outer, [1] n, [2] inner, [3] log; saved: 0 the output y
 static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
@@ -465,35 +476,48 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   uint64_t seed = (uint64_t)node->i[0];
   int64_t B = node->i[1], Tq = node->i[2], Tk = node->i[3], D = node->i[4], Dv = node->i[5], nP = B * Tq * Tk;
   fsdp_tensor *dO = fsdp_as_contig(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
-  int rc = -1;
-  if (!dO) return -1;
+  int rc = -1, n = 0;
+  // independent products run together: (dV, dP), then (dQ, dK); B of each
+  fsdp_gemm_args* g = malloc(2 * (B > 0 ? B : 1) * sizeof(fsdp_gemm_args));
+  if (!dO || !g) {
+    if (!g) fsdp_errorf("%s: out of memory", node->name);
+    goto done;
+  }
   if (p > 0.0f) {  // the dropped-out probabilities the forward multiplied with v
     if (!(Pd = fsdp_new_like(P))) goto done;
     be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, p, seed);
   }
-  if (node->needs_grad[2]) {
+  int want_dP = node->needs_grad[0] || node->needs_grad[1] || node->needs_grad[3];
+  if (node->needs_grad[2]) {  // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
     if (!(dv = fsdp_new_like(v))) goto done;
-    bgemm(be, B, 1, 0, Tk, Dv, Tq, 1.0f, fsdp_f32(Pd ? Pd : P), Tk, Tq * Tk, fsdp_f32(dO), Dv, Tq * Dv, fsdp_f32(dv));
+    bgemm_add(be, g, &n, B, 1, 0, Tk, Dv, Tq, 1.0f, fsdp_f32(Pd ? Pd : P), Tk, Tq * Tk, fsdp_f32(dO), Dv, Tq * Dv,
+              fsdp_f32(dv));
   }
-  if (node->needs_grad[0] || node->needs_grad[1] || node->needs_grad[3]) {
+  if (want_dP) {  // dPd (Tq, Tk) = dO (Tq, Dv) @ V^T (Dv, Tk)
     if (!(dP = fsdp_new_like(P))) goto done;
-    bgemm(be, B, 0, 1, Tq, Tk, Dv, 1.0f, fsdp_f32(dO), Dv, Tq * Dv, fsdp_f32(v), Dv, Tk * Dv, fsdp_f32(dP));
+    bgemm_add(be, g, &n, B, 0, 1, Tq, Tk, Dv, 1.0f, fsdp_f32(dO), Dv, Tq * Dv, fsdp_f32(v), Dv, Tk * Dv, fsdp_f32(dP));
+  }
+  if (n) be->linalg->gemm_many(n, g);
+  n = 0;
+  if (want_dP) {
     if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, seed);
     be->nn->softmax_backward(fsdp_f32(dP), fsdp_f32(dP), fsdp_f32(P), B * Tq, Tk, 1, 0);  // dP -> dS in place
-    if (node->needs_grad[0]) {
+    if (node->needs_grad[0]) {  // dQ (Tq, D) = scale * dS (Tq, Tk) @ K (Tk, D)
       if (!(dq = fsdp_new_like(q))) goto done;
-      bgemm(be, B, 0, 0, Tq, D, Tk, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(k), D, Tk * D, fsdp_f32(dq));
+      bgemm_add(be, g, &n, B, 0, 0, Tq, D, Tk, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(k), D, Tk * D, fsdp_f32(dq));
     }
-    if (node->needs_grad[1]) {
+    if (node->needs_grad[1]) {  // dK (Tk, D) = scale * dS^T (Tk, Tq) @ Q (Tq, D)
       if (!(dk = fsdp_new_like(k))) goto done;
-      bgemm(be, B, 1, 0, Tk, D, Tq, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(q), D, Tq * D, fsdp_f32(dk));
+      bgemm_add(be, g, &n, B, 1, 0, Tk, D, Tq, scale, fsdp_f32(dP), Tk, Tq * Tk, fsdp_f32(q), D, Tq * D, fsdp_f32(dk));
     }
+    if (n) be->linalg->gemm_many(n, g);
     if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
   }
   grad_in[0] = dq; grad_in[1] = dk; grad_in[2] = dv;
   dq = dk = dv = NULL;
   rc = 0;
 done:
+  free(g);
   fsdp_tensor_release(dO); fsdp_tensor_release(Pd); fsdp_tensor_release(dP);
   fsdp_tensor_release(dq); fsdp_tensor_release(dk); fsdp_tensor_release(dv);
   return rc;

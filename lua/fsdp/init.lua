@@ -9,8 +9,18 @@
 --   fsdp._dim(d, n) Lua's 1-based (or negative) dim -> C's 0-based dim
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
 local ffi = require "ffi"
+local jit = require "jit"
 
 local fsdp = {}
+
+-- LuaJIT 2.1's trace recorder (Debian's build and OpenResty's alike) treats `cdata pointer +/-
+-- number` as pointer arithmetic even when the pointee is an incomplete struct, where the
+-- interpreter correctly falls back to the metatype's __add/__sub (lj_crecord.c, crec_arith_ptr
+-- has no size check). A tensor is such a pointer, so a compiled `x + 1` in a hot loop yields a
+-- bogus pointer or crashes. Until tensors are handles of another kind, fsdp runs LuaJIT with
+-- the JIT compiler off: the interpreter still runs the Lua glue in microseconds next to the C
+-- kernels it calls (tests/jit_spec.lua keeps this honest).
+jit.off()
 
 ffi.cdef(require "fsdp.cdef")
 
@@ -53,10 +63,10 @@ end
 local gc_floor = 256 * 1024 * 1024
 local cur = ffi.new("int64_t[6]")
 local function gc_if_needed()
-  local pressure = C.fsdp_memory_gc_pressure()
+  local pressure = tonumber(C.fsdp_memory_gc_pressure())
   if pressure > gc_floor then
     C.fsdp_memory_stats(cur, nil)
-    if pressure > cur[3] then  -- more allocated than is alive: garbage is likely
+    if pressure > tonumber(cur[3]) then  -- more allocated than is alive: garbage is likely
       collectgarbage("collect")
       C.fsdp_memory_gc_done()
     end

@@ -1,0 +1,297 @@
+-- The multi-threaded fast paths of the CPU kernels, run at 2 threads: GEMMs cut into pieces and
+-- shared out by the GEMM scheduler (a big linear, odd sizes, batched products, the paired GEMMs
+-- of linear and attention backward), convolution backward in image chunks, vectorized
+-- transcendental loops and pooling sums. Each is checked against a naive reference (Lua loops,
+-- or a composition of plain ops run on one thread), plus bad input after the fast paths ran.
+package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local H = require "helpers"
+local F = fsdp.nn.functional
+
+pcall(ffi.cdef, "int openblas_get_num_threads(void);")
+local blas = ffi.load("openblas")
+
+-- naive C (M, N) = A (M, K) @ B (K, N) on flat Lua tables (row-major)
+local function ref_mm(a, b, M, K, N)
+  local c = {}
+  for i = 0, M - 1 do
+    for j = 0, N - 1 do
+      local s = 0
+      for q = 0, K - 1 do s = s + a[i * K + q + 1] * b[q * N + j + 1] end
+      c[i * N + j + 1] = s
+    end
+  end
+  return c
+end
+local function transpose(a, R, Cc) -- (R, C) -> (C, R)
+  local t = {}
+  for i = 0, R - 1 do for j = 0, Cc - 1 do t[j * R + i + 1] = a[i * Cc + j + 1] end end
+  return t
+end
+
+-- runs fn at n threads and puts the count back afterwards
+local function at_threads(n, fn)
+  local before = fsdp.C.fsdp_get_num_threads()
+  fsdp.set_num_threads(n)
+  local ok, a, b, c, d = pcall(fn)
+  fsdp.set_num_threads(before)
+  if not ok then error(a, 0) end
+  return a, b, c, d
+end
+
+describe("GEMM scheduler at 2 threads", function()
+  before_each(function() fsdp.manual_seed(7) end)
+
+  it("linear forward and backward (6M multiply-adds, split into pieces) match naive loops", function()
+    at_threads(2, function()
+      local M, IN, OUT = 200, 300, 100
+      local x = fsdp.randn(M, IN):requires_grad_()
+      local w = fsdp.randn(OUT, IN):requires_grad_()
+      local b = fsdp.randn(OUT):requires_grad_()
+      local y = F.linear(x, w, b)
+      local gy = fsdp.randn(M, OUT)
+      y:backward(gy)
+      local fx, fw, fb, fg = x:tolist(), w:tolist(), b:tolist(), gy:tolist()
+      local ry = ref_mm(fx, transpose(fw, OUT, IN), M, IN, OUT)
+      for i = 0, M - 1 do for j = 0, OUT - 1 do ry[i * OUT + j + 1] = ry[i * OUT + j + 1] + fb[j + 1] end end
+      H.assert_close(y, ry, 1e-4, 1e-5, "y")
+      H.assert_close(x.grad, ref_mm(fg, fw, M, OUT, IN), 1e-4, 1e-5, "grad x")
+      H.assert_close(w.grad, ref_mm(transpose(fg, M, OUT), fx, OUT, M, IN), 1e-4, 1e-5, "grad w")
+      local rb = {}
+      for j = 0, OUT - 1 do
+        local s = 0
+        for i = 0, M - 1 do s = s + fg[i * OUT + j + 1] end
+        rb[j + 1] = s
+      end
+      H.assert_close(b.grad, rb, 1e-4, 1e-5, "grad b")
+    end)
+  end)
+
+  it("odd sizes split along N with a ragged last piece, and transposed operands", function()
+    at_threads(2, function()
+      local M, K, N = 37, 70, 1001 -- 2.6M multiply-adds, N not a multiple of 16
+      local a, b = fsdp.randn(M, K), fsdp.randn(K, N)
+      H.assert_close(a:matmul(b), ref_mm(a:tolist(), b:tolist(), M, K, N), 1e-4, 1e-5, "a @ b")
+      local at, bt = fsdp.randn(K, M), fsdp.randn(N, K) -- a = at^T, b = bt^T: no copies, trans flags
+      local ref = ref_mm(transpose(at:tolist(), K, M), transpose(bt:tolist(), N, K), M, K, N)
+      H.assert_close(at:t():matmul(bt:t()), ref, 1e-4, 1e-5, "at^T @ bt^T")
+    end)
+  end)
+
+  it("a batch of 64 small products is shared out whole, and matches one thread", function()
+    local a, b = fsdp.randn(64, 33, 40), fsdp.randn(64, 40, 31) -- 2.7M multiply-adds
+    local two = at_threads(2, function() return a:bmm(b) end)
+    local fa, fb, out = a:tolist(), b:tolist(), two:tolist()
+    for _, n in ipairs { 0, 17, 63 } do -- spot-check whole matrices against loops
+      local sa, sb = {}, {}
+      for i = 1, 33 * 40 do sa[i] = fa[n * 33 * 40 + i] end
+      for i = 1, 40 * 31 do sb[i] = fb[n * 40 * 31 + i] end
+      local got = {}
+      for i = 1, 33 * 31 do got[i] = out[n * 33 * 31 + i] end
+      H.assert_close(got, ref_mm(sa, sb, 33, 40, 31), 1e-4, 1e-5, "batch " .. n)
+    end
+    local one = at_threads(1, function() return a:bmm(b) end)
+    H.assert_close(two, one, 0, 0, "2 threads vs 1 thread (same GEMMs, bit for bit)")
+  end)
+
+  it("leaves OpenBLAS's own thread count as it was", function()
+    at_threads(2, function()
+      local before = blas.openblas_get_num_threads()
+      local a = fsdp.randn(256, 256):requires_grad_()
+      local y = a:matmul(fsdp.randn(256, 256))
+      y:sum():backward()
+      assert.are.equal(before, blas.openblas_get_num_threads())
+    end)
+  end)
+end)
+
+describe("attention backward (paired GEMMs) at 2 threads", function()
+  it("matches the explicit softmax(q k^T / sqrt(d) + causal mask) v composition", function()
+    fsdp.manual_seed(3)
+    local B, Hh, T, D = 4, 4, 64, 32 -- each paired product: 16 x 64*64*32 = 2.1M multiply-adds
+    local q0, k0, v0 = fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D)
+    local gout = fsdp.randn(B, Hh, T, D)
+    local function run(fused)
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local out
+      if fused then
+        out = F.scaled_dot_product_attention(q, k, v, { causal = true })
+      else -- reference from plain ops: matmul, additive -inf mask, softmax
+        local mask = {}
+        for i = 1, T do
+          local row = {}
+          for j = 1, T do row[j] = j > i and -math.huge or 0 end
+          mask[i] = row
+        end
+        local s = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(D)) + fsdp.tensor(mask)
+        out = s:softmax(-1):matmul(v)
+      end
+      out:backward(gout)
+      return out, q.grad, k.grad, v.grad
+    end
+    local o2, dq2, dk2, dv2 = at_threads(2, function() return run(true) end)
+    local o1, dq1, dk1, dv1 = at_threads(1, function() return run(false) end)
+    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
+    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
+    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
+    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+  end)
+
+  it("passes a finite-difference check at 2 threads", function()
+    fsdp.manual_seed(5)
+    at_threads(2, function()
+      local q = fsdp.randn(1, 2, 5, 4):requires_grad_()
+      local k = fsdp.randn(1, 2, 5, 4):requires_grad_()
+      local v = fsdp.randn(1, 2, 5, 4):requires_grad_()
+      H.gradcheck(function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { causal = true }) end, { q, k, v })
+    end)
+  end)
+end)
+
+describe("conv2d backward in image chunks at 2 threads", function()
+  it("matches one thread and is the same from run to run", function()
+    fsdp.manual_seed(11)
+    local x0, w0, b0 = fsdp.randn(10, 3, 12, 12), fsdp.randn(8, 3, 3, 3), fsdp.randn(8)
+    local gy = fsdp.randn(10, 8, 12, 12)
+    local function run()
+      local x, w, b = x0:clone():requires_grad_(), w0:clone():requires_grad_(), b0:clone():requires_grad_()
+      local y = F.conv2d(x, w, b, { padding = 1 })
+      y:backward(gy)
+      return y, x.grad, w.grad, b.grad
+    end
+    local y2, gx2, gw2, gb2 = at_threads(2, run)
+    local _, _, gw2b, gb2b = at_threads(2, run)
+    local y1, gx1, gw1, gb1 = at_threads(1, run)
+    H.assert_close(y2, y1, 0, 0, "y")
+    H.assert_close(gx2, gx1, 0, 0, "grad x")
+    H.assert_close(gw2, gw1, 1e-4, 1e-5, "grad w")
+    H.assert_close(gb2, gb1, 1e-4, 1e-5, "grad b")
+    H.assert_close(gw2b, gw2, 0, 0, "grad w, second run")
+    H.assert_close(gb2b, gb2, 0, 0, "grad b, second run")
+    -- the bias gradient against a loop: the sum of gy over (n, h, w) per channel
+    local fg, rb = gy:tolist(), {}
+    for o = 0, 7 do
+      local s = 0
+      for n = 0, 9 do for p = 1, 144 do s = s + fg[(n * 8 + o) * 144 + p] end end
+      rb[o + 1] = s
+    end
+    H.assert_close(gb2, rb, 1e-4, 1e-5, "grad b vs loop")
+  end)
+end)
+
+describe("conv2d stride-1 'same' fast path (im2col / col2im as one shifted run)", function()
+  -- naive y[n, o, oh, ow] = b[o] + sum_{c, i, j} x[n, c, oh - p + i*d, ow - p + j*d] w[o, c, i, j]
+  local function ref_conv(x, w, b, N, C, Hh, W, O, k, p, d)
+    local y = {}
+    for n = 0, N - 1 do for o = 0, O - 1 do for oh = 0, Hh - 1 do for ow = 0, W - 1 do
+      local s = b[o + 1]
+      for c = 0, C - 1 do for i = 0, k - 1 do for j = 0, k - 1 do
+        local ih, iw = oh - p + i * d, ow - p + j * d
+        if ih >= 0 and ih < Hh and iw >= 0 and iw < W then
+          s = s + x[((n * C + c) * Hh + ih) * W + iw + 1] * w[((o * C + c) * k + i) * k + j + 1]
+        end
+      end end end
+      y[#y + 1] = s
+    end end end end
+    return y
+  end
+  for _, case in ipairs { { k = 3, p = 1, d = 1 }, { k = 3, p = 2, d = 2 }, { k = 5, p = 2, d = 1 } } do
+    it(("kernel %d, padding %d, dilation %d: forward and gradients match loops"):format(case.k, case.p, case.d), function()
+      fsdp.manual_seed(13)
+      local N, C, Hh, W, O = 2, 3, 7, 9, 4
+      local x = fsdp.randn(N, C, Hh, W):requires_grad_()
+      local w = fsdp.randn(O, C, case.k, case.k):requires_grad_()
+      local b = fsdp.randn(O)
+      local y = F.conv2d(x, w, b, { padding = case.p, dilation = case.d })
+      local fx, fw, fb = x:tolist(), w:tolist(), b:tolist()
+      H.assert_close(y, ref_conv(fx, fw, fb, N, C, Hh, W, O, case.k, case.p, case.d), 1e-4, 1e-5, "y")
+      -- gradients of sum(y * r): by linearity, finite differences of the reference are exact
+      local r = fsdp.randn(N, O, Hh, W)
+      y:backward(r)
+      local fr, zero = r:tolist(), {}
+      for o = 1, O do zero[o] = 0 end
+      local function dot(xx, ww)
+        local yy, s = ref_conv(xx, ww, zero, N, C, Hh, W, O, case.k, case.p, case.d), 0
+        for i = 1, #yy do s = s + yy[i] * fr[i] end
+        return s
+      end
+      local gx, gw = x.grad:tolist(), w.grad:tolist()
+      for _, i in ipairs { 1, 8, 40, 63, 100, #fx } do -- d/dx_i sum = dot(e_i, w)
+        local e = {}
+        for q = 1, #fx do e[q] = q == i and 1 or 0 end
+        H.assert_close(gx[i], dot(e, fw), 1e-4, 1e-5, "grad x[" .. i .. "]")
+      end
+      for _, i in ipairs { 1, 5, 17, #fw } do
+        local e = {}
+        for q = 1, #fw do e[q] = q == i and 1 or 0 end
+        H.assert_close(gw[i], dot(fx, e), 1e-4, 1e-5, "grad w[" .. i .. "]")
+      end
+    end)
+  end
+end)
+
+describe("vectorized loops", function()
+  it("exp, tanh, sigmoid and gelu over 50000 elements match Lua's math", function()
+    fsdp.manual_seed(2)
+    at_threads(2, function()
+      local x = fsdp.randn(50000) * 3
+      local fx = x:tolist()
+      local function check(got, f, what)
+        local g, ref = got:tolist(), {}
+        for i = 1, #fx do ref[i] = f(fx[i]) end
+        H.assert_close(g, ref, 1e-6, 2e-6, what)
+      end
+      check(x:exp(), math.exp, "exp")
+      check(x:tanh(), function(v) return math.tanh and math.tanh(v) or (math.exp(2 * v) - 1) / (math.exp(2 * v) + 1) end, "tanh")
+      check(x:sigmoid(), function(v) return 1 / (1 + math.exp(-v)) end, "sigmoid")
+      -- erf by its Taylor series (|x| < 3 / sqrt 2 ... keep to the range where 60 terms converge)
+      local function erf(z)
+        local s, t, n = 0, z, 0
+        repeat
+          s = s + t / (2 * n + 1)
+          n = n + 1
+          t = -t * z * z / n
+        until n > 80
+        return 2 / math.sqrt(math.pi) * s
+      end
+      local small = (fsdp.randn(20000) * 1.5)
+      local fs, ref = small:tolist(), {}
+      for i = 1, #fs do ref[i] = 0.5 * fs[i] * (1 + erf(fs[i] / math.sqrt(2))) end
+      H.assert_close(small:gelu(), ref, 2e-6, 2e-6, "gelu")
+    end)
+  end)
+
+  it("global average pooling matches the mean over each plane", function()
+    fsdp.manual_seed(4)
+    at_threads(2, function()
+      local x = fsdp.randn(16, 24, 28, 28)
+      local got = F.adaptive_avg_pool2d(x, 1):view(16 * 24):tolist()
+      local fx = x:tolist()
+      for pl = 0, 16 * 24 - 1, 37 do
+        local s = 0
+        for i = 1, 784 do s = s + fx[pl * 784 + i] end
+        H.assert_close(got[pl + 1], s / 784, 1e-6, 1e-5, "plane " .. pl)
+      end
+      local parts = F.adaptive_avg_pool2d(x, 2):tolist() -- 2x2 windows of 14x14: whole-row and partial runs
+      local s = 0
+      for h = 0, 13 do for w = 14, 27 do s = s + fx[h * 28 + w + 1] end end
+      H.assert_close(parts[2], s / 196, 1e-6, 1e-5, "window (0, 1) of plane 0")
+    end)
+  end)
+end)
+
+describe("bad input after the fast paths", function()
+  it("raises errors naming the op and shapes, and keeps working", function()
+    at_threads(2, function()
+      local x, w = fsdp.randn(300, 70), fsdp.randn(90, 71)
+      H.assert_error(function() return F.linear(x, w) end, "linear", "(300, 70)", "(90, 71)")
+      H.assert_error(function() return x:matmul(fsdp.randn(69, 5)) end, "matmul", "(300, 70)", "(69, 5)")
+      local q = fsdp.randn(2, 8, 4)
+      H.assert_error(function() return F.scaled_dot_product_attention(q, fsdp.randn(2, 8, 5), q) end,
+        "scaled_dot_product_attention", "(2, 8, 4)", "(2, 8, 5)")
+      local a, b = fsdp.randn(300, 70), fsdp.randn(70, 100)
+      H.assert_close(a:matmul(b), ref_mm(a:tolist(), b:tolist(), 300, 70, 100), 1e-4, 1e-5, "after errors")
+    end)
+  end)
+end)
