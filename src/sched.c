@@ -309,6 +309,16 @@ int fsdp_unit_materialize(fsdp_unit* u) {
   return pre_backward(u);
 }
 
+// completes the reductions that have finished by now, so their staging buffers go back at once
+// instead of at the end of backward (waits for nothing)
+static int reap_reductions(void) {
+  for (int i = 0; i < fsdp_n_units; i++) {
+    fsdp_unit* v = fsdp_units[i];
+    if (v->reduced_pending && (!v->reduce || fsdp_work_test(v->reduce)) && fsdp_shard_reduce_finish(v)) return -1;
+  }
+  return 0;
+}
+
 static int post_backward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;
   int any = 0;
@@ -321,12 +331,13 @@ static int post_backward(fsdp_unit* u) {
     }
   }
   u->state = FSDP_UNIT_BACKWARD_DONE;
-  return u->opts.sharding == FSDP_NO_SHARD ? 0 : fsdp_shard_reshard(u, 0);
+  if (u->opts.sharding != FSDP_NO_SHARD && fsdp_shard_reshard(u, 0)) return -1;
+  return reap_reductions();
 }
 
 // the identity node on a unit's outputs: the first gradient to reach it gathers the unit
 static int pre_backward_node(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  if (pre_backward((fsdp_unit*)(intptr_t)n->i[0])) return -1;
+  if (reap_reductions() || pre_backward((fsdp_unit*)(intptr_t)n->i[0])) return -1;
   g->refcount++;
   gin[0] = g;
   return 0;

@@ -80,6 +80,14 @@ function fsdp._wrap(p)
   return ffi.gc(p, release)
 end
 
+-- Drops a reference now instead of at the next garbage collection: for short-lived handles to
+-- big storage (the gradients an optimizer step reads), so memory does not wait for the Lua GC.
+-- t must not be used afterwards.
+function fsdp._release(t)
+  ffi.gc(t, nil)
+  release(t)
+end
+
 -- ---- dims, shapes and dtypes --------------------------------------------------------------------
 function fsdp._dim(d, ndim)
   if type(d) ~= "number" or d == 0 or d ~= math.floor(d) then

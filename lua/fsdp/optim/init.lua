@@ -139,6 +139,7 @@ function Optimizer:step(closure)
           local st = self.state[key]
           if not st then st = {}; self.state[key] = st end
           self:_update(g, p, grad, st)
+          fsdp._release(grad)  -- zero_grad can then free the gradient at once
         end
       end
     end
