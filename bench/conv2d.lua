@@ -6,25 +6,15 @@
 -- each side reports the best of its per-round medians. PyTorch is skipped if not importable.
 -- On a busy machine, compare single-threaded compute instead of wall time:
 --   FSDP_BENCH_CLOCK=cpu OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 luajit bench/conv2d.lua
-package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local F = fsdp.nn.functional
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
-int clock_gettime(int clk, bench_timespec* ts);
-]]
-local ts = ffi.new("bench_timespec")
+local U = require "util"
 local cpu_clock = os.getenv("FSDP_BENCH_CLOCK") == "cpu"
-local function now()
-  ffi.C.clock_gettime(cpu_clock and 3 or 1, ts)  -- CLOCK_THREAD_CPUTIME_ID or CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
+local function now() return U.seconds(cpu_clock and U.THREAD_CPU or U.MONOTONIC) end
+local median = U.median
 
 local N, rounds, runs = tonumber(arg[1]) or 64, tonumber(arg[2]) or 3, 11
 local threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2

@@ -28,24 +28,8 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/
 package.cpath = root .. "/?.so;" .. package.cpath
 
 local opts = { ns = "1,2,4", steps = 3, batch = 16, sharding = "full", child = false, target = 1.1, gc = "both" }
-local i = 1
-while arg and i <= #arg do
-  local a = arg[i]
-  local key = a:match("^%-%-([%w_]+)$")
-  if a == "--child" then opts.child = true
-  elseif a == "-h" or a == "--help" then
-    print("usage: luajit bench/fsdp_memory.lua [--ns 1,2,4] [--steps S] [--batch B] [--sharding full|grad_op|none] [--gc 1|0|both] [--child]")
-    os.exit(0)
-  elseif key and opts[key] ~= nil and arg[i + 1] then
-    local v = arg[i + 1]
-    opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
-    i = i + 1
-  else
-    io.stderr:write("bench/fsdp_memory.lua: unknown argument " .. a .. " (try --help)\n")
-    os.exit(2)
-  end
-  i = i + 1
-end
+local U = require "util"
+U.parse_args("bench/fsdp_memory.lua", opts, "[--ns 1,2,4] [--steps S] [--batch B] [--sharding full|grad_op|none] [--gc 1|0|both] [--child]", { ["--child"] = function(o) o.child = true end })
 
 local MB = 1024 * 1024
 local function mb(b) return ("%.2f"):format(b / MB) end

@@ -72,26 +72,9 @@ function M.unit_sizes(model)
   return sizes
 end
 
--- ---- timing and small statistics shared by the benches ---------------------------------------------
-local ffi = require "ffi"
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } fsdp_bench_timespec;
-int clock_gettime(int clk_id, fsdp_bench_timespec* tp);
-]])
-local ts = ffi.new("fsdp_bench_timespec")
-function M.now_ms()
-  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) * 1e3 + tonumber(ts.tv_nsec) * 1e-6
-end
-
-function M.median(t)
-  local s = { unpack(t) }
-  table.sort(s)
-  local n = #s
-  if n == 0 then return 0 / 0 end
-  if n % 2 == 1 then return s[(n + 1) / 2] end
-  return (s[n / 2] + s[n / 2 + 1]) / 2
-end
+-- timing shared by the benches (bench/util.lua)
+local U = require "util"
+M.now_ms, M.median = U.now_ms, U.median
 
 -- min, max of a list
 function M.range(t)

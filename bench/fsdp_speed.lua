@@ -21,25 +21,9 @@ package.cpath = root .. "/?.so;" .. package.cpath
 
 local opts = { what = "shard,ddp", rounds = 3, warmup = 3, iters = 10, batch = 128, depth = 4, width = 1024,
   python = "/usr/bin/python3", child = false, timeout = 600, fifo = "", pair = 1, n = 2, shard_target = 1.15, ddp_target = 1.0 }
-local i = 1
-while arg and i <= #arg do
-  local a = arg[i]
-  local key = a:match("^%-%-([%w_]+)$")
-  if a == "--child" and arg[i + 1] then opts.child = arg[i + 1]; i = i + 1
-  elseif a == "-h" or a == "--help" then
-    print("usage: luajit bench/fsdp_speed.lua [--what shard,ddp] [--rounds R] [--warmup W] [--iters I] [--batch B] "
-      .. "[--depth D] [--width W] [--n 2] [--python PATH] | --child shard|conv|transformer")
-    os.exit(0)
-  elseif key and opts[key] ~= nil and arg[i + 1] then
-    local v = arg[i + 1]
-    opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
-    i = i + 1
-  else
-    io.stderr:write("bench/fsdp_speed.lua: unknown argument " .. a .. " (try --help)\n")
-    os.exit(2)
-  end
-  i = i + 1
-end
+local U = require "util"
+U.parse_args("bench/fsdp_speed.lua", opts, "[--what shard,ddp] [--rounds R] [--warmup W] [--iters I] [--batch B] "
+  .. "[--depth D] [--width W] [--n 2] [--python PATH] | --child shard|conv|transformer")
 
 local fm = require "fsdp_models"
 

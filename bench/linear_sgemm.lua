@@ -3,7 +3,7 @@
 -- fsdp:  y = F.linear(x, w, b); y:backward(gy)   (x, w, b require grad)
 -- raw:   y = x @ w^T, gx = gy @ w, gw = gy^T @ x  (cblas_sgemm on preallocated buffers)
 -- Runs alternate between the two so machine noise hits both alike; prints medians and the ratio.
-package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local F = fsdp.nn.functional
@@ -12,21 +12,12 @@ ffi.cdef [[
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc);
 int openblas_get_num_threads(void);
-typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
-int clock_gettime(int clk, bench_timespec* ts);
 ]]
 local blas = ffi.load("openblas")
 local RowMajor, NoTrans, Trans = 101, 111, 112
 
-local ts = ffi.new("bench_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)  -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
+local U = require "util"
+local now, median = U.seconds, U.median
 
 local B, D, runs = tonumber(arg[1]) or 256, tonumber(arg[2]) or 1024, tonumber(arg[3]) or 21
 

@@ -16,6 +16,7 @@ package.cpath = root .. "/?.so;" .. package.cpath
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local models = require "models"
+local U = require "util"
 
 -- ---- arguments -------------------------------------------------------------------------------------
 local opts = {
@@ -23,24 +24,7 @@ local opts = {
   warmup = 3, iters = 10, models = table.concat(models.order, ","), torch = true,
   python = "/usr/bin/python3", target = 0.8,
 }
-local i = 1
-while arg and i <= #arg do
-  local a = arg[i]
-  local key = a:match("^%-%-([%w%-]+)$")
-  if a == "--no-torch" then opts.torch = false
-  elseif a == "-h" or a == "--help" then
-    print("usage: luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer] [--no-torch] [--python PATH]")
-    os.exit(0)
-  elseif key and opts[key] ~= nil and arg[i + 1] then
-    local v = arg[i + 1]
-    opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
-    i = i + 1
-  else
-    io.stderr:write("bench/run.lua: unknown argument " .. a .. " (try --help)\n")
-    os.exit(2)
-  end
-  i = i + 1
-end
+U.parse_args("bench/run.lua", opts, "[--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer] [--no-torch] [--python PATH]", { ["--no-torch"] = function(o) o.torch = false end })
 fsdp.set_num_threads(opts.threads)
 
 -- ---- timing ---------------------------------------------------------------------------------------

@@ -11,15 +11,8 @@ local models = require "models"
 
 local name, iters, warmup = arg[1] or "mlp", tonumber(arg[2] or "20"), tonumber(arg[3] or "3")
 fsdp.set_num_threads(tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2)
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } fsdp_step_timespec;
-int clock_gettime(int clk_id, fsdp_step_timespec* tp);
-]])
-local ts = ffi.new("fsdp_step_timespec")
-local function clock_ms(id)
-  ffi.C.clock_gettime(id, ts)
-  return tonumber(ts.tv_sec) * 1e3 + tonumber(ts.tv_nsec) * 1e-6
-end
+local U = require "util"
+local clock_ms = U.now_ms
 
 local model, opt, loss_fn = models.case(name)
 local function step()

@@ -1,0 +1,55 @@
+-- Shared by the benchmarks: clocks, medians and command-line options.
+local ffi = require "ffi"
+
+local U = {}
+
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } fsdp_bench_timespec;
+int clock_gettime(int clk_id, fsdp_bench_timespec* tp);
+]])
+local ts = ffi.new("fsdp_bench_timespec")
+U.MONOTONIC, U.PROCESS_CPU, U.THREAD_CPU = 1, 2, 3
+
+-- seconds on the given clock (CLOCK_MONOTONIC unless told otherwise)
+function U.seconds(clock)
+  ffi.C.clock_gettime(clock or U.MONOTONIC, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+function U.now_ms(clock) return U.seconds(clock) * 1e3 end
+
+function U.median(t)
+  local s = { unpack(t) }
+  table.sort(s)
+  local n = #s
+  if n == 0 then return 0 / 0 end
+  if n % 2 == 1 then return s[(n + 1) / 2] end
+  return (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+-- Parses `--key value` pairs into opts (numbers stay numbers), `-h`/`--help` prints usage and
+-- exits; flags maps a bare argument (e.g. "--no-torch") to a function(opts). Unknown arguments
+-- exit with status 2 naming the script.
+function U.parse_args(name, opts, usage, flags)
+  local i = 1
+  while arg and i <= #arg do
+    local a = arg[i]
+    local key = a:match("^%-%-([%w_%-]+)$")
+    if flags and flags[a] then
+      flags[a](opts)
+    elseif a == "-h" or a == "--help" then
+      print("usage: luajit " .. name .. " " .. usage)
+      os.exit(0)
+    elseif key and opts[key] ~= nil and arg[i + 1] then
+      local v = arg[i + 1]
+      opts[key] = type(opts[key]) == "number" and assert(tonumber(v), a .. " expects a number") or v
+      i = i + 1
+    else
+      io.stderr:write(("%s: unknown argument %s (try --help)\n"):format(name, a))
+      os.exit(2)
+    end
+    i = i + 1
+  end
+  return opts
+end
+
+return U
