@@ -65,53 +65,11 @@ M.conv = {
 -- (3) a 2-block causal transformer: embeddings, pre-norm blocks (attention through
 --     F.scaled_dot_product_attention with is_causal, GELU MLP, layer norms), final norm, head
 local VOCAB, T, D, NH = 11, 6, 8, 2
-local Attention = nn.Module:extend("Attention")
-function Attention:__init(d, n_head)
-  self.n_head = n_head
-  self.qkv = nn.Linear(d, 3 * d)
-  self.proj = nn.Linear(d, d)
-end
-function Attention:forward(x)                      -- (B, T, C)
-  local B, Tn, C = x:size(1), x:size(2), x:size(3)
-  local nh = self.n_head
-  local hd = C / nh
-  local qkv = self.qkv(x)                          -- (B, T, 3C)
-  local function heads(i) return qkv:narrow(3, i * C + 1, C):reshape(B, Tn, nh, hd):transpose(2, 3) end
-  local y = F.scaled_dot_product_attention(heads(0), heads(1), heads(2), { is_causal = true })
-  return self.proj(y:transpose(2, 3):reshape(B, Tn, C))
-end
-
-local MLP = nn.Module:extend("MLP")
-function MLP:__init(d)
-  self.fc = nn.Linear(d, 4 * d)
-  self.act = nn.GELU()
-  self.proj = nn.Linear(4 * d, d)
-end
-function MLP:forward(x) return self.proj(self.act(self.fc(x))) end
-
-local TBlock = nn.Module:extend("TBlock")
-function TBlock:__init(d, n_head)
-  self.ln1 = nn.LayerNorm(d)
-  self.attn = Attention(d, n_head)
-  self.ln2 = nn.LayerNorm(d)
-  self.mlp = MLP(d)
-end
-function TBlock:forward(x)
-  x = x + self.attn(self.ln1(x))
-  return x + self.mlp(self.ln2(x))
-end
-
-local Transformer = nn.Module:extend("Transformer")
-function Transformer:__init()
-  self.wte = nn.Embedding(VOCAB, D)
-  self.wpe = nn.Embedding(T, D)
-  self.blocks = nn.Sequential(TBlock(D, NH), TBlock(D, NH))
-  self.ln_f = nn.LayerNorm(D)
-  self.head = nn.Linear(D, VOCAB)
-end
-function Transformer:forward(idx)                  -- (B, T) int64
-  local x = self.wte(idx) + self.wpe(fsdp.arange(idx:size(2)))
-  return self.head(self.ln_f(self.blocks(x)))      -- (B, T, V)
+-- the golden runs' GPT (tests/golden/models.lua), at these sizes
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests/scripts"
+local golden = dofile(here .. "/../golden/models.lua")
+local function Transformer()
+  return golden.GPT { vocab = VOCAB, block_size = T, d = D, n_head = NH, n_layer = 2 }
 end
 
 M.transformer = {
