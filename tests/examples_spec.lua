@@ -95,6 +95,14 @@ describe("examples/train.lua", function()
     assert.are.same({ 64, 32, 3, 3 }, sd["trunk.1.0.weight"]:shape())
     assert.are.same({ 10, 3136 }, sd["head.1.weight"]:shape())
     assert.are.same({ 10 }, sd["head.1.bias"]:shape())
+    -- the plot of loss and accuracy per epoch (gnuplot from Debian; .ci/run installs it)
+    if os.execute("command -v gnuplot >/dev/null 2>&1") == 0 then
+      local png = assert(io.open(A .. "/metrics.png", "rb"), "no plot " .. A .. "/metrics.png")
+      local bytes = png:read("*a")
+      png:close()
+      assert.are.equal("\137PNG", bytes:sub(1, 4))
+      assert.is_true(#bytes > 5000, "plot of " .. #bytes .. " bytes")
+    end
   end)
 
   it("resumes from an epoch-1 checkpoint with bit-identical losses, then evaluates the frozen trunk", function()
