@@ -6,6 +6,8 @@
 -- each side reports the best of its per-round medians. PyTorch is skipped if not importable.
 -- On a busy machine, compare single-threaded compute instead of wall time:
 --   FSDP_BENCH_CLOCK=cpu OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 luajit bench/conv2d.lua
+-- The second convolution goes through Winograd F(2x2, 3x3); FSDP_CONV_ALGO=im2col gives the im2col path
+-- for a before/after comparison (FSDP_CONV_ALGO=winograd would force it on the 1-channel layer too).
 package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
