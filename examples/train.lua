@@ -37,7 +37,7 @@ local F = nn.functional
 
 -- ---- flags ---------------------------------------------------------------------------------------
 local defaults = {
-  epochs = 5, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
+  epochs = 8, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
   ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 2, ["linear-lr"] = 1e-3,
   seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
   channels = "32,64", ["eval-batch"] = 500,
@@ -48,7 +48,7 @@ usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
 Pretrains a conv net on Fashion-MNIST with FSDP, checkpoints every epoch, then trains a new
 linear head on the frozen trunk and reports both test accuracies.
 
-  --epochs N            pretraining epochs (default 5)
+  --epochs N            pretraining epochs (default 8)
   --batch-size B        global batch size, split evenly over the ranks (default 128)
   --lr LR               Adam learning rate for pretraining (default 0.001)
   --lr-decay G          the learning rate of epoch e is LR * G^(e-1) (default 0.7)
