@@ -2,7 +2,6 @@
 -- Every method is a thin call into libfsdp: dims are converted from Lua's 1-based convention,
 -- results are wrapped, C errors become Lua errors. No numeric loops live here.
 local ffi = require "ffi"
-local jit = require "jit"
 
 local Tensor = {}
 local methods = {}
@@ -146,13 +145,13 @@ end
 
 -- ---- autograd --------------------------------------------------------------------------------------
 -- x:backward([grad], [{retain_graph = true}])
--- jit.off: hooks call back from C into Lua, which LuaJIT only allows from interpreted FFI calls
+-- (hooks call back from C into Lua; that is safe because fsdp runs with the JIT compiler off,
+-- see lua/fsdp/init.lua)
 function methods.backward(t, grad, opts)
   if type(grad) == "table" and not Tensor.is(grad) then opts, grad = grad, nil end
   local retain = opts and opts.retain_graph and 1 or 0
   check(C.fsdp_backward(t, grad, retain))
 end
-jit.off(methods.backward)
 function methods.register_hook(t, fn) return fsdp.autograd.register_hook(t, fn) end
 function methods.detach(t) return wrap(C.fsdp_detach(t)) end
 function methods.requires_grad_(t, flag)
