@@ -62,6 +62,9 @@ static inline uint16_t f32_to_f16(float f) {
   return (uint16_t)half;
 }
 
+#define PAR_MIN 32768      // below this many elements a loop stays on one thread
+#define PAR_MIN_HEAVY 4096 // the same for transcendental loops (several ns per element)
+
 static inline double load(const void* p, int dt) {
   switch (dt) {
     case FSDP_F32: return *(const float*)p;
@@ -116,13 +119,16 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
   while (d >= 0 && sstride[d] == run) { run *= shape[d]; d--; }
   if (run == 1 && ndim > 0) { run = shape[ndim - 1]; d = ndim - 2; }  // strided innermost dim
   int64_t inner_stride = (d == ndim - 2 && ndim > 0 && sstride[ndim - 1] != 1) ? sstride[ndim - 1] : 1;
-  int64_t outer = n / run, idx[FSDP_MAX_DIMS] = {0};
-  char* o = (char*)dst;
+  int64_t outer = n / run;
   const char* s = (const char*)src;
+  // runs are shared out over the threads when there is enough to copy and they are long enough
+  // for the index arithmetic of each run's start not to matter
+#pragma omp parallel for schedule(static) if (n > PAR_MIN && run >= 16 && outer > 1)
   for (int64_t r = 0; r < outer; r++) {
-    int64_t off = 0;
-    for (int j = 0; j <= d; j++) off += idx[j] * sstride[j];
+    int64_t off = 0, rem = r;
+    for (int j = d; j >= 0; j--) { off += (rem % shape[j]) * sstride[j]; rem /= shape[j]; }
     const char* sp = s + off * (int64_t)ses;
+    char* o = (char*)dst + r * run * (int64_t)des;
     if (ddt == sdt && inner_stride == 1) memcpy(o, sp, run * des);
     else if (ddt == FSDP_F32 && sdt == FSDP_F32) {
       float* of = (float*)o;
@@ -131,14 +137,13 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
     } else {
       for (int64_t i = 0; i < run; i++) store(o + i * des, ddt, load(sp + i * inner_stride * ses, sdt));
     }
-    o += run * des;
-    for (int j = d; j >= 0; j--) { if (++idx[j] < shape[j]) break; idx[j] = 0; }
   }
 }
 
 static void cpu_fill(void* dst, int dt, int64_t n, double v) {
   if (dt == FSDP_F32) {
     float* p = dst, f = (float)v;
+#pragma omp parallel for simd if (parallel : n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) p[i] = f;
   } else {
     size_t es = fsdp_dtype_size(dt);
@@ -147,18 +152,17 @@ static void cpu_fill(void* dst, int dt, int64_t n, double v) {
 }
 
 static void cpu_axpy(float* y, const float* x, int64_t n, float alpha) {
-  if (alpha == 1.0f) for (int64_t i = 0; i < n; i++) y[i] += x[i];
-  else for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+#pragma omp parallel for simd if (parallel : n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 static void cpu_scale(float* y, int64_t n, float s) {
+#pragma omp parallel for simd if (parallel : n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) y[i] *= s;
 }
 
 // ============================================================================================
 // elementwise / reduction family (ops_elem.c, ops_shape.c)
 // ============================================================================================
-#define PAR_MIN 32768      // below this many elements a loop stays on one thread
-#define PAR_MIN_HEAVY 4096 // the same for transcendental loops (several ns per element)
 #define CHUNK 16384    // binary loops split long rows into chunks of this many elements for threads
 
 // ---- binary with broadcasting ------------------------------------------------------------------
@@ -281,13 +285,14 @@ static inline float log_f(float x) {
 
 // erf exactly as PyTorch's vectorised CPU kernels compute it for GELU (Abramowitz & Stegun 7.1.26,
 // |error| < 1.5e-7), so our GELU matches theirs to float rounding
-static inline float erf_f(float x) {
+// erf(x) given e = exp(-x*x) (GELU's backward has that exp already)
+static inline float erf_e(float x, float e) {
   float ax = __builtin_fabsf(x);
   float t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  float r = 1.0f - poly * fsdp_expf(-ax * ax);
-  return __builtin_copysignf(r, x);
+  return __builtin_copysignf(1.0f - poly * e, x);
 }
+static inline float erf_f(float x) { return erf_e(x, fsdp_expf(-x * x)); }
 
 #define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
 #define GELU_K1 0.3989422804014327f   // 1/sqrt(2*pi)
@@ -348,8 +353,11 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_TANH: UNARY_BW_LOOP(g * (1.0f - y[i] * y[i])); break;
     case FSDP_UN_SIGMOID: UNARY_BW_LOOP(g * y[i] * (1.0f - y[i])); break;
     case FSDP_UN_RELU: UNARY_BW_LOOP(y[i] > 0.0f ? g : 0.0f); break;
-    case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-      UNARY_BW_LOOP_HEAVY(g * (0.5f * (1.0f + erf_f(x[i] * GELU_K0)) + x[i] * GELU_K1 * fsdp_expf(-0.5f * x[i] * x[i])));
+    case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x); one exp(-x^2/2) serves erf and phi
+      UNARY_BW_LOOP_HEAVY(({
+        float v = x[i], z = v * GELU_K0, e = fsdp_expf(-z * z);
+        g * (0.5f * (1.0f + erf_e(z, e)) + v * GELU_K1 * e);
+      }));
       break;
     case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
       UNARY_BW_LOOP_HEAVY(({

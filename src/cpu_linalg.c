@@ -122,9 +122,8 @@ static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N
 
 // ---- linear helpers ------------------------------------------------------------------------------------
 
-// Linear's helpers stay single-threaded unless huge: they are memory bound, and an OpenMP region
-// between two multi-threaded GEMMs leaves spinning OpenMP workers that slow OpenBLAS's threads.
-#define FSDP_LINEAR_OMP_MIN (1 << 22)
+// Linear's helpers are memory bound; split over the threads from this many elements on.
+#define FSDP_LINEAR_OMP_MIN (1 << 16)
 
 static void cpu_bias_rows(float* y, const float* b, int64_t M, int64_t N) {
 #pragma omp parallel for if (M * N > FSDP_LINEAR_OMP_MIN)

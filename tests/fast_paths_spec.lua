@@ -34,10 +34,10 @@ end
 local function at_threads(n, fn)
   local before = fsdp.C.fsdp_get_num_threads()
   fsdp.set_num_threads(n)
-  local ok, a, b, c, d = pcall(fn)
+  local ok, a, b, c, d, e = pcall(fn)
   fsdp.set_num_threads(before)
   if not ok then error(a, 0) end
-  return a, b, c, d
+  return a, b, c, d, e
 end
 
 describe("GEMM scheduler at 2 threads", function()
@@ -138,6 +138,45 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
     H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
   end)
 
+  -- causal self-attention from T = 64 on runs its products on row blocks of the lower triangle
+  -- (3 uneven blocks at T = 100); a float mask that requires grad checks dS in the skipped blocks
+  it("causal row blocks (T = 100, with a float mask) match the explicit composition", function()
+    fsdp.manual_seed(4)
+    local B, Hh, T, D = 2, 2, 100, 16
+    local q0, k0, v0 = fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D)
+    local m0, gout = fsdp.randn(T, T), fsdp.randn(B, Hh, T, D)
+    local causal = {}
+    for i = 1, T do
+      local row = {}
+      for j = 1, T do row[j] = j > i and -math.huge or 0 end
+      causal[i] = row
+    end
+    causal = fsdp.tensor(causal)
+    local function run(fused)
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local m = m0:clone():requires_grad_()
+      local out
+      if fused then
+        out = F.scaled_dot_product_attention(q, k, v, { causal = true, attn_mask = m })
+      else
+        local s = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(D)) + m + causal
+        out = s:softmax(-1):matmul(v)
+      end
+      out:backward(gout)
+      return out, q.grad, k.grad, v.grad, m.grad
+    end
+    local o2, dq2, dk2, dv2, dm2 = at_threads(2, function() return run(true) end)
+    local o1, dq1, dk1, dv1, dm1 = at_threads(1, function() return run(false) end)
+    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
+    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
+    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
+    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+    H.assert_close(dm2, dm1, 1e-5, 1e-4, "dmask")
+    -- the masked triangle gets exactly zero mask gradient
+    local dm = dm2:tolist() -- flat, row-major
+    for i = 1, T, 7 do for j = i + 1, T, 5 do assert.are.equal(0, dm[(i - 1) * T + j]) end end
+  end)
+
   it("passes a finite-difference check at 2 threads", function()
     fsdp.manual_seed(5)
     at_threads(2, function()
@@ -146,6 +185,40 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
       local v = fsdp.randn(1, 2, 5, 4):requires_grad_()
       H.gradcheck(function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { causal = true }) end, { q, k, v })
     end)
+  end)
+end)
+
+describe("strided copies and memory-bound helpers at 2 threads", function()
+  it("copy a (B, T, H, D) -> (B, H, T, D) permute and a narrow like one thread, element by element", function()
+    fsdp.manual_seed(12)
+    local x = fsdp.randn(3, 70, 4, 40) -- 33600 elements in runs of 40
+    local flat = x:view(-1):tolist()
+    local y = at_threads(2, function() return x:permute(1, 3, 2, 4):contiguous() end)
+    local got = y:view(-1):tolist()
+    for b = 0, 2 do for h = 0, 3 do for t = 0, 69, 3 do for d = 0, 39, 3 do
+      assert.are.equal(flat[((b * 70 + t) * 4 + h) * 40 + d + 1], got[((b * 4 + h) * 70 + t) * 40 + d + 1])
+    end end end end
+    local w = fsdp.randn(200, 300)
+    local wl = w:tolist()
+    local n = at_threads(2, function() return w:narrow(2, 101, 150):contiguous() end):tolist()
+    for i = 1, 200, 11 do for j = 1, 150, 7 do assert.are.equal(wl[(i - 1) * 300 + j + 100], n[(i - 1) * 150 + j]) end end
+  end)
+
+  it("accumulate gradients and fill zeros like one thread", function()
+    fsdp.manual_seed(13)
+    local a0 = fsdp.randn(300, 200)
+    local function run()
+      local a = a0:clone():requires_grad_()
+      local y = a * 2 + a:exp() -- a used twice: the two gradients are added (axpy)
+      y:backward(fsdp.ones(300, 200))
+      return a.grad, fsdp.zeros(300, 200):sum():item()
+    end
+    local g2, z2 = at_threads(2, run)
+    local g1, z1 = at_threads(1, run)
+    H.assert_close(g2, g1, 0, 0, "grad")
+    H.assert_close(g2, a0:exp() + 2, 1e-6, 1e-6, "grad value")
+    assert.are.equal(0, z2)
+    assert.are.equal(0, z1)
   end)
 end)
 
