@@ -33,9 +33,17 @@ int openblas_get_num_threads(void);
 #define GEMM_PIECE_MIN (1 << 20)  // smallest piece worth its own OpenBLAS call (about 30 us)
 #define GEMM_ALIGN 16           // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
 
+// beta = 0 zeroes C with memset and asks OpenBLAS for C += A B: its own beta = 0 pass (a scalar
+// loop over C before the product) measured 2-3x slower than memset and was ~3% of an MLP step.
+// The sums are the same (OpenBLAS's kernel adds the product to the zeroed C either way).
 static void blas_gemm(const fsdp_gemm_args* g) {
+  float beta = g->beta;
+  if (beta == 0.0f && g->K > 0) {
+    for (int64_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
+    beta = 1.0f;
+  }
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M,
-              (int)g->N, (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C, (int)g->ldc);
+              (int)g->N, (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, beta, g->C, (int)g->ldc);
 }
 
 // rows [lo, hi) (split_n = 0) or columns [lo, hi) (split_n = 1) of GEMM g's output
