@@ -1,7 +1,7 @@
 # fsdp -- build libfsdp.so, run tests, benchmarks and the demo.
 #   make            build libfsdp.so and lua/fsdp/cdef.lua
 #   make test       C unit tests + busted specs (what .ci/run calls)
-#   make bench      benchmarks against PyTorch (needs python3-torch)
+#   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
 #   make install PREFIX=/usr/local   (luarocks make uses LUADIR/LIBDIR/BINDIR instead)
 
@@ -78,7 +78,7 @@ asan-check: lua/fsdp/cdef.lua
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
 bench: all
-	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON))
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".
