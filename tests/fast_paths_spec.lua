@@ -106,74 +106,55 @@ describe("GEMM scheduler at 2 threads", function()
   end)
 end)
 
+-- fused causal attention at 2 threads against the explicit composition on one thread (matmul,
+-- additive -inf mask, softmax), outputs and gradients; an optional float mask that requires grad.
+-- Returns the fused side's mask gradient.
+local function check_causal_attention(seed, B, Hh, T, D, with_mask)
+  fsdp.manual_seed(seed)
+  local q0, k0, v0 = fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D)
+  local m0, gout = fsdp.randn(T, T), fsdp.randn(B, Hh, T, D)
+  local causal = {}
+  for i = 1, T do
+    local row = {}
+    for j = 1, T do row[j] = j > i and -math.huge or 0 end
+    causal[i] = row
+  end
+  causal = fsdp.tensor(causal)
+  local function run(fused)
+    local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+    local m = with_mask and m0:clone():requires_grad_() or nil
+    local out
+    if fused then
+      out = F.scaled_dot_product_attention(q, k, v, { causal = true, attn_mask = m })
+    else
+      local s = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(D)) + causal
+      if m then s = s + m end
+      out = s:softmax(-1):matmul(v)
+    end
+    out:backward(gout)
+    return out, q.grad, k.grad, v.grad, m and m.grad
+  end
+  local o2, dq2, dk2, dv2, dm2 = at_threads(2, function() return run(true) end)
+  local o1, dq1, dk1, dv1, dm1 = at_threads(1, function() return run(false) end)
+  H.assert_close(o2, o1, 1e-5, 1e-4, "out")
+  H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
+  H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
+  H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+  if with_mask then H.assert_close(dm2, dm1, 1e-5, 1e-4, "dmask") end
+  return dm2
+end
+
 describe("attention backward (paired GEMMs) at 2 threads", function()
   it("matches the explicit softmax(q k^T / sqrt(d) + causal mask) v composition", function()
-    fsdp.manual_seed(3)
-    local B, Hh, T, D = 4, 4, 64, 32 -- each paired product: 16 x 64*64*32 = 2.1M multiply-adds
-    local q0, k0, v0 = fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D)
-    local gout = fsdp.randn(B, Hh, T, D)
-    local function run(fused)
-      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
-      local out
-      if fused then
-        out = F.scaled_dot_product_attention(q, k, v, { causal = true })
-      else -- reference from plain ops: matmul, additive -inf mask, softmax
-        local mask = {}
-        for i = 1, T do
-          local row = {}
-          for j = 1, T do row[j] = j > i and -math.huge or 0 end
-          mask[i] = row
-        end
-        local s = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(D)) + fsdp.tensor(mask)
-        out = s:softmax(-1):matmul(v)
-      end
-      out:backward(gout)
-      return out, q.grad, k.grad, v.grad
-    end
-    local o2, dq2, dk2, dv2 = at_threads(2, function() return run(true) end)
-    local o1, dq1, dk1, dv1 = at_threads(1, function() return run(false) end)
-    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
-    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
-    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
-    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+    check_causal_attention(3, 4, 4, 64, 32) -- each paired product: 16 x 64*64*32 = 2.1M multiply-adds
   end)
 
   -- causal self-attention from T = 64 on runs its products on row blocks of the lower triangle
   -- (3 uneven blocks at T = 100); a float mask that requires grad checks dS in the skipped blocks
   it("causal row blocks (T = 100, with a float mask) match the explicit composition", function()
-    fsdp.manual_seed(4)
-    local B, Hh, T, D = 2, 2, 100, 16
-    local q0, k0, v0 = fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D), fsdp.randn(B, Hh, T, D)
-    local m0, gout = fsdp.randn(T, T), fsdp.randn(B, Hh, T, D)
-    local causal = {}
-    for i = 1, T do
-      local row = {}
-      for j = 1, T do row[j] = j > i and -math.huge or 0 end
-      causal[i] = row
-    end
-    causal = fsdp.tensor(causal)
-    local function run(fused)
-      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
-      local m = m0:clone():requires_grad_()
-      local out
-      if fused then
-        out = F.scaled_dot_product_attention(q, k, v, { causal = true, attn_mask = m })
-      else
-        local s = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(D)) + m + causal
-        out = s:softmax(-1):matmul(v)
-      end
-      out:backward(gout)
-      return out, q.grad, k.grad, v.grad, m.grad
-    end
-    local o2, dq2, dk2, dv2, dm2 = at_threads(2, function() return run(true) end)
-    local o1, dq1, dk1, dv1, dm1 = at_threads(1, function() return run(false) end)
-    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
-    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
-    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
-    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
-    H.assert_close(dm2, dm1, 1e-5, 1e-4, "dmask")
+    local T = 100
+    local dm = check_causal_attention(4, 2, 2, T, 16, true):tolist() -- flat, row-major
     -- the masked triangle gets exactly zero mask gradient
-    local dm = dm2:tolist() -- flat, row-major
     for i = 1, T, 7 do for j = i + 1, T, 5 do assert.are.equal(0, dm[(i - 1) * T + j]) end end
   end)
 
