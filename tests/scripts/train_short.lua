@@ -30,6 +30,12 @@ local l3 = train(gpt, fsdp.optim.AdamW(gpt:parameters(), { lr = 3e-3 }), functio
   local idx = fsdp.randint(0, 50, { 4, 16 })
   return models.lm_loss(m(idx), fsdp.randint(0, 50, { 4, 16 }))
 end, 3)
+-- causal attention long enough for the row-block products (T >= 64), with a float mask and dropout
+local q, k, v = fsdp.randn { 2, 2, 96, 8 }, fsdp.randn { 2, 2, 96, 8 }, fsdp.randn { 2, 2, 96, 8 }
+local mask = fsdp.randn { 96, 96 }
+for _, t in ipairs { q, k, v, mask } do t:requires_grad_() end
+F.scaled_dot_product_attention(q, k, v, { causal = true, attn_mask = mask, dropout_p = 0.1 }):sum():backward()
+assert(q.grad and k.grad and v.grad and mask.grad)
 -- a wrapped model (world size 1) and a checkpoint round trip
 local w = models.mlp()
 fsdp.wrap(w)
