@@ -635,8 +635,8 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   }
 
   causal_blocks cb = causal_split(causal, Tq, Tk, D, Dv);
-  fsdp_gemm_args* g = cb.nb ? malloc(B * cb.nb * sizeof(fsdp_gemm_args)) : NULL;
-  if (cb.nb && !g) {
+  fsdp_gemm_args* g = cb.nb && B > 0 ? malloc(B * cb.nb * sizeof(fsdp_gemm_args)) : NULL;
+  if (cb.nb && B > 0 && !g) {
     free(mask_boff);
     CHECK_NULL(0, "%s: out of memory", op);
   }
