@@ -125,9 +125,10 @@ int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g) {
 // ---- gradient accumulation ----------------------------------------------------------------------------
 // Buffers are shared freely between edges (AddBackward passes one gradient to both inputs), so we
 // add in place only into a tensor nobody else holds; otherwise we build a new sum.
-static int exclusively_owned(const fsdp_tensor* t) {
+int fsdp_grad_exclusive(const fsdp_tensor* t) {
   return t->refcount == 1 && t->storage->refcount == 1 && fsdp_tensor_is_contiguous(t) && t->dtype == FSDP_F32;
 }
+#define exclusively_owned fsdp_grad_exclusive
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
   if (!*acc) { g->refcount++; *acc = g; return 0; }
   if (exclusively_owned(*acc) && fsdp_same_shape(*acc, g)) {
@@ -344,7 +345,9 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
     if (!rc && n->released)
       rc = (fsdp_errorf("%s: trying to backward through the graph a second time (its saved tensors were freed "
                         "after the first backward; pass retain_graph = true to keep them)", n->name), -1);
+    n->grad_dest = n->needs_grad[0] && n->next[0].node ? &n->next[0].node->grad_acc : NULL;
     if (!rc) rc = n->backward(n, g, grad_in);
+    n->grad_dest = NULL;
     if (!rc) rc = emit(FSDP_EV_NODE_POST, n, NULL);
     if (!retain_graph) { node_free_saved(n); n->released = 1; }
   }

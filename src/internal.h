@@ -177,6 +177,8 @@ struct fsdp_node {
   int64_t visit;              // id of the backward pass that last reached this node
   int deps;                   // producers of gradients for this node still to run
   fsdp_tensor* grad_acc;      // sum of the gradients received so far
+  fsdp_tensor** grad_dest;    // while backward runs: the sum input 0's gradient goes into (the
+                              // next node's grad_acc), or NULL (a leaf, or no grad wanted)
 };
 
 // Creates a node for op `name` if grad mode is on and any input requires grad; else NULL
@@ -205,6 +207,8 @@ void fsdp_sched_install(void);
 
 // accumulate `g` into *acc (consumes nothing; *acc gets a new ref or is summed in place)
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);
+// 1 when gradient sum t may be added to in place (contiguous f32, held by nobody else)
+int fsdp_grad_exclusive(const fsdp_tensor* t);
 
 // ---- device backends ---------------------------------------------------------------------------------
 #include "kernels_elem.h"

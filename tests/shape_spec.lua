@@ -227,6 +227,39 @@ describe("narrow", function()
     assert.same({ 0, 1, 1, 0 }, y.grad:totable())
   end)
 
+  -- slices of one non-leaf tensor (q, k, v of a qkv projection): after the first, each slice's
+  -- gradient is added into the sum's slice in place; overlapping slices and a use of the whole
+  -- tensor must still add up
+  it("adds the gradients of several slices of one tensor, overlapping or not", function()
+    local x = H.randn_leaf(2, 3, 12)
+    local w = fsdp.randn(2, 3, 12)
+    local function f(t)
+      local h = t * 2 -- a non-leaf: the slices' gradients meet in its node's sum
+      local q, k, v = h:narrow(3, 1, 4), h:narrow(3, 5, 4), h:narrow(3, 9, 4)
+      local o = h:narrow(3, 3, 6) -- overlaps q and k
+      return (q * k):sum() + (v * v):sum() + (o * o):sum() + (h * w):sum()
+    end
+    H.gradcheck(f, { x })
+    -- exact values against the same sum written without slices of a shared tensor
+    x.grad = nil
+    f(x):backward()
+    local xs, ws = x:detach(), w
+    local hd = xs * 2
+    local g = fsdp.zeros(2, 3, 12)
+    local gl, hl, wl = g:tolist(), hd:tolist(), ws:tolist()
+    for i = 0, 2 * 3 - 1 do
+      local r = i * 12
+      for j = 1, 4 do
+        gl[r + j] = gl[r + j] + hl[r + 4 + j]       -- d(q*k)/dq = k
+        gl[r + 4 + j] = gl[r + 4 + j] + hl[r + j]   -- d(q*k)/dk = q
+        gl[r + 8 + j] = gl[r + 8 + j] + 2 * hl[r + 8 + j]
+      end
+      for j = 3, 8 do gl[r + j] = gl[r + j] + 2 * hl[r + j] end
+      for j = 1, 12 do gl[r + j] = 2 * (gl[r + j] + wl[r + j]) end -- through h = 2 t
+    end
+    H.assert_close(x.grad, gl, 1e-5, 1e-5, "slices' gradient")
+  end)
+
   it("rejects ranges out of bounds", function()
     local x = iota(3, 4)
     H.assert_error(function() return x:narrow(2, 4, 2) end, "narrow", "out of bounds", "(3, 4)")
