@@ -2,12 +2,13 @@
 -- (bench/torch_models.py run by /usr/bin/python3), side by side, with the ratio ours/torch.
 --
 --   make bench                       (THREADS=2 by default; sets OPENBLAS/OMP_NUM_THREADS)
---   luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer]
---                        [--no-torch] [--python /usr/bin/python3]
+--   luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--rounds R]
+--                        [--models mlp,conv,transformer] [--no-torch] [--python /usr/bin/python3]
 --
 -- A step is zero_grad + forward + loss + backward + optimizer step on one fixed random batch;
--- the number reported is the median over the timed steps, after warmup steps. Ours and torch
--- run alternately, model by model, so a change in machine load hits both sides alike.
+-- a round reports the median over its timed steps, after warmup steps. Ours and torch run
+-- alternately, R rounds each per model, so a change in machine load hits both sides alike; the
+-- table shows each side's median round and the range of the per-round ratios.
 -- See bench/README.md for how to read the table.
 local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
@@ -21,10 +22,10 @@ local U = require "util"
 -- ---- arguments -------------------------------------------------------------------------------------
 local opts = {
   threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2,
-  warmup = 3, iters = 10, models = table.concat(models.order, ","), torch = true,
+  warmup = 3, iters = 10, rounds = 3, models = table.concat(models.order, ","), torch = true,
   python = "/usr/bin/python3", target = 0.8,
 }
-U.parse_args("bench/run.lua", opts, "[--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer] [--no-torch] [--python PATH]", { ["--no-torch"] = function(o) o.torch = false end })
+U.parse_args("bench/run.lua", opts, "[--threads N] [--warmup W] [--iters I] [--rounds R] [--models mlp,conv,transformer] [--no-torch] [--python PATH]", { ["--no-torch"] = function(o) o.torch = false end })
 fsdp.set_num_threads(opts.threads)
 
 -- ---- timing ---------------------------------------------------------------------------------------
@@ -90,34 +91,47 @@ local function bench_torch(name)
 end
 
 -- ---- run ---------------------------------------------------------------------------------------------
-print(("fsdp %s benchmark: %d thread(s), %d warmup + %d timed steps, median ms per training step")
-  :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.warmup, opts.iters))
+print(("fsdp %s benchmark: %d thread(s), %d round(s) of %d warmup + %d timed steps, median ms per training step")
+  :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.rounds, opts.warmup, opts.iters))
 io.stdout:flush()
 local rows, torch_ver = {}, nil
 for name in opts.models:gmatch("[^,]+") do
-  io.stderr:write(("  %s: ours ...\n"):format(name))
-  local ok, ms, loss = pcall(bench_ours, name)
-  local row = { name = name, ours = ok and ms or nil, ours_loss = ok and loss or nil, err = not ok and ms or nil }
-  if torch_ok then
-    io.stderr:write(("  %s: torch ...\n"):format(name))
-    local tms, tloss, ver = bench_torch(name)
-    if tms then row.torch, row.torch_loss, torch_ver = tms, tloss, ver
-    else row.torch_err = tloss end
+  local row = { name = name, ours_r = {}, torch_r = {}, ratio_r = {} }
+  for r = 1, opts.rounds do
+    io.stderr:write(("  %s, round %d: ours ...\n"):format(name, r))
+    local ok, ms, loss = pcall(bench_ours, name)
+    if not ok then row.err = ms; break end
+    row.ours_r[r], row.ours_loss = ms, loss
+    if torch_ok then
+      io.stderr:write(("  %s, round %d: torch ...\n"):format(name, r))
+      local tms, tloss, ver = bench_torch(name)
+      if not tms then row.torch_err = tloss; break end
+      row.torch_r[r], row.torch_loss, torch_ver = tms, tloss, ver
+      row.ratio_r[r] = ms / tms
+    end
+    collectgarbage("collect")
   end
+  row.ours = not row.err and median(row.ours_r) or nil
+  row.torch = #row.torch_r == opts.rounds and median(row.torch_r) or nil
   rows[#rows + 1] = row
-  collectgarbage("collect")
 end
 
-print(("%-12s %-52s %10s %10s %11s %16s"):format("model", "configuration", "fsdp ms", "torch ms", "fsdp/torch", "loss fsdp/torch"))
+print(("%-12s %-52s %10s %10s %11s %12s %16s"):format("model", "configuration", "fsdp ms", "torch ms", "fsdp/torch",
+  "round range", "loss fsdp/torch"))
 local failed, slow = 0, 0
 for _, r in ipairs(rows) do
   local ratio = (r.ours and r.torch) and r.ours / r.torch or nil
   if not r.ours then failed = failed + 1 end
   if ratio and ratio > opts.target then slow = slow + 1 end
-  print(("%-12s %-52s %10s %10s %11s %16s"):format(r.name, models.describe[r.name] or "",
+  local range = "-"
+  if ratio then
+    local lo, hi = math.min(unpack(r.ratio_r)), math.max(unpack(r.ratio_r))
+    range = ("%.2f-%.2f"):format(lo, hi)
+  end
+  print(("%-12s %-52s %10s %10s %11s %12s %16s"):format(r.name, models.describe[r.name] or "",
     r.ours and ("%.2f"):format(r.ours) or "FAILED",
     r.torch and ("%.2f"):format(r.torch) or (torch_ok and "FAILED" or "-"),
-    ratio and ("%.2f%s"):format(ratio, ratio <= opts.target and "" or " !") or "-",
+    ratio and ("%.2f%s"):format(ratio, ratio <= opts.target and "" or " !") or "-", range,
     (r.ours_loss and ("%.3f"):format(r.ours_loss) or "-") .. "/" .. (r.torch_loss and ("%.3f"):format(r.torch_loss) or "-")))
 end
 for _, r in ipairs(rows) do
