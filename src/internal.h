@@ -108,6 +108,7 @@ static inline int64_t* fsdp_i64(const fsdp_tensor* t) { return (int64_t*)fsdp_pt
 fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device);
 fsdp_tensor* fsdp_new_cat(int ndim, const int64_t* shape, int dtype, int device, int cat);  // in category cat
 fsdp_tensor* fsdp_new_like(const fsdp_tensor* t);
+fsdp_tensor* fsdp_new_layout_like(const fsdp_tensor* like, const int64_t* shape);
 // contiguous view of `shape` at `offset` (elements) on an existing storage (retained), refcount 1
 fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64_t* shape, int64_t offset);
 fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t);

@@ -36,43 +36,6 @@ static int grad_scalar(fsdp_tensor* grad_out, float* g) {
   return 0;
 }
 
-// batched C = alpha * op(A) op(B) with contiguous C (ldc = N, sc = M * N); empty sizes never reach BLAS
-static void bgemm(const fsdp_backend* be, int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                  float alpha, const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
-                  float* C) {
-  if (batch * M * N == 0) return;
-  if (K == 0) { be->elem->fill(C, FSDP_F32, batch * M * N, 0.0); return; }
-  be->linalg->gemm_batched(batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, 0.0f, C, N, M * N);
-}
-
-// the same batched product appended to a list of independent GEMMs (g, *n; room for `batch` more),
-// so that two batched products run together through gemm_many
-static void bgemm_add(const fsdp_backend* be, fsdp_gemm_args* g, int* n, int64_t batch, int ta, int tb, int64_t M,
-                      int64_t N, int64_t K, float alpha, const float* A, int64_t lda, int64_t sa, const float* B,
-                      int64_t ldb, int64_t sb, float* C) {
-  if (batch * M * N == 0) return;
-  if (K == 0) { be->elem->fill(C, FSDP_F32, batch * M * N, 0.0); return; }
-  for (int64_t b = 0; b < batch; b++)
-    g[(*n)++] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, 0.0f, C + b * M * N, N};
-}
-
-// Causal self-attention (causal, Tq == Tk = T) needs only the lower triangle of the (T, T) scores:
-// query i sees keys j <= i. The query rows are cut into nb blocks [lo, hi); every product that makes
-// or reads the scores runs per block on the keys [0, hi) that block can see, and dK, dV run per key
-// block [lo, hi) on the queries [lo, T) that can see it: (nb + 1) / (2 nb) of the full work (62% at
-// 4 blocks). Score blocks left out are never read: the softmax writes zeros there, dP's are zeroed.
-#define CAUSAL_ROWS 32  // rows per block, up to CAUSAL_MAX_BLOCKS blocks
-#define CAUSAL_MAX_BLOCKS 8
-typedef struct { int nb; int64_t lo[CAUSAL_MAX_BLOCKS + 1]; } causal_blocks;  // nb = 0: full products
-
-static causal_blocks causal_split(int causal, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) {
-  causal_blocks c = {0};
-  if (!causal || Tq != Tk || Tq < 2 * CAUSAL_ROWS || D == 0 || Dv == 0) return c;
-  c.nb = Tq / CAUSAL_ROWS > CAUSAL_MAX_BLOCKS ? CAUSAL_MAX_BLOCKS : (int)(Tq / CAUSAL_ROWS);
-  for (int r = 0; r <= c.nb; r++) c.lo[r] = Tq * r / c.nb;
-  return c;
-}
-
 // ---- softmax / log_softmax -----------------------------------------------------------------------
 // node->i: [0] outer, [1] n, [2] inner, [3] log; saved: 0 the output y
 static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
@@ -479,8 +442,70 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
 // Forward: S = scale * q k^T (+ mask, causal), P = softmax(S), O = dropout(P) v.
 // Backward: dV = Pd^T dO, dPd = dO V^T, dP = dropout(dPd), dS = P * (dP - rowsum(dP * P)),
 //           dQ = scale * dS K, dK = scale * dS^T Q, dmask = dS summed to the mask's shape.
+//
+// q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) and the output's gradient are each B = prod(...)
+// matrices. A tensor whose last dim is dense (stride 1) is used in place -- per matrix an offset,
+// rows ld apart -- so heads cut from one projection, qkv.narrow(3, ...).reshape(B, T, H, hd)
+// .transpose(2, 3), cost no copy. The output and the gradients of q, k, v are laid out in memory
+// like the tensor they belong to (fsdp_new_layout_like): for such heads the output (B, H, T, hd) is
+// stored as (B, T, H, hd), so y.transpose(2, 3).reshape(B, T, d) is a view. The scores P (B.., Tq,
+// Tk) are contiguous.
+typedef struct { float* p; int64_t* off; int64_t ld; } bmats;  // matrix b, row i: p + off[b] + i * ld
+
+static float* bm(const bmats* m, int64_t b, int64_t i) { return m->p + m->off[b] + i * m->ld; }
+
+// element offsets of the B = prod(shape[0:nb]) matrices of a tensor with these strides (0: broadcast)
+static void batch_offsets(int nb, const int64_t* shape, const int64_t* stride, int64_t B, int64_t* off) {
+  for (int64_t b = 0; b < B; b++) {
+    int64_t rem = b, o = 0;
+    for (int i = nb - 1; i >= 0; i--) { o += (rem % shape[i]) * stride[i]; rem /= shape[i]; }
+    off[b] = o;
+  }
+}
+
+// t itself (a new reference) when BLAS can read its matrices in place, else a contiguous copy
+static fsdp_tensor* as_matrices(fsdp_tensor* t) {
+  int nd = t->ndim;
+  int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1];
+  if (t->dtype == FSDP_F32 && (cols <= 1 || t->stride[nd - 1] == 1) && (rows <= 1 || t->stride[nd - 2] >= cols)) {
+    fsdp_tensor_retain(t);
+    return t;
+  }
+  return fsdp_as_contig(t);
+}
+
+// the B matrices of t (from as_matrices, or allocated here); off has room for B offsets
+static bmats matrices_of(fsdp_tensor* t, int64_t B, int64_t* off) {
+  int nd = t->ndim;
+  int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1], ld = rows > 1 ? t->stride[nd - 2] : cols;
+  batch_offsets(nd - 2, t->shape, t->stride, B, off);
+  return (bmats){fsdp_f32(t), off, ld > 1 ? ld : 1};
+}
+
+// Query rows are taken in blocks [lo[r], lo[r + 1]), each against the keys [0, keys_seen) it can see.
+// Causal self-attention (causal, Tq == Tk = T) needs only the lower triangle of the (T, T) scores:
+// query i sees keys j <= i. There the rows are cut into up to 8 blocks, every product that makes or
+// reads the scores runs per block on the keys [0, hi) that block can see, and dK, dV run per key
+// block [lo, hi) on the queries [lo, T) that can see it: (nb + 1) / (2 nb) of the full work (62% at
+// 4 blocks). Score blocks left out are never read: the softmax writes zeros there, dP's are zeroed.
+// Otherwise one block holds all rows and sees all keys.
+#define CAUSAL_ROWS 32  // rows per block, up to CAUSAL_MAX_BLOCKS blocks
+#define CAUSAL_MAX_BLOCKS 8
+typedef struct { int nb, causal; int64_t lo[CAUSAL_MAX_BLOCKS + 1]; } row_blocks;
+
+static row_blocks row_split(int causal, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) {
+  row_blocks c = {1, 0, {0, Tq}};
+  if (!causal || Tq != Tk || Tq < 2 * CAUSAL_ROWS || D == 0 || Dv == 0) return c;
+  c.causal = 1;
+  c.nb = Tq / CAUSAL_ROWS > CAUSAL_MAX_BLOCKS ? CAUSAL_MAX_BLOCKS : (int)(Tq / CAUSAL_ROWS);
+  for (int r = 0; r <= c.nb; r++) c.lo[r] = Tq * r / c.nb;
+  return c;
+}
+static int64_t keys_seen(const row_blocks* c, int r, int64_t Tk) { return c->causal ? c->lo[r + 1] : Tk; }
+
 // node->f: [0] scale, [1] dropout_p; node->i: [0] seed, [1] B, [2] Tq, [3] Tk, [4] D, [5] Dv, [6] causal
-// saved: 0 q, 1 k, 2 v (contiguous), 3 P (B.., Tq, Tk), 4 mask (only when it requires grad)
+// saved: 0 q, 1 k, 2 v (as read: in place or contiguous copies), 3 P (B.., Tq, Tk), 4 mask (only when
+// it requires grad)
 static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* q = fsdp_node_saved(node, 0);
   fsdp_tensor* k = q ? fsdp_node_saved(node, 1) : NULL;
@@ -492,14 +517,14 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   float scale = (float)node->f[0], p = (float)node->f[1];
   uint64_t seed = (uint64_t)node->i[0];
   int64_t B = node->i[1], Tq = node->i[2], Tk = node->i[3], D = node->i[4], Dv = node->i[5], nP = B * Tq * Tk;
-  fsdp_tensor *dO = fsdp_as_contig(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  int64_t nB = B > 0 ? B : 1;
+  row_blocks rb = row_split((int)node->i[6], Tq, Tk, D, Dv);
+  fsdp_tensor *dO = as_matrices(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  int64_t* off = malloc(9 * nB * sizeof(int64_t));
+  fsdp_gemm_args* g = malloc(2 * nB * rb.nb * sizeof(fsdp_gemm_args));  // independent products run together
   int rc = -1, n = 0;
-  // independent products run together: (dV, dP), then (dQ, dK); B of each
-  causal_blocks cb = causal_split((int)node->i[6], Tq, Tk, D, Dv);
-  int64_t T = Tq, per = cb.nb ? cb.nb : 1;  // GEMMs per batch matrix and product
-  fsdp_gemm_args* g = malloc(2 * (B > 0 ? B : 1) * per * sizeof(fsdp_gemm_args));
-  if (!dO || !g) {
-    if (!g) fsdp_errorf("%s: out of memory", node->name);
+  if (!dO || !off || !g) {
+    if (dO) fsdp_errorf("%s: out of memory", node->name);
     goto done;
   }
   if (p > 0.0f) {  // the dropped-out probabilities the forward multiplied with v
@@ -507,58 +532,48 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
     be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, p, seed);
   }
   int want_dP = node->needs_grad[0] || node->needs_grad[1] || node->needs_grad[3];
-  const float *PP = fsdp_f32(Pd ? Pd : P), *dOp = fsdp_f32(dO), *qp = fsdp_f32(q), *kp = fsdp_f32(k);
-  const float* vp = fsdp_f32(v);
-  if (node->needs_grad[2]) {  // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
-    if (!(dv = fsdp_new_like(v))) goto done;
-    if (!cb.nb)
-      bgemm_add(be, g, &n, B, 1, 0, Tk, Dv, Tq, 1.0f, PP, Tk, Tq * Tk, dOp, Dv, Tq * Dv, fsdp_f32(dv));
-    for (int64_t b = 0; b < B && cb.nb; b++)
-      for (int r = 0; r < cb.nb; r++) {  // dV[lo:hi] = Pd[lo:T, lo:hi]^T @ dO[lo:T]
-        int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-        g[n++] = (fsdp_gemm_args){1, 0, hi - lo, Dv, T - lo, 1.0f, PP + b * T * T + lo * T + lo, T,
-                                  dOp + (b * T + lo) * Dv, Dv, 0.0f, fsdp_f32(dv) + (b * T + lo) * Dv, Dv};
+  if ((node->needs_grad[2] && !(dv = fsdp_new_layout_like(v, v->shape))) || (want_dP && !(dP = fsdp_new_like(P))) ||
+      (node->needs_grad[0] && !(dq = fsdp_new_layout_like(q, q->shape))) ||
+      (node->needs_grad[1] && !(dk = fsdp_new_layout_like(k, k->shape))))
+    goto done;
+  bmats Q = matrices_of(q, B, off), K = matrices_of(k, B, off + nB), V = matrices_of(v, B, off + 2 * nB);
+  bmats S = matrices_of(P, B, off + 3 * nB), Sd = S, dOm = matrices_of(dO, B, off + 4 * nB), dQ = {0}, dK = {0}, dV = {0},
+        dS = {0};
+  if (Pd) Sd.p = fsdp_f32(Pd);  // same layout as P
+  if (dv) dV = matrices_of(dv, B, off + 5 * nB);
+  if (dP) dS = matrices_of(dP, B, off + 6 * nB);
+  if (dq) dQ = matrices_of(dq, B, off + 7 * nB);
+  if (dk) dK = matrices_of(dk, B, off + 8 * nB);
+  for (int64_t b = 0; b < B; b++)
+    for (int r = 0; r < rb.nb; r++) {
+      int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
+      int64_t klo = rb.causal ? lo : 0, khi = rb.causal ? hi : Tk;  // key rows of this block's dK, dV
+      if (dv && khi > klo)  // dV[klo:khi] = Pd[klo:Tq, klo:khi]^T @ dO[klo:Tq]  (queries before klo see none of them)
+        g[n++] = (fsdp_gemm_args){1, 0, khi - klo, Dv, Tq - klo, 1.0f, bm(&Sd, b, klo) + klo, Sd.ld, bm(&dOm, b, klo),
+                                  dOm.ld, 0.0f, bm(&dV, b, klo), dV.ld};
+      if (dP && hi > lo) {  // dPd[lo:hi, 0:ke] = dO[lo:hi] @ V[0:ke]^T; dPd[lo:hi, ke:Tk] = 0
+        if (ke > 0)
+          g[n++] = (fsdp_gemm_args){0, 1, hi - lo, ke, Dv, 1.0f, bm(&dOm, b, lo), dOm.ld, bm(&V, b, 0), V.ld, 0.0f,
+                                    bm(&dS, b, lo), dS.ld};
+        for (int64_t i = lo; i < hi && ke < Tk; i++) memset(bm(&dS, b, i) + ke, 0, (Tk - ke) * sizeof(float));
       }
-  }
-  if (want_dP) {  // dPd (Tq, Tk) = dO (Tq, Dv) @ V^T (Dv, Tk)
-    if (!(dP = fsdp_new_like(P))) goto done;
-    if (!cb.nb)
-      bgemm_add(be, g, &n, B, 0, 1, Tq, Tk, Dv, 1.0f, dOp, Dv, Tq * Dv, vp, Dv, Tk * Dv, fsdp_f32(dP));
-    for (int64_t b = 0; b < B && cb.nb; b++)
-      for (int r = 0; r < cb.nb; r++) {  // dPd[lo:hi, 0:hi] = dO[lo:hi] @ V[0:hi]^T; dPd[lo:hi, hi:T] = 0
-        int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-        float* d = fsdp_f32(dP) + (b * T + lo) * T;
-        g[n++] = (fsdp_gemm_args){0, 1, hi - lo, hi, Dv, 1.0f, dOp + (b * T + lo) * Dv, Dv, vp + b * T * Dv, Dv,
-                                  0.0f, d, T};
-        for (int64_t i = 0; i < hi - lo && hi < T; i++) memset(d + i * T + hi, 0, (T - hi) * sizeof(float));
-      }
-  }
+    }
   if (n) be->linalg->gemm_many(n, g);
   n = 0;
   if (want_dP) {
     if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, seed);
     be->nn->softmax_backward(fsdp_f32(dP), fsdp_f32(dP), fsdp_f32(P), B * Tq, Tk, 1, 0);  // dP -> dS in place
-    const float* dS = fsdp_f32(dP);
-    if (node->needs_grad[0]) {  // dQ (Tq, D) = scale * dS (Tq, Tk) @ K (Tk, D)
-      if (!(dq = fsdp_new_like(q))) goto done;
-      if (!cb.nb) bgemm_add(be, g, &n, B, 0, 0, Tq, D, Tk, scale, dS, Tk, Tq * Tk, kp, D, Tk * D, fsdp_f32(dq));
-      for (int64_t b = 0; b < B && cb.nb; b++)
-        for (int r = 0; r < cb.nb; r++) {  // dQ[lo:hi] = scale * dS[lo:hi, 0:hi] @ K[0:hi]
-          int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-          g[n++] = (fsdp_gemm_args){0, 0, hi - lo, D, hi, scale, dS + (b * T + lo) * T, T, kp + b * T * D, D, 0.0f,
-                                    fsdp_f32(dq) + (b * T + lo) * D, D};
-        }
-    }
-    if (node->needs_grad[1]) {  // dK (Tk, D) = scale * dS^T (Tk, Tq) @ Q (Tq, D)
-      if (!(dk = fsdp_new_like(k))) goto done;
-      if (!cb.nb) bgemm_add(be, g, &n, B, 1, 0, Tk, D, Tq, scale, dS, Tk, Tq * Tk, qp, D, Tq * D, fsdp_f32(dk));
-      for (int64_t b = 0; b < B && cb.nb; b++)
-        for (int r = 0; r < cb.nb; r++) {  // dK[lo:hi] = scale * dS[lo:T, lo:hi]^T @ Q[lo:T]
-          int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-          g[n++] = (fsdp_gemm_args){1, 0, hi - lo, D, T - lo, scale, dS + b * T * T + lo * T + lo, T,
-                                    qp + (b * T + lo) * D, D, 0.0f, fsdp_f32(dk) + (b * T + lo) * D, D};
-        }
-    }
+    for (int64_t b = 0; b < B; b++)
+      for (int r = 0; r < rb.nb; r++) {
+        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
+        int64_t klo = rb.causal ? lo : 0, khi = rb.causal ? hi : Tk;
+        if (dq && hi > lo)  // dQ[lo:hi] = scale * dS[lo:hi, 0:ke] @ K[0:ke]
+          g[n++] = (fsdp_gemm_args){0, 0, hi - lo, D, ke, scale, bm(&dS, b, lo), dS.ld, bm(&K, b, 0), K.ld, 0.0f,
+                                    bm(&dQ, b, lo), dQ.ld};
+        if (dk && khi > klo)  // dK[klo:khi] = scale * dS[klo:Tq, klo:khi]^T @ Q[klo:Tq]
+          g[n++] = (fsdp_gemm_args){1, 0, khi - klo, D, Tq - klo, scale, bm(&dS, b, klo) + klo, dS.ld, bm(&Q, b, klo),
+                                    Q.ld, 0.0f, bm(&dK, b, klo), dK.ld};
+      }
     if (n) be->linalg->gemm_many(n, g);
     if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
   }
@@ -567,6 +582,7 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   rc = 0;
 done:
   free(g);
+  free(off);
   fsdp_tensor_release(dO); fsdp_tensor_release(Pd); fsdp_tensor_release(dP);
   fsdp_tensor_release(dq); fsdp_tensor_release(dk); fsdp_tensor_release(dv);
   return rc;
@@ -613,9 +629,7 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   memcpy(oshape, q->shape, nd * sizeof(int64_t));
   oshape[nd - 1] = Dv;  // output (..., Tq, Dv)
 
-  // the mask is read in place through broadcast strides: per batch matrix an offset, then (i, j) strides
-  int64_t* mask_boff = NULL;
-  if (mask) {
+  if (mask) {  // read in place through broadcast strides: per batch matrix an offset, then (i, j) strides
     if (fsdp_check_f32(op, mask) || fsdp_check_same_device(op, q, mask)) return NULL;
     int ok = mask->ndim <= nd;
     for (int i = 0; ok && i < mask->ndim; i++) {
@@ -625,51 +639,48 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     CHECK_NULL(ok, "%s: attn_mask of shape %s cannot be broadcast to the attention scores of shape %s (query %s, "
                "key %s)", op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
     fsdp_broadcast_strides(mask, nd, sshape, mstride);
-    mask_boff = malloc((B ? B : 1) * sizeof(int64_t));
-    CHECK_NULL(mask_boff, "%s: out of memory", op);
-    for (int64_t b = 0; b < B; b++) {
-      int64_t rem = b, off = 0;
-      for (int i = nd - 3; i >= 0; i--) { off += (rem % sshape[i]) * mstride[i]; rem /= sshape[i]; }
-      mask_boff[b] = off;
-    }
   }
-
-  causal_blocks cb = causal_split(causal, Tq, Tk, D, Dv);
-  fsdp_gemm_args* g = cb.nb && B > 0 ? malloc(B * cb.nb * sizeof(fsdp_gemm_args)) : NULL;
-  if (cb.nb && B > 0 && !g) {
-    free(mask_boff);
+  row_blocks rb = row_split(causal, Tq, Tk, D, Dv);
+  int64_t nB = B > 0 ? B : 1;
+  int64_t* off = malloc(6 * nB * sizeof(int64_t));
+  fsdp_gemm_args* g = malloc(nB * rb.nb * sizeof(fsdp_gemm_args));
+  if (!off || !g) {
+    free(off); free(g);
     CHECK_NULL(0, "%s: out of memory", op);
   }
-  fsdp_tensor *qc = fsdp_as_contig(q), *kc = NULL, *vc = NULL, *P = NULL, *Pd = NULL, *out = NULL;
-  int ok = qc && (kc = fsdp_as_contig(k)) && (vc = fsdp_as_contig(v)) && (P = fsdp_new(nd, sshape, FSDP_F32, fsdp_device_of(q))) &&
-           (out = fsdp_new(nd, oshape, FSDP_F32, fsdp_device_of(q)));
+  fsdp_tensor *qm = as_matrices(q), *km = NULL, *vm = NULL, *P = NULL, *Pd = NULL, *out = NULL;
+  int ok = qm && (km = as_matrices(k)) && (vm = as_matrices(v)) &&
+           (P = fsdp_new(nd, sshape, FSDP_F32, fsdp_device_of(q))) && (out = fsdp_new_layout_like(qm, oshape));
   uint64_t seed = 0;
   if (ok) {
-    int64_t nP = B * Tq * Tk, T = Tq;
-    if (!cb.nb) bgemm(be, B, 0, 1, Tq, Tk, D, (float)scale, fsdp_f32(qc), D, Tq * D, fsdp_f32(kc), D, Tk * D, fsdp_f32(P));
+    bmats Q = matrices_of(qm, B, off), K = matrices_of(km, B, off + nB), V = matrices_of(vm, B, off + 2 * nB);
+    bmats S = matrices_of(P, B, off + 3 * nB), O = matrices_of(out, B, off + 4 * nB);
     int n = 0;
-    for (int64_t b = 0; b < B && cb.nb; b++)
-      for (int r = 0; r < cb.nb; r++) {  // S[lo:hi, 0:hi] = scale * q[lo:hi] @ k[0:hi]^T
-        int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-        g[n++] = (fsdp_gemm_args){0, 1, hi - lo, hi, D, (float)scale, fsdp_f32(qc) + (b * T + lo) * D, D,
-                                  fsdp_f32(kc) + b * T * D, D, 0.0f, fsdp_f32(P) + (b * T + lo) * T, T};
+    for (int64_t b = 0; b < B; b++)
+      for (int r = 0; r < rb.nb; r++) {  // S[lo:hi, 0:ke] = scale * q[lo:hi] @ k[0:ke]^T
+        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
+        if (hi > lo && ke > 0)
+          g[n++] = (fsdp_gemm_args){0, 1, hi - lo, ke, D, (float)scale, bm(&Q, b, lo), Q.ld, bm(&K, b, 0), K.ld, 0.0f,
+                                    bm(&S, b, lo), S.ld};
       }
     if (n) be->linalg->gemm_many(n, g);
-    be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, mask_boff, mask ? mstride[nd - 2] : 0,
-                         mask ? mstride[nd - 1] : 0, causal);
+    if (mask) batch_offsets(nd - 2, sshape, mstride, B, off + 5 * nB);
+    be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, off + 5 * nB,
+                         mask ? mstride[nd - 2] : 0, mask ? mstride[nd - 1] : 0, causal);
+    bmats Sd = S;  // the dropped-out probabilities, same layout
     if (dropout_p > 0.0) {
       seed = fsdp_rng_next();
       ok = (Pd = fsdp_new_like(P)) != NULL;
-      if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, (float)dropout_p, seed);
+      if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), B * Tq * Tk, (float)dropout_p, seed);
+      if (ok) Sd.p = fsdp_f32(Pd);
     }
-    if (ok && !cb.nb)
-      bgemm(be, B, 0, 0, Tq, Dv, Tk, 1.0f, fsdp_f32(Pd ? Pd : P), Tk, Tq * Tk, fsdp_f32(vc), Dv, Tk * Dv, fsdp_f32(out));
     n = 0;
-    for (int64_t b = 0; b < B && ok && cb.nb; b++)
-      for (int r = 0; r < cb.nb; r++) {  // O[lo:hi] = Pd[lo:hi, 0:hi] @ v[0:hi]
-        int64_t lo = cb.lo[r], hi = cb.lo[r + 1];
-        g[n++] = (fsdp_gemm_args){0, 0, hi - lo, Dv, hi, 1.0f, fsdp_f32(Pd ? Pd : P) + (b * T + lo) * T, T,
-                                  fsdp_f32(vc) + b * T * Dv, Dv, 0.0f, fsdp_f32(out) + (b * T + lo) * Dv, Dv};
+    for (int64_t b = 0; b < B && ok; b++)
+      for (int r = 0; r < rb.nb; r++) {  // O[lo:hi] = Pd[lo:hi, 0:ke] @ v[0:ke]
+        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
+        if (hi > lo)
+          g[n++] = (fsdp_gemm_args){0, 0, hi - lo, Dv, ke, 1.0f, bm(&Sd, b, lo), Sd.ld, bm(&V, b, 0), V.ld, 0.0f,
+                                    bm(&O, b, lo), O.ld};
       }
     if (n) be->linalg->gemm_many(n, g);
   }
@@ -680,9 +691,9 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
       node->f[0] = scale; node->f[1] = dropout_p;
       node->i[0] = (int64_t)seed; node->i[1] = B; node->i[2] = Tq; node->i[3] = Tk; node->i[4] = D; node->i[5] = Dv;
       node->i[6] = causal;
-      fsdp_node_save(node, qc);
-      fsdp_node_save(node, kc);
-      fsdp_node_save(node, vc);
+      fsdp_node_save(node, qm);
+      fsdp_node_save(node, km);
+      fsdp_node_save(node, vm);
       fsdp_node_save(node, P);
       if (mask && mask->requires_grad) fsdp_node_save(node, mask);
       fsdp_node_set_output(node, out);
@@ -691,9 +702,9 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     fsdp_tensor_release(out);
     out = NULL;
   }
-  free(mask_boff);
+  free(off);
   free(g);
-  fsdp_tensor_release(qc); fsdp_tensor_release(kc); fsdp_tensor_release(vc);
+  fsdp_tensor_release(qm); fsdp_tensor_release(km); fsdp_tensor_release(vm);
   fsdp_tensor_release(P); fsdp_tensor_release(Pd);
   return out;
 }

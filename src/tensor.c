@@ -263,6 +263,34 @@ fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64
   return t;
 }
 fsdp_tensor* fsdp_new_like(const fsdp_tensor* t) { return fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t)); }
+// A new float32 tensor of `shape` (like's ndim) whose dims lie in memory in the order of like's
+// strides, the largest outermost: dense, and contiguous when like is. For outputs that should keep an
+// input's layout (attention heads stored as (B, T, H, hd)). Dims of size 1 may go anywhere; when like's
+// dims of size > 1 overlap or interleave (broadcast strides, odd views) the result is contiguous.
+fsdp_tensor* fsdp_new_layout_like(const fsdp_tensor* like, const int64_t* shape) {
+  int nd = like->ndim, order[FSDP_MAX_DIMS];
+  for (int i = 0; i < nd; i++) {  // stable insertion sort by stride, descending
+    int j = i;
+    while (j > 0 && like->stride[order[j - 1]] < like->stride[i]) { order[j] = order[j - 1]; j--; }
+    order[j] = i;
+  }
+  int nested = 1;
+  for (int j = nd - 1, inner = -1; j >= 0; j--) {  // each dim of size > 1 steps over the ones inside it
+    int d = order[j];
+    if (like->shape[d] <= 1) continue;
+    if (inner >= 0) nested = nested && like->stride[d] >= like->stride[inner] * like->shape[inner];
+    else nested = like->stride[d] >= 1;
+    inner = d;
+  }
+  fsdp_tensor* t = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(like));
+  if (!t || !nested) return t;
+  int64_t s = 1;
+  for (int j = nd - 1; j >= 0; j--) {
+    t->stride[order[j]] = s;
+    s *= shape[order[j]] > 0 ? shape[order[j]] : 1;
+  }
+  return t;
+}
 fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t) {
   fsdp_tensor* r = fsdp_new_like(t);
   if (r) fsdp_backend_of(r)->elem->fill(r->storage->data, r->dtype, fsdp_tensor_numel(r), 0.0);

@@ -158,6 +158,59 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
     for i = 1, T, 7 do for j = i + 1, T, 5 do assert.are.equal(0, dm[(i - 1) * T + j]) end end
   end)
 
+  -- heads cut from one projection are read in place (row stride 3d), the output is stored as
+  -- (B, T, H, D) so merging the heads back is a view, and the heads' gradients land in the
+  -- projection's gradient through narrow. Compared with the same model on contiguous copies of
+  -- the heads, on one thread.
+  it("reads heads cut from a qkv projection in place and stores the output as (B, T, H, D)", function()
+    local B, T, Hh, D = 2, 100, 3, 16
+    local d = Hh * D
+    fsdp.manual_seed(21)
+    local x0, w0, gout = fsdp.randn(B, T, d), fsdp.randn(3 * d, d), fsdp.randn(B, T, d)
+    local function run(in_place, causal)
+      local x, w = x0:clone():requires_grad_(), w0:clone():requires_grad_()
+      local qkv = F.linear(x, w) -- (B, T, 3d)
+      local function head(i)
+        local h = qkv:narrow(3, i * d + 1, d):reshape(B, T, Hh, D):transpose(2, 3)
+        return in_place and h or h:contiguous()
+      end
+      local y = F.scaled_dot_product_attention(head(0), head(1), head(2), { causal = causal }):transpose(2, 3)
+      if in_place then assert.is_true(y:is_contiguous(), "output not stored as (B, T, H, D)") end
+      y = y:reshape(B, T, d)
+      y:backward(gout)
+      return y, x.grad, w.grad
+    end
+    for _, causal in ipairs({ true, false }) do
+      local y2, dx2, dw2 = at_threads(2, function() return run(true, causal) end)
+      local y1, dx1, dw1 = at_threads(1, function() return run(false, causal) end)
+      H.assert_close(y2, y1, 1e-5, 1e-4, "out")
+      H.assert_close(dx2, dx1, 1e-5, 1e-4, "dx")
+      H.assert_close(dw2, dw1, 1e-5, 1e-4, "dw")
+    end
+  end)
+
+  -- keys and values shared by all heads (expand: batch stride 0) are read in place; their
+  -- gradients sum over the heads
+  it("reads keys and values expanded over the heads in place", function()
+    fsdp.manual_seed(22)
+    local q0, k0, v0 = fsdp.randn(2, 4, 70, 8), fsdp.randn(2, 1, 70, 8), fsdp.randn(2, 1, 70, 8)
+    local gout = fsdp.randn(2, 4, 70, 8)
+    local function run(expanded)
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local ke, ve = k:expand(2, 4, 70, 8), v:expand(2, 4, 70, 8)
+      if not expanded then ke, ve = ke:contiguous(), ve:contiguous() end
+      local out = F.scaled_dot_product_attention(q, ke, ve, { causal = true })
+      out:backward(gout)
+      return out, q.grad, k.grad, v.grad
+    end
+    local o2, dq2, dk2, dv2 = at_threads(2, function() return run(true) end)
+    local o1, dq1, dk1, dv1 = at_threads(1, function() return run(false) end)
+    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
+    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
+    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
+    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+  end)
+
   it("passes a finite-difference check at 2 threads", function()
     fsdp.manual_seed(5)
     at_threads(2, function()
