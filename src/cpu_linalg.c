@@ -173,21 +173,24 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-// C (4, 24) = (accumulate ? C : 0) + Ap (k, 4)^T-interleaved @ Bp (k, 24)
-static void micro_kernel(int64_t k, const float* Ap, const float* Bp, float* C, int64_t ldc, int accumulate) {
+// C (4, 24) = (accumulate ? C : 0) + A (4, k) @ Bp (k, 24): row r of A at a[r], its elements acs apart
+// (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose: a[r] =
+// A + r, acs = lda)
+static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
+                         int accumulate) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-  for (int64_t i = 0; i < k; i++) {
+  const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3];
+  for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
     __m256 b0 = _mm256_loadu_ps(Bp), b1 = _mm256_loadu_ps(Bp + 8), b2 = _mm256_loadu_ps(Bp + 16);
-    __m256 a = _mm256_broadcast_ss(Ap);
-    c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01); c02 = _mm256_fmadd_ps(a, b2, c02);
-    a = _mm256_broadcast_ss(Ap + 1);
-    c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11); c12 = _mm256_fmadd_ps(a, b2, c12);
-    a = _mm256_broadcast_ss(Ap + 2);
-    c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21); c22 = _mm256_fmadd_ps(a, b2, c22);
-    a = _mm256_broadcast_ss(Ap + 3);
-    c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31); c32 = _mm256_fmadd_ps(a, b2, c32);
-    Ap += MR;
+    __m256 x = _mm256_broadcast_ss(a0 + o);
+    c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01); c02 = _mm256_fmadd_ps(x, b2, c02);
+    x = _mm256_broadcast_ss(a1 + o);
+    c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11); c12 = _mm256_fmadd_ps(x, b2, c12);
+    x = _mm256_broadcast_ss(a2 + o);
+    c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21); c22 = _mm256_fmadd_ps(x, b2, c22);
+    x = _mm256_broadcast_ss(a3 + o);
+    c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31); c32 = _mm256_fmadd_ps(x, b2, c32);
     Bp += NR;
   }
   __m256 rows[MR][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
@@ -201,11 +204,12 @@ static void micro_kernel(int64_t k, const float* Ap, const float* Bp, float* C, 
   }
 }
 #else
-static void micro_kernel(int64_t k, const float* Ap, const float* Bp, float* C, int64_t ldc, int accumulate) {
+static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
+                         int accumulate) {
   float acc[MR][NR] = {{0}};
-  for (int64_t i = 0; i < k; i++, Ap += MR, Bp += NR)
+  for (int64_t i = 0; i < k; i++, Bp += NR)
     for (int r = 0; r < MR; r++)
-      for (int j = 0; j < NR; j++) acc[r][j] += Ap[r] * Bp[j];
+      for (int j = 0; j < NR; j++) acc[r][j] += a[r][i * acs] * Bp[j];
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < NR; j++) C[r * ldc + j] = (accumulate ? C[r * ldc + j] : 0.0f) + acc[r][j];
 }
@@ -225,10 +229,11 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const 
         const float* ap = Ap + m0 * K + k0 * MR;
         int64_t mm = M - m0 < MR ? M - m0 : MR;
         float* c = C + m0 * ldc + n0;
-        if (mm == MR && nn == NR) { micro_kernel(kc, ap, bp, c, ldc, acc); continue; }
+        const float* a[MR] = {ap, ap + 1, ap + 2, ap + 3};
+        if (mm == MR && nn == NR) { micro_kernel(kc, a, MR, bp, c, ldc, acc); continue; }
         for (int64_t r = 0; r < mm; r++)  // partial tile: go through a full-size buffer
           for (int64_t j = 0; j < nn; j++) edge[r * NR + j] = acc ? c[r * ldc + j] : 0.0f;
-        micro_kernel(kc, ap, bp, edge, NR, 1);
+        micro_kernel(kc, a, MR, bp, edge, NR, 1);
         for (int64_t r = 0; r < mm; r++)
           for (int64_t j = 0; j < nn; j++) c[r * ldc + j] = edge[r * NR + j];
       }
@@ -262,18 +267,114 @@ static void pack_a(float* Ap, const float* src, int64_t rs, int64_t cs, int64_t 
   }
 }
 
-// packs B (K, N), element (k, j) at src[k*rs + j] (rows contiguous), into [ceil(N/24)][K][24]
-static void pack_b(float* Bp, const float* src, int64_t rs, int64_t K, int64_t N) {
+// packs alpha * B (K, N), element (k, j) at src[k*rs + j*cs], into [ceil(N/24)][K][24] (zero columns
+// past N)
+static void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, int64_t K, int64_t N, float alpha) {
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
     int64_t nn = N - n0 < NR ? N - n0 : NR;
     float* d = Bp + n0 * K;
-    if (nn == NR) {
+    if (nn == NR && cs == 1 && alpha == 1.0f) {
       for (int64_t k = 0; k < K; k++) memcpy(d + k * NR, src + k * rs + n0, NR * sizeof(float));  // inlined
-    } else {
+    } else if (cs == 1) {
       for (int64_t k = 0; k < K; k++)
-        for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < nn ? src[k * rs + n0 + j] : 0.0f;
+        for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < nn ? alpha * src[k * rs + n0 + j] : 0.0f;
+    } else {  // columns of B are rows of src (B = X^T): read each one along k
+      for (int64_t j = 0; j < NR; j++) {
+        const float* s = src + (n0 + j) * cs;
+        if (j < nn) for (int64_t k = 0; k < K; k++) d[k * NR + j] = alpha * s[k * rs];
+        else for (int64_t k = 0; k < K; k++) d[k * NR + j] = 0.0f;
+      }
     }
   }
+}
+
+// ---- small GEMMs with causal limits: attention's products ----------------------------------------------------
+// n independent products C = alpha op(A) op(B) (C is overwritten: beta is 0), one per batch matrix
+// and head, so each is small: op(B) is packed once per product (alpha folded in) and stays in
+// L2, op(A) is read in place by the micro-kernel (rows or, transposed, columns: no packing). The
+// threads take whole products. limits[i] skips what causal self-attention (query i sees key j <= i;
+// T queries, T keys) knows to be zero, per 4-row tile of C holding rows [m0, m1):
+//   FSDP_TILES_COLS_TO_ROW  columns j < m1 only (scores q k^T, dP = dO v^T); the later columns are
+//                           set to 0
+//   FSDP_TILES_K_TO_ROW     k < m1 only (O = P v, dQ = dS k: P and dS are 0 past the diagonal)
+//   FSDP_TILES_K_FROM_ROW   k >= m0 only (dV = P^T dO, dK = dS^T q: P^T and dS^T are 0 before it)
+// Blocked for the caches as a Goto GEMM without packing A: per KC-deep slice of k and MC-tall block
+// of rows (A's block stays in L2), each NR-wide micro-panel of packed B (in L1) meets the block's
+// 4-row tiles. A tile's first slice overwrites it, the later ones add.
+#define TILES_MC 128
+#define TILES_BLAS_MIN (1 << 21)  // multiply-adds per full product from which OpenBLAS runs it instead
+
+static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
+  int64_t M = g->M, N = g->N, K = g->K, ldc = g->ldc;
+  if (K == 0) {  // an empty sum
+    for (int64_t i = 0; i < M; i++) memset(g->C + i * ldc, 0, N * sizeof(float));
+    return;
+  }
+  pack_b(Bp, g->B, g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1, K, N, g->alpha);  // op(B) (k, j)
+  int64_t ars = g->ta ? 1 : g->lda, acs = g->ta ? g->lda : 1;                // op(A) (i, k) at A[i*ars + k*acs]
+  float edge[MR * NR];
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    int64_t k1 = K - k0 < KC ? K : k0 + KC;
+    for (int64_t mb = 0; mb < M; mb += TILES_MC) {
+      int64_t mbe = M - mb < TILES_MC ? M : mb + TILES_MC;
+      for (int64_t n0 = 0; n0 < N; n0 += NR) {
+        int64_t nn = N - n0 < NR ? N - n0 : NR;
+        for (int64_t m0 = mb; m0 < mbe; m0 += MR) {
+          int64_t mm = mbe - m0 < MR ? mbe - m0 : MR, m1 = m0 + mm;
+          if (limits == FSDP_TILES_COLS_TO_ROW && n0 >= m1) continue;
+          int64_t klo = limits == FSDP_TILES_K_FROM_ROW ? (m0 < K ? m0 : K) : 0;
+          int64_t khi = limits == FSDP_TILES_K_TO_ROW ? (m1 < K ? m1 : K) : K;
+          klo = klo > k0 ? klo : k0;  // this slice's part of the tile's k range
+          khi = khi < k1 ? khi : k1;
+          if (khi <= klo) continue;
+          int acc = klo > (limits == FSDP_TILES_K_FROM_ROW ? m0 : 0);  // not the tile's first slice
+          float* c = g->C + m0 * ldc + n0;
+          int full = mm == MR && nn == NR;
+          if (!full)  // partial tile: through a full-size buffer
+            for (int64_t r = 0; r < mm; r++)
+              for (int64_t j = 0; j < nn; j++) edge[r * NR + j] = acc ? c[r * ldc + j] : 0.0f;
+          const float* a[MR];  // rows past M repeat the last one (their results are dropped)
+          for (int r = 0; r < MR; r++) a[r] = g->A + (m0 + (r < mm ? r : mm - 1)) * ars + klo * acs;
+          micro_kernel(khi - klo, a, acs, Bp + n0 * K + klo * NR, full ? c : edge, full ? ldc : NR, full ? acc : 1);
+          if (!full)
+            for (int64_t r = 0; r < mm; r++) memcpy(c + r * ldc, edge + r * NR, nn * sizeof(float));
+        }
+      }
+    }
+  }
+  if (limits == FSDP_TILES_COLS_TO_ROW)  // columns no tile wrote
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+      int64_t m1 = M - m0 < MR ? M : m0 + MR, from = round_up(m1, NR) < N ? round_up(m1, NR) : N;
+      for (int64_t i = m0; i < m1; i++) memset(g->C + i * ldc + from, 0, (N - from) * sizeof(float));
+    }
+}
+
+static int cpu_gemm_tiles(int n, const fsdp_gemm_args* g, const int* limits) {
+  int64_t need = 1;
+  double work = 0;
+  int all = 1;
+  for (int i = 0; i < n; i++) {
+    int64_t s = g[i].K * round_up(g[i].N, NR);
+    need = s > need ? s : need;
+    work += (double)g[i].M * g[i].N * g[i].K;
+    all = all && limits[i] == FSDP_TILES_ALL;
+  }
+  if (all && work >= (double)n * TILES_BLAS_MIN) {  // big full products: OpenBLAS's packed A wins (T >= 512)
+    cpu_gemm_many(n, g);
+    return 0;
+  }
+  int nt = omp_in_parallel() || work < GEMM_PAR_MIN ? 1 : omp_get_max_threads(), failed = 0;
+#pragma omp parallel num_threads(nt) reduction(| : failed)
+  {
+    float* Bp = malloc(need * sizeof(float));  // this thread's packed B
+    failed = !Bp;
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++)
+      if (Bp && g[i].M > 0 && g[i].N > 0) gemm_tiles_one(&g[i], limits[i], Bp);
+    free(Bp);
+  }
+  if (failed) fsdp_errorf("attention: out of memory for packed operands (%lld floats per thread)", (long long)need);
+  return failed ? -1 : 0;
 }
 
 // one row (c, ki, kj) of the columns: row[p] for p = (oh, ow), from the input plane x (H, W)
@@ -792,7 +893,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
           gemm_packed(Og, K, P, ga, bt, gw_c + gi * Og * K, K, 1);
         }
         if (gx) {  // gcol (K, P) = w[g]^T (K, Og) @ gy[n, g] (Og, P); gx[n, g] = col2im(gcol)
-          pack_b(gbp, gyg, P, Og, P);
+          pack_b(gbp, gyg, P, 1, Og, P, 1.0f);
           gemm_packed(K, P, Og, buf + gi * wtsz, gbp, gcol, P, 0);
           float* gxg = gx + (n * g->C + gi * Cg) * HW;
           for (int64_t c = 0; c < Cg; c++) {
@@ -945,6 +1046,7 @@ const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
     .gemm = cpu_gemm,
     .gemm_batched = cpu_gemm_batched,
     .gemm_many = cpu_gemm_many,
+    .gemm_tiles = cpu_gemm_tiles,
     .bias_rows = cpu_bias_rows,
     .sum_rows = cpu_sum_rows,
     .conv2d_forward = cpu_conv2d_forward,

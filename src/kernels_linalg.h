@@ -28,6 +28,15 @@ typedef struct fsdp_gemm_args {
   int64_t ldc;
 } fsdp_gemm_args;
 
+// gemm_tiles' limits, for causal self-attention over T queries and T keys (query i sees keys j <= i),
+// per 4-row tile of C holding rows [m0, m1):
+enum {
+  FSDP_TILES_ALL = 0,       // the whole product
+  FSDP_TILES_COLS_TO_ROW,   // columns j < m1 only, later columns set to 0 (scores q k^T, dP = dO v^T)
+  FSDP_TILES_K_TO_ROW,      // k < m1 only (O = P v, dQ = dS k)
+  FSDP_TILES_K_FROM_ROW,    // k >= m0 only (dV = P^T dO, dK = dS^T q)
+};
+
 typedef struct fsdp_linalg_kernels {
   // C (M,N) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T when tX; lda/ldb/ldc are row strides
   void (*gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -39,6 +48,10 @@ typedef struct fsdp_linalg_kernels {
   // n independent GEMMs (no C overlaps another GEMM's A, B or C), run together: the threads share
   // them out (e.g. a linear backward's grad_x and grad_w, one GEMM per thread)
   void (*gemm_many)(int n, const fsdp_gemm_args* g);
+  // n small independent GEMMs (attention: one per batch matrix and head; beta 0), run together;
+  // GEMM i skips the parts causal self-attention knows to be zero (limits[i], below). 0, or -1 with
+  // the error set
+  int (*gemm_tiles)(int n, const fsdp_gemm_args* g, const int* limits);
   // ---- linear -----------------------------------------------------------------------------------
   // every row of y (M, N) = b (N)
   void (*bias_rows)(float* y, const float* b, int64_t M, int64_t N);

@@ -482,26 +482,22 @@ static bmats matrices_of(fsdp_tensor* t, int64_t B, int64_t* off) {
   return (bmats){fsdp_f32(t), off, ld > 1 ? ld : 1};
 }
 
-// Query rows are taken in blocks [lo[r], lo[r + 1]), each against the keys [0, keys_seen) it can see.
-// Causal self-attention (causal, Tq == Tk = T) needs only the lower triangle of the (T, T) scores:
-// query i sees keys j <= i. There the rows are cut into up to 8 blocks, every product that makes or
-// reads the scores runs per block on the keys [0, hi) that block can see, and dK, dV run per key
-// block [lo, hi) on the queries [lo, T) that can see it: (nb + 1) / (2 nb) of the full work (62% at
-// 4 blocks). Score blocks left out are never read: the softmax writes zeros there, dP's are zeroed.
-// Otherwise one block holds all rows and sees all keys.
-#define CAUSAL_ROWS 32  // rows per block, up to CAUSAL_MAX_BLOCKS blocks
-#define CAUSAL_MAX_BLOCKS 8
-typedef struct { int nb, causal; int64_t lo[CAUSAL_MAX_BLOCKS + 1]; } row_blocks;
+// The products run through the linalg table's gemm_tiles, one GEMM per batch matrix. Causal
+// self-attention (causal, Tq == Tk) needs only the lower triangle of the (T, T) scores -- query i
+// sees keys j <= i -- and gemm_tiles' limits skip the rest in 4-row tiles: the score products stop
+// at the diagonal (and zero what lies past it), the products that read P or dS stop their sums there.
+// About half of the full work at large T.
+static int tile_limits(int causal, int64_t Tq, int64_t Tk, int lim) { return causal && Tq == Tk ? lim : FSDP_TILES_ALL; }
 
-static row_blocks row_split(int causal, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) {
-  row_blocks c = {1, 0, {0, Tq}};
-  if (!causal || Tq != Tk || Tq < 2 * CAUSAL_ROWS || D == 0 || Dv == 0) return c;
-  c.causal = 1;
-  c.nb = Tq / CAUSAL_ROWS > CAUSAL_MAX_BLOCKS ? CAUSAL_MAX_BLOCKS : (int)(Tq / CAUSAL_ROWS);
-  for (int r = 0; r <= c.nb; r++) c.lo[r] = Tq * r / c.nb;
-  return c;
+// appends one product over the B matrices, C_b = alpha op(A_b) op(B_b), to the list (g, lim, *n) that
+// runs through gemm_tiles
+static void add_products(fsdp_gemm_args* g, int* lim, int* n, int64_t B, int limits, int ta, int tb, int64_t M,
+                         int64_t N, int64_t K, float alpha, const bmats* A, const bmats* Bm, const bmats* C) {
+  for (int64_t b = 0; b < B; b++, (*n)++) {
+    lim[*n] = limits;
+    g[*n] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, bm(A, b, 0), A->ld, bm(Bm, b, 0), Bm->ld, 0.0f, bm(C, b, 0), C->ld};
+  }
 }
-static int64_t keys_seen(const row_blocks* c, int r, int64_t Tk) { return c->causal ? c->lo[r + 1] : Tk; }
 
 // node->f: [0] scale, [1] dropout_p; node->i: [0] seed, [1] B, [2] Tq, [3] Tk, [4] D, [5] Dv, [6] causal
 // saved: 0 q, 1 k, 2 v (as read: in place or contiguous copies), 3 P (B.., Tq, Tk), 4 mask (only when
@@ -518,12 +514,13 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   uint64_t seed = (uint64_t)node->i[0];
   int64_t B = node->i[1], Tq = node->i[2], Tk = node->i[3], D = node->i[4], Dv = node->i[5], nP = B * Tq * Tk;
   int64_t nB = B > 0 ? B : 1;
-  row_blocks rb = row_split((int)node->i[6], Tq, Tk, D, Dv);
+  int causal = (int)node->i[6];
   fsdp_tensor *dO = as_matrices(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
   int64_t* off = malloc(9 * nB * sizeof(int64_t));
-  fsdp_gemm_args* g = malloc(2 * nB * rb.nb * sizeof(fsdp_gemm_args));  // independent products run together
+  fsdp_gemm_args* g = malloc(2 * nB * sizeof(fsdp_gemm_args));  // two independent products run together
+  int* lim = malloc(2 * nB * sizeof(int));
   int rc = -1, n = 0;
-  if (!dO || !off || !g) {
+  if (!dO || !off || !g || !lim) {
     if (dO) fsdp_errorf("%s: out of memory", node->name);
     goto done;
   }
@@ -537,44 +534,31 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
       (node->needs_grad[1] && !(dk = fsdp_new_layout_like(k, k->shape))))
     goto done;
   bmats Q = matrices_of(q, B, off), K = matrices_of(k, B, off + nB), V = matrices_of(v, B, off + 2 * nB);
-  bmats S = matrices_of(P, B, off + 3 * nB), Sd = S, dOm = matrices_of(dO, B, off + 4 * nB), dQ = {0}, dK = {0}, dV = {0},
-        dS = {0};
+  bmats S = matrices_of(P, B, off + 3 * nB), Sd = S, dOm = matrices_of(dO, B, off + 4 * nB), dS = {0};
   if (Pd) Sd.p = fsdp_f32(Pd);  // same layout as P
-  if (dv) dV = matrices_of(dv, B, off + 5 * nB);
-  if (dP) dS = matrices_of(dP, B, off + 6 * nB);
-  if (dq) dQ = matrices_of(dq, B, off + 7 * nB);
-  if (dk) dK = matrices_of(dk, B, off + 8 * nB);
-  for (int64_t b = 0; b < B; b++)
-    for (int r = 0; r < rb.nb; r++) {
-      int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
-      int64_t klo = rb.causal ? lo : 0, khi = rb.causal ? hi : Tk;  // key rows of this block's dK, dV
-      if (dv && khi > klo)  // dV[klo:khi] = Pd[klo:Tq, klo:khi]^T @ dO[klo:Tq]  (queries before klo see none of them)
-        g[n++] = (fsdp_gemm_args){1, 0, khi - klo, Dv, Tq - klo, 1.0f, bm(&Sd, b, klo) + klo, Sd.ld, bm(&dOm, b, klo),
-                                  dOm.ld, 0.0f, bm(&dV, b, klo), dV.ld};
-      if (dP && hi > lo) {  // dPd[lo:hi, 0:ke] = dO[lo:hi] @ V[0:ke]^T; dPd[lo:hi, ke:Tk] = 0
-        if (ke > 0)
-          g[n++] = (fsdp_gemm_args){0, 1, hi - lo, ke, Dv, 1.0f, bm(&dOm, b, lo), dOm.ld, bm(&V, b, 0), V.ld, 0.0f,
-                                    bm(&dS, b, lo), dS.ld};
-        for (int64_t i = lo; i < hi && ke < Tk; i++) memset(bm(&dS, b, i) + ke, 0, (Tk - ke) * sizeof(float));
-      }
-    }
-  if (n) be->linalg->gemm_many(n, g);
+  if (dv) {  // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
+    bmats dV = matrices_of(dv, B, off + 5 * nB);
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, Dv, Tq, 1.0f, &Sd, &dOm, &dV);
+  }
+  if (want_dP) {  // dPd (Tq, Tk) = dO (Tq, Dv) @ V^T (Dv, Tk)
+    dS = matrices_of(dP, B, off + 6 * nB);
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, Dv, 1.0f, &dOm, &V, &dS);
+  }
+  if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
   n = 0;
   if (want_dP) {
     if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, seed);
     be->nn->softmax_backward(fsdp_f32(dP), fsdp_f32(dP), fsdp_f32(P), B * Tq, Tk, 1, 0);  // dP -> dS in place
-    for (int64_t b = 0; b < B; b++)
-      for (int r = 0; r < rb.nb; r++) {
-        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
-        int64_t klo = rb.causal ? lo : 0, khi = rb.causal ? hi : Tk;
-        if (dq && hi > lo)  // dQ[lo:hi] = scale * dS[lo:hi, 0:ke] @ K[0:ke]
-          g[n++] = (fsdp_gemm_args){0, 0, hi - lo, D, ke, scale, bm(&dS, b, lo), dS.ld, bm(&K, b, 0), K.ld, 0.0f,
-                                    bm(&dQ, b, lo), dQ.ld};
-        if (dk && khi > klo)  // dK[klo:khi] = scale * dS[klo:Tq, klo:khi]^T @ Q[klo:Tq]
-          g[n++] = (fsdp_gemm_args){1, 0, khi - klo, D, Tq - klo, scale, bm(&dS, b, klo) + klo, dS.ld, bm(&Q, b, klo),
-                                    Q.ld, 0.0f, bm(&dK, b, klo), dK.ld};
-      }
-    if (n) be->linalg->gemm_many(n, g);
+    bmats dQ, dK;
+    if (dq) {  // dQ (Tq, D) = scale * dS (Tq, Tk) @ K (Tk, D)
+      dQ = matrices_of(dq, B, off + 7 * nB);
+      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, D, Tk, scale, &dS, &K, &dQ);
+    }
+    if (dk) {  // dK (Tk, D) = scale * dS^T (Tk, Tq) @ Q (Tq, D)
+      dK = matrices_of(dk, B, off + 8 * nB);
+      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, D, Tq, scale, &dS, &Q, &dK);
+    }
+    if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
     if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
   }
   grad_in[0] = dq; grad_in[1] = dk; grad_in[2] = dv;
@@ -582,6 +566,7 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   rc = 0;
 done:
   free(g);
+  free(lim);
   free(off);
   fsdp_tensor_release(dO); fsdp_tensor_release(Pd); fsdp_tensor_release(dP);
   fsdp_tensor_release(dq); fsdp_tensor_release(dk); fsdp_tensor_release(dv);
@@ -640,12 +625,12 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
                "key %s)", op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
     fsdp_broadcast_strides(mask, nd, sshape, mstride);
   }
-  row_blocks rb = row_split(causal, Tq, Tk, D, Dv);
   int64_t nB = B > 0 ? B : 1;
   int64_t* off = malloc(6 * nB * sizeof(int64_t));
-  fsdp_gemm_args* g = malloc(nB * rb.nb * sizeof(fsdp_gemm_args));
-  if (!off || !g) {
-    free(off); free(g);
+  fsdp_gemm_args* g = malloc(nB * sizeof(fsdp_gemm_args));
+  int* lim = malloc(nB * sizeof(int));
+  if (!off || !g || !lim) {
+    free(off); free(g); free(lim);
     CHECK_NULL(0, "%s: out of memory", op);
   }
   fsdp_tensor *qm = as_matrices(q), *km = NULL, *vm = NULL, *P = NULL, *Pd = NULL, *out = NULL;
@@ -655,34 +640,24 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   if (ok) {
     bmats Q = matrices_of(qm, B, off), K = matrices_of(km, B, off + nB), V = matrices_of(vm, B, off + 2 * nB);
     bmats S = matrices_of(P, B, off + 3 * nB), O = matrices_of(out, B, off + 4 * nB);
-    int n = 0;
-    for (int64_t b = 0; b < B; b++)
-      for (int r = 0; r < rb.nb; r++) {  // S[lo:hi, 0:ke] = scale * q[lo:hi] @ k[0:ke]^T
-        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
-        if (hi > lo && ke > 0)
-          g[n++] = (fsdp_gemm_args){0, 1, hi - lo, ke, D, (float)scale, bm(&Q, b, lo), Q.ld, bm(&K, b, 0), K.ld, 0.0f,
-                                    bm(&S, b, lo), S.ld};
-      }
-    if (n) be->linalg->gemm_many(n, g);
-    if (mask) batch_offsets(nd - 2, sshape, mstride, B, off + 5 * nB);
-    be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, off + 5 * nB,
-                         mask ? mstride[nd - 2] : 0, mask ? mstride[nd - 1] : 0, causal);
+    int n = 0;  // S (Tq, Tk) = scale * q (Tq, D) @ k^T (D, Tk)
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, D, (float)scale, &Q,
+                 &K, &S);
+    ok = !n || !be->linalg->gemm_tiles(n, g, lim);
+    if (ok && mask) batch_offsets(nd - 2, sshape, mstride, B, off + 5 * nB);
+    if (ok)
+      be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, off + 5 * nB,
+                           mask ? mstride[nd - 2] : 0, mask ? mstride[nd - 1] : 0, causal);
     bmats Sd = S;  // the dropped-out probabilities, same layout
-    if (dropout_p > 0.0) {
+    if (ok && dropout_p > 0.0) {
       seed = fsdp_rng_next();
       ok = (Pd = fsdp_new_like(P)) != NULL;
       if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), B * Tq * Tk, (float)dropout_p, seed);
       if (ok) Sd.p = fsdp_f32(Pd);
     }
-    n = 0;
-    for (int64_t b = 0; b < B && ok; b++)
-      for (int r = 0; r < rb.nb; r++) {  // O[lo:hi] = Pd[lo:hi, 0:ke] @ v[0:ke]
-        int64_t lo = rb.lo[r], hi = rb.lo[r + 1], ke = keys_seen(&rb, r, Tk);
-        if (hi > lo)
-          g[n++] = (fsdp_gemm_args){0, 0, hi - lo, Dv, ke, 1.0f, bm(&Sd, b, lo), Sd.ld, bm(&V, b, 0), V.ld, 0.0f,
-                                    bm(&O, b, lo), O.ld};
-      }
-    if (n) be->linalg->gemm_many(n, g);
+    n = 0;  // O (Tq, Dv) = Pd (Tq, Tk) @ v (Tk, Dv)
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, Dv, Tk, 1.0f, &Sd, &V, &O);
+    ok = ok && (!n || !be->linalg->gemm_tiles(n, g, lim));
   }
   if (ok) {
     fsdp_node* node = fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4,
@@ -704,6 +679,7 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   }
   free(off);
   free(g);
+  free(lim);
   fsdp_tensor_release(qm); fsdp_tensor_release(km); fsdp_tensor_release(vm);
   fsdp_tensor_release(P); fsdp_tensor_release(Pd);
   return out;

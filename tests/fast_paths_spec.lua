@@ -158,6 +158,37 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
     for i = 1, T, 7 do for j = i + 1, T, 5 do assert.are.equal(0, dm[(i - 1) * T + j]) end end
   end)
 
+  -- T = 300: the causal products' sums run over more than one 256-deep slice of k, and their rows
+  -- over more than one 128-row block (gemm_tiles' cache blocking)
+  it("causal products deeper than one k slice (T = 300) match the explicit composition", function()
+    check_causal_attention(6, 1, 2, 300, 8)
+  end)
+
+  -- without the causal limits, products of 2M multiply-adds and more run through OpenBLAS
+  it("large non-causal products (T = 300, D = 32: through OpenBLAS) match a one-thread run of small ones", function()
+    fsdp.manual_seed(8)
+    local q0, k0, v0 = fsdp.randn(1, 2, 300, 32), fsdp.randn(1, 2, 300, 32), fsdp.randn(1, 2, 300, 32)
+    local gout = fsdp.randn(1, 2, 300, 32)
+    local function run()
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local out = F.scaled_dot_product_attention(q, k, v)
+      out:backward(gout)
+      return out, q.grad, k.grad, v.grad
+    end
+    local function explicit()
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local out = (q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(32))):softmax(-1):matmul(v)
+      out:backward(gout)
+      return out, q.grad, k.grad, v.grad
+    end
+    local o2, dq2, dk2, dv2 = at_threads(2, run)
+    local o1, dq1, dk1, dv1 = at_threads(1, explicit)
+    H.assert_close(o2, o1, 1e-5, 1e-4, "out")
+    H.assert_close(dq2, dq1, 1e-5, 1e-4, "dq")
+    H.assert_close(dk2, dk1, 1e-5, 1e-4, "dk")
+    H.assert_close(dv2, dv1, 1e-5, 1e-4, "dv")
+  end)
+
   -- heads cut from one projection are read in place (row stride 3d), the output is stored as
   -- (B, T, H, D) so merging the heads back is a view, and the heads' gradients land in the
   -- projection's gradient through narrow. Compared with the same model on contiguous copies of
