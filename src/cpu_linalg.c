@@ -275,9 +275,14 @@ static void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, int64_t 
     float* d = Bp + n0 * K;
     if (nn == NR && cs == 1 && alpha == 1.0f) {
       for (int64_t k = 0; k < K; k++) memcpy(d + k * NR, src + k * rs + n0, NR * sizeof(float));  // inlined
-    } else if (cs == 1) {
+    } else if (nn == NR && cs == 1) {
       for (int64_t k = 0; k < K; k++)
-        for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < nn ? alpha * src[k * rs + n0 + j] : 0.0f;
+        for (int64_t j = 0; j < NR; j++) d[k * NR + j] = alpha * src[k * rs + n0 + j];
+    } else if (cs == 1) {
+      for (int64_t k = 0; k < K; k++) {
+        for (int64_t j = 0; j < nn; j++) d[k * NR + j] = alpha * src[k * rs + n0 + j];
+        for (int64_t j = nn; j < NR; j++) d[k * NR + j] = 0.0f;
+      }
     } else {  // columns of B are rows of src (B = X^T): read each one along k
       for (int64_t j = 0; j < NR; j++) {
         const float* s = src + (n0 + j) * cs;
