@@ -209,6 +209,9 @@ end
 -- F.scaled_dot_product_attention(q, k, v[, {attn_mask =, is_causal = (or causal =), dropout_p =, scale =}])
 -- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv); attn_mask: an additive float mask broadcastable
 -- to (Tq, Tk). Positional (q, k, v, attn_mask, dropout_p, is_causal, scale) works as in PyTorch.
+-- q, k, v are read in place when their last dim is dense (heads cut from one projection with
+-- narrow/reshape/transpose need no copy), and the output is laid out in memory like q: for heads
+-- (B, H, T, D) stored as (B, T, H, D), out:transpose(2, 3):reshape(B, T, H * D) is a view.
 function F.scaled_dot_product_attention(q, k, v, ...)
   local o = args_of({ "attn_mask", "dropout_p", "is_causal", "scale" }, ...)
   local causal = o.is_causal or o.causal
