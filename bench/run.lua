@@ -76,8 +76,13 @@ if opts.torch then
   torch_why = torch_ok and "" or ("PyTorch not available to " .. opts.python .. " (apt-get install python3-torch)")
 end
 
+-- PyTorch runs with the thread settings we run with: OPENBLAS/OMP_NUM_THREADS from make bench, and
+-- idle OpenMP threads that sleep (OMP_WAIT_POLICY=passive, as lua/fsdp/init.lua sets for us). This is
+-- PyTorch's best setting here: with libgomp's default spinning, Debian's torch 1.13 keeps its OpenMP
+-- threads spinning while its OpenBLAS threads run the GEMMs, 4 busy threads on 2 cores, and its MLP
+-- step takes 88-97 ms instead of 43-46 ms.
 local function bench_torch(name)
-  local cmd = ("%s %s --threads %d --warmup %d --iters %d --models %s 2>&1"):format(
+  local cmd = ("OMP_WAIT_POLICY=passive %s %s --threads %d --warmup %d --iters %d --models %s 2>&1"):format(
     shell_quote(opts.python), shell_quote(root .. "/bench/torch_models.py"), opts.threads, opts.warmup,
     opts.iters, name)
   local p = io.popen(cmd)

@@ -33,10 +33,32 @@ int openblas_get_num_threads(void);
 #define GEMM_PIECE_MIN (1 << 20)  // smallest piece worth its own OpenBLAS call (about 30 us)
 #define GEMM_ALIGN 16           // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
 
+// OpenBLAS 0.3.21 (Debian 12) runs its sgemm kernel at a third of its speed -- 12 GFLOPS instead of
+// 36 on this Zen, for outputs 64 to 320 columns wide (2048x256x1024, 256x256x2048, ...) -- in every
+// thread that has not yet run a GEMM big enough to write its whole packing buffer once; after one
+// such GEMM every shape runs at full speed for the life of the thread. (Our reading: the kernel
+// prefetches ahead into buffer pages never written, and each of those prefetches costs a page walk.)
+// A model of narrow layers would never leave the slow state, so each thread runs one GEMM of that
+// size (64x1024x384, about 1 ms, on zeros) before its first real one.
+static void openblas_warm_thread(void) {
+  static __thread int warm;
+  if (warm) return;
+  const int64_t M = 64, N = 1024, K = 384;
+  size_t bytes = (size_t)(M * K + K * N + M * N) * sizeof(float);
+  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  if (!buf) return;  // no memory: try again next time; the GEMM itself runs either way
+  memset(buf, 0, bytes);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, buf, (int)K, buf + M * K,
+              (int)N, 0.0f, buf + M * K + K * N, (int)N);
+  fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  warm = 1;
+}
+
 // beta = 0 zeroes C with memset and asks OpenBLAS for C += A B: its own beta = 0 pass (a scalar
 // loop over C before the product) measured 2-3x slower than memset and was ~3% of an MLP step.
 // The sums are the same (OpenBLAS's kernel adds the product to the zeroed C either way).
 static void blas_gemm(const fsdp_gemm_args* g) {
+  openblas_warm_thread();
   float beta = g->beta;
   if (beta == 0.0f && g->K > 0) {
     for (int64_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
