@@ -74,6 +74,34 @@ function Transformer:forward(idx) -- (B, T) int64
 end
 M.Transformer = Transformer
 
+-- ---- the step's linear-layer GEMMs (bench/gemm_floor.lua) --------------------------------------------
+-- rows: the rows of each Linear's input in one step (the batch, or batch x sequence); the MLP's
+-- first Linear reads the data batch, which needs no gradient, so it has no input-grad GEMM.
+local rows = { mlp = 256, conv = nil, transformer = 16 * 128 }
+local data_linear = { mlp = 1 }
+
+-- The GEMMs of one training step's Linear layers, as { ta, tb, M, N, K } (C (M, N) = op(A) op(B),
+-- inner size K), in module order: forward y = x w^T, input grad gx = gy w, weight grad gw = gy^T x.
+-- Attention's products and everything else are left out. nil for a model without Linear GEMMs worth
+-- counting (conv: its convolutions are not Linears).
+function M.linear_gemms(name, model)
+  local R = rows[name]
+  if not R then return nil end
+  local list, k = {}, 0
+  for _, m in ipairs(model:modules()) do
+    if m.in_features and m.out_features and m.weight then
+      k = k + 1
+      local i, o = m.in_features, m.out_features
+      list[#list + 1] = { false, true, R, o, i }    -- y (R, o) = x (R, i) w^T
+      if data_linear[name] ~= k then
+        list[#list + 1] = { false, false, R, i, o } -- gx (R, i) = gy (R, o) w (o, i)
+      end
+      list[#list + 1] = { true, false, o, i, R }    -- gw (o, i) = gy^T (o, R) x (R, i)
+    end
+  end
+  return list
+end
+
 -- ---- cases ---------------------------------------------------------------------------------------------
 function M.case(name)
   fsdp.manual_seed(0)

@@ -150,6 +150,22 @@ else
   print("note: " .. torch_why .. "; only our times are shown")
 end
 
+-- The GEMM floor: each model's Linear GEMMs alone through raw OpenBLAS, split perfectly over the
+-- threads (bench/gemm_floor.lua). No step on this OpenBLAS is faster, so floor/torch is the lowest
+-- ours/torch can go; the rest of our step is what sits above the floor.
+local floor_ok, gemm_floor = pcall(require, "gemm_floor")
+if floor_ok then
+  print(("\nGEMM floor: the step's Linear GEMMs alone, raw OpenBLAS sgemm on one thread each, divided by %d threads")
+    :format(opts.threads))
+  for _, r in ipairs(rows) do
+    local ms = gemm_floor.floor_ms(r.name, opts.threads)
+    if ms then
+      print(("  %-12s floor %8.2f ms   fsdp above floor %7.2f ms   floor/torch %s"):format(r.name, ms,
+        r.ours and r.ours - ms or 0 / 0, r.torch and ("%.2f"):format(ms / r.torch) or "-"))
+    end
+  end
+end
+
 -- engineer B's GEMM micro-benchmark, when present
 local sgemm = root .. "/bench/linear_sgemm.lua"
 local f = io.open(sgemm, "r")
