@@ -164,6 +164,13 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
     check_causal_attention(6, 1, 2, 300, 8)
   end)
 
+  -- products run on 16-wide panels of packed k^T, v, dO, q (k^T transposed in 8x8 blocks): T = 37 and
+  -- D = 20 leave partial panels (37 = 2*16 + 5) and rows of k^T past the last 8x8 block (20 = 2*8 + 4)
+  it("head widths and lengths off the 16-wide panels and 8x8 blocks match the explicit composition", function()
+    check_causal_attention(7, 2, 3, 37, 20)
+    check_causal_attention(8, 1, 2, 48, 12)
+  end)
+
   -- without the causal limits, products of 2M multiply-adds and more run through OpenBLAS
   it("large non-causal products (T = 300, D = 32: through OpenBLAS) match a one-thread run of small ones", function()
     fsdp.manual_seed(8)
