@@ -134,7 +134,8 @@ int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
   if (exclusively_owned(*acc) && fsdp_same_shape(*acc, g)) {
     fsdp_tensor* gc = fsdp_as_contig(g);
     if (!gc) return -1;
-    fsdp_backend_of(gc)->elem->axpy(fsdp_f32(*acc), fsdp_f32(gc), fsdp_tensor_numel(gc), 1.0f);
+    int64_t n = fsdp_tensor_numel(gc);
+    fsdp_backend_of(gc)->elem->axpy(fsdp_f32(*acc), n, fsdp_f32(gc), n, 1, n, 1.0f);
     fsdp_tensor_release(gc);
     return 0;
   }

@@ -151,9 +151,19 @@ static void cpu_fill(void* dst, int dt, int64_t n, double v) {
   }
 }
 
-static void cpu_axpy(float* y, const float* x, int64_t n, float alpha) {
+static void cpu_axpy(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t rows, int64_t n, float alpha) {
+  if (rows == 1) {
 #pragma omp parallel for simd if (parallel : n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    return;
+  }
+#pragma omp parallel for if (rows * n > PAR_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    float* yr = y + r * ldy;
+    const float* xr = x + r * ldx;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) yr[i] += alpha * xr[i];
+  }
 }
 static void cpu_scale(float* y, int64_t n, float s) {
 #pragma omp parallel for simd if (parallel : n > PAR_MIN)

@@ -13,8 +13,8 @@ typedef struct fsdp_elem_kernels {
                        const int64_t* shape, const int64_t* src_stride);
   // dst[0..n) = v
   void (*fill)(void* dst, int dtype, int64_t n, double v);
-  // y[0..n) += alpha * x[0..n)   (f32)
-  void (*axpy)(float* y, const float* x, int64_t n, float alpha);
+  // y (rows, n) += alpha * x (rows, n), rows ldy and ldx floats apart (f32; rows = 1 for a vector)
+  void (*axpy)(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t rows, int64_t n, float alpha);
   // y[0..n) *= s                 (f32)
   void (*scale)(float* y, int64_t n, float s);
   // ---- ops_elem.c family (binary/unary/reductions) ----

@@ -313,29 +313,33 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
 // node->i: [0] ndim, [1..ndim] input shape, [9] dim, [10] start
 // The gradient is zero but for the slice. When another slice of the same tensor has already
 // delivered its gradient (q, k and v cut from one qkv projection), this one is added into that
-// sum's slice in place: no zero-filled full-size tensor, no full-size sum.
+// sum's slice in place: no zero-filled full-size tensor, no full-size sum. Either way the slice goes
+// in as one strided axpy over the outer rows (one kernel call, not one per row).
 static int narrow_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   int ndim = (int)n->i[0], d = (int)n->i[9];
   int64_t start = n->i[10];
   fsdp_tensor** acc = n->grad_dest;
   int full_shape = acc && *acc && (*acc)->ndim == ndim;
   for (int j = 0; full_shape && j < ndim; j++) full_shape = (*acc)->shape[j] == n->i[1 + j];
+  fsdp_tensor* dst;  // the full-size gradient the slice goes into
   if (full_shape && fsdp_grad_exclusive(*acc) && g->dtype == FSDP_F32) {
-    fsdp_tensor* gc = fsdp_as_contig(g);
-    if (!gc) return -1;
-    // acc (outer, size, inner)[:, start:start+len, :] += g (outer, len, inner), one run per outer index
-    int64_t outer = prod(g->shape, 0, d), run = prod(g->shape, d, ndim), size = n->i[1 + d];
-    int64_t inner = prod(g->shape, d + 1, ndim);
-    const fsdp_elem_kernels* k = fsdp_backend_of(gc)->elem;
-    for (int64_t o = 0; o < outer; o++)
-      k->axpy(fsdp_f32(*acc) + (o * size + start) * inner, fsdp_f32(gc) + o * run, run, 1.0f);
-    fsdp_tensor_release(gc);
+    dst = *acc;
+  } else {
+    dst = fsdp_full(ndim, &n->i[1], 0.0, FSDP_F32, fsdp_device_of(g));
+    if (!dst) return -1;
+    gin[0] = dst;
+  }
+  if (g->dtype != FSDP_F32) {  // converts while copying into the zeros
+    copy_into_slice(dst, d, start, g);
     return 0;
   }
-  fsdp_tensor* z = fsdp_full(ndim, &n->i[1], 0.0, FSDP_F32, fsdp_device_of(g));
-  if (!z) return -1;
-  copy_into_slice(z, d, start, g);
-  gin[0] = z;
+  fsdp_tensor* gc = fsdp_as_contig(g);
+  if (!gc) return -1;
+  // dst (outer, size, inner)[:, start:start+len, :] += g (outer, len, inner): rows of len*inner
+  int64_t outer = prod(g->shape, 0, d), run = prod(g->shape, d, ndim), size = n->i[1 + d];
+  int64_t inner = prod(g->shape, d + 1, ndim);
+  fsdp_backend_of(gc)->elem->axpy(fsdp_f32(dst) + start * inner, size * inner, fsdp_f32(gc), run, outer, run, 1.0f);
+  fsdp_tensor_release(gc);
   return 0;
 }
 

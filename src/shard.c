@@ -284,7 +284,7 @@ int fsdp_shard_reduce_finish(fsdp_unit* u) {
                                             : fsdp_view_storage(recv->storage, FSDP_F32, 1, &p->len, p->shard_off);
     if (!piece) { rc = -1; break; }
     if (p->stash) {
-      k->axpy(fsdp_f32(piece), fsdp_f32(p->stash), p->len, 1.0f);
+      k->axpy(fsdp_f32(piece), p->len, fsdp_f32(p->stash), p->len, 1, p->len, 1.0f);
       fsdp_tensor_release(p->stash);
       p->stash = NULL;
     }

@@ -553,7 +553,8 @@ int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha) {
   CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
   fsdp_tensor* o = fsdp_as_contig((fsdp_tensor*)other);
   if (!o) return -1;
-  fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), fsdp_f32(o), fsdp_tensor_numel(t), (float)alpha);
+  int64_t n = fsdp_tensor_numel(t);
+  fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), n, fsdp_f32(o), n, 1, n, (float)alpha);
   fsdp_tensor_release(o);
   fsdp_bump_version(t);
   return 0;
