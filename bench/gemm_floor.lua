@@ -2,11 +2,20 @@
 -- forward, input grad, weight grad), each timed alone through raw OpenBLAS sgemm on one thread,
 -- summed and divided by the thread count. That is the step's time if everything but those GEMMs
 -- were free and the threads shared them perfectly, packing included (OpenBLAS packs either way);
--- attention's products, the optimizer and all elementwise work count as zero. So no
--- implementation on top of this OpenBLAS runs a step faster, and floor/torch bounds ours/torch
--- from below.
+-- attention's products, the optimizer and all elementwise work count as zero.
+-- So no implementation on this OpenBLAS runs a step faster, and floor/torch bounds ours/torch from
+-- below. (When all cores run GEMMs at once, as in a step, each core's sgemm is typically 5-15% slower
+-- than alone -- shared L3 and memory, lower boost clock -- so the true bound is higher still. On a
+-- shared virtual machine the clock itself moves by 10% or more between runs: compare floor and
+-- steps measured in the same run.)
 --   luajit bench/gemm_floor.lua [mlp,transformer] [threads]
--- As a module: require("gemm_floor").floor_ms(name, threads) -> ms, GFLOP (nil for conv).
+-- As a module: require("gemm_floor").floor_ms(name, threads) -> ms, GFLOP (nil for conv, whose
+-- convolutions are not Linears).
+if arg and arg[0] and arg[0]:match("gemm_floor%.lua$") then -- run as a script: find the repo's modules
+  local root = arg[0]:match("^(.*)/bench/[^/]*$") or "."
+  package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
+  package.cpath = root .. "/?.so;" .. package.cpath
+end
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local models = require "models"
@@ -23,37 +32,54 @@ local RowMajor, NoTrans, Trans = 101, 111, 112
 
 local G = {}
 
--- min over reps of one GEMM's time on one OpenBLAS thread, seconds
-local function time_gemm(ta, tb, M, N, K, reps)
-  local A = ffi.new("float[?]", M * K, 0)
-  local B = ffi.new("float[?]", K * N, 0)
-  local C = ffi.new("float[?]", M * N, 0)
+-- a GEMM's operands: A (M, K) or, transposed, (K, M); B (K, N) or (N, K); C (M, N)
+local function operands(g)
+  local ta, tb, M, N, K = g[1], g[2], g[3], g[4], g[5]
+  local A, B, C = ffi.new("float[?]", M * K), ffi.new("float[?]", K * N), ffi.new("float[?]", M * N)
   for i = 0, M * K - 1, 7 do A[i] = (i % 13) * 0.01 end
   for i = 0, K * N - 1, 5 do B[i] = (i % 11) * 0.01 end
-  local lda, ldb = ta and M or K, tb and K or N
-  local best = math.huge
-  for _ = 1, reps + 1 do -- the first call is untimed
-    local t0 = U.seconds()
-    blas.cblas_sgemm(RowMajor, ta and Trans or NoTrans, tb and Trans or NoTrans, M, N, K, 1, A, lda, B, ldb, 1, C, N)
-    local t = U.seconds() - t0
-    if _ > 1 and t < best then best = t end
+  return { ta and Trans or NoTrans, tb and Trans or NoTrans, M, N, K, A, ta and M or K, B, tb and K or N, C }
+end
+-- C += op(A) op(B) (beta 1: no zeroing pass; the floor counts the product alone)
+local function gemm(o)
+  blas.cblas_sgemm(RowMajor, o[1], o[2], o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1, o[10], o[4])
+end
+
+local function step_list(name)
+  fsdp.manual_seed(0)
+  local model = models.case(name)
+  return models.linear_gemms(name, model)
+end
+
+-- seconds: the sum over the list of each GEMM's best of reps single-thread runs
+local function time_list(ops, reps)
+  local total = 0
+  for _, o in ipairs(ops) do
+    gemm(o) -- untimed
+    local best = math.huge
+    for _ = 1, reps do
+      local t0 = U.seconds()
+      gemm(o)
+      best = math.min(best, U.seconds() - t0)
+    end
+    total = total + best
   end
-  return best
+  return total
 end
 
 function G.floor_ms(name, threads, reps)
-  fsdp.manual_seed(0)
-  local model = models.case(name)
-  local list = models.linear_gemms(name, model)
+  local list = step_list(name)
   if not list then return nil end
+  reps = reps or 5
   local saved = blas.openblas_get_num_threads()
   blas.openblas_set_num_threads(1)
-  time_gemm(false, false, 64, 1024, 384, 1) -- a wide GEMM first: see src/cpu_linalg.c openblas_warm_thread
-  local total, flop = 0, 0
+  gemm(operands({ false, false, 64, 1024, 384 })) -- a wide GEMM first: src/cpu_linalg.c openblas_warm_thread
+  local ops, flop = {}, 0
   for _, g in ipairs(list) do
-    total = total + time_gemm(g[1], g[2], g[3], g[4], g[5], reps or 5)
+    ops[#ops + 1] = operands(g)
     flop = flop + 2 * g[3] * g[4] * g[5]
   end
+  local total = time_list(ops, reps)
   blas.openblas_set_num_threads(saved)
   return total * 1e3 / threads, flop * 1e-9
 end
