@@ -293,16 +293,35 @@ static inline float log_f(float x) {
   return x != x ? x : r;
 }
 
-// erf exactly as PyTorch's vectorised CPU kernels compute it for GELU (Abramowitz & Stegun 7.1.26,
-// |error| < 1.5e-7), so our GELU matches theirs to float rounding
-// erf(x) given e = exp(-x*x) (GELU's backward has that exp already)
+// erf(x) given e = exp(-x*x), as PyTorch's vectorised CPU kernels compute it (Abramowitz & Stegun
+// 7.1.26, |error| < 1.5e-7 before float rounding): GELU's backward, which needs that exp for the
+// density anyway
 static inline float erf_e(float x, float e) {
   float ax = __builtin_fabsf(x);
   float t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
   return __builtin_copysignf(1.0f - poly * e, x);
 }
-static inline float erf_f(float x) { return erf_e(x, fsdp_expf(-x * x)); }
+// erf(x) = x P(x^2) / Q(x^2) on [-4, 4], +-1 beyond to float precision (the minimax coefficients of
+// Eigen's generic_fast_erf_float): GELU's forward. No exp, so about half the dependent operations
+// of erf_e's route and 1.7x its speed; within 3.3e-7 of erf after rounding (erf_e: 5.0e-7).
+static inline float erf_f(float x) {
+  float xc = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+  float x2 = xc * xc;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 - 2.10102402082508e-06f;
+  p = p * x2 - 5.69250639462346e-05f;
+  p = p * x2 - 7.34990630326855e-04f;
+  p = p * x2 - 2.95459980854025e-03f;
+  p = p * x2 - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 - 2.13374055278905e-04f;
+  q = q * x2 - 1.68282697438203e-03f;
+  q = q * x2 - 7.37332916720468e-03f;
+  q = q * x2 - 1.42647390514189e-02f;
+  return p * xc / q;
+}
 
 #define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
 #define GELU_K1 0.3989422804014327f   // 1/sqrt(2*pi)
