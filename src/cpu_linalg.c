@@ -160,19 +160,35 @@ static void cpu_bias_rows(float* y, const float* b, int64_t M, int64_t N) {
   for (int64_t i = 0; i < M; i++) memcpy(y + i * N, b, N * sizeof(float));
 }
 
-// gb (N) = sum_i gy (i, :); columns split across threads, rows streamed (vectorizes over j)
+// gb (N) = sum_i gy (i, :), vectorized over j. Threads take tiles of (row range, 256-column block):
+// a block's running sums stay in L1 while the rows stream past. Narrow outputs (N = 256: one block)
+// split the rows too, each row range summed into its own partial row; the partials are added at
+// the end.
 static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
   const int64_t CB = 256;  // column block
-#pragma omp parallel for if (M * N > FSDP_LINEAR_OMP_MIN)
-  for (int64_t j0 = 0; j0 < N; j0 += CB) {
-    int64_t j1 = j0 + CB < N ? j0 + CB : N;
+  int64_t nb = (N + CB - 1) / CB, nr = 1;
+  int nt = omp_in_parallel() || M * N <= FSDP_LINEAR_OMP_MIN ? 1 : omp_get_max_threads();
+  if (nt > 1) nr = nt;  // row ranges: every thread gets tiles of every column block
+  float* part = nr > 1 ? malloc(nr * N * sizeof(float)) : NULL;
+  if (!part) nr = 1;
+  float* dst0 = part ? part : gb;  // row range r sums into dst0 + r * N
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t t = 0; t < nb * nr; t++) {
+    int64_t b = t / nr, r = t % nr;
+    int64_t j0 = b * CB, j1 = j0 + CB < N ? j0 + CB : N, i0 = M * r / nr, i1 = M * (r + 1) / nr;
     float acc[256];
     for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0.0f;
-    for (int64_t i = 0; i < M; i++) {
+    for (int64_t i = i0; i < i1; i++) {
       const float* row = gy + i * N;
       for (int64_t j = j0; j < j1; j++) acc[j - j0] += row[j];
     }
-    for (int64_t j = j0; j < j1; j++) gb[j] = acc[j - j0];
+    for (int64_t j = j0; j < j1; j++) dst0[r * N + j] = acc[j - j0];
+  }
+  if (part) {
+    for (int64_t j = 0; j < N; j++) gb[j] = part[j];
+    for (int64_t r = 1; r < nr; r++)
+      for (int64_t j = 0; j < N; j++) gb[j] += part[r * N + j];
+    free(part);
   }
 }
 
