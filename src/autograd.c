@@ -31,14 +31,26 @@ fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inpu
   for (int i = 0; i < n_inputs; i++) any |= inputs[i] && inputs[i]->requires_grad;
   if (!any) return NULL;
   fsdp_node* n = calloc(1, sizeof *n);
-  if (!n) { fprintf(stderr, "fsdp: out of memory creating autograd node %s\n", name); abort(); }
-  n->refcount = 1; n->name = name; n->seq = g_seq++; n->backward = backward; n->n_inputs = n_inputs;
+  if (!n) {
+    fprintf(stderr, "fsdp: out of memory creating autograd node %s\n", name);
+    abort();
+  }
+  n->refcount = 1;
+  n->name = name;
+  n->seq = g_seq++;
+  n->backward = backward;
+  n->n_inputs = n_inputs;
   for (int i = 0; i < n_inputs; i++) {
     fsdp_tensor* t = inputs[i];
     if (!t || !t->requires_grad) continue;
     n->needs_grad[i] = 1;
-    if (t->grad_fn) { n->next[i].node = t->grad_fn; t->grad_fn->refcount++; }
-    else { n->next[i].leaf = t; t->refcount++; }
+    if (t->grad_fn) {
+      n->next[i].node = t->grad_fn;
+      t->grad_fn->refcount++;
+    } else {
+      n->next[i].leaf = t;
+      t->refcount++;
+    }
   }
   return n;
 }
@@ -46,7 +58,10 @@ fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inpu
 // Saved tensors are detached aliases (same storage, no grad_fn), so saving an op's own output
 // makes no reference cycle; the version recorded here catches later in-place writes.
 int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
-  if (n->n_saved >= FSDP_NODE_MAX_SAVED) { fprintf(stderr, "fsdp: node %s saves too many tensors\n", n->name); abort(); }
+  if (n->n_saved >= FSDP_NODE_MAX_SAVED) {
+    fprintf(stderr, "fsdp: node %s saves too many tensors\n", n->name);
+    abort();
+  }
   int k = n->n_saved++;
   n->saved[k] = t ? fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset) : NULL;
   n->saved_version[k] = t ? t->storage->version : 0;
@@ -54,15 +69,17 @@ int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
 }
 
 fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
-  CHECK_NULL(!n->released, "%s: trying to backward through the graph a second time (its saved tensors were "
-             "freed after the first backward; pass retain_graph = true to keep them)", n->name);
+  CHECK_NULL(!n->released,
+             "%s: trying to backward through the graph a second time (its saved tensors were "
+             "freed after the first backward; pass retain_graph = true to keep them)",
+             n->name);
   fsdp_tensor* t = n->saved[k];
   // a saved view of an FSDP unit's gathered parameters: gather again if the unit resharded
   if (t && !t->storage->data && t->storage->unit && fsdp_unit_materialize(t->storage->unit)) return NULL;
   CHECK_NULL(!t || t->storage->version == n->saved_version[k],
              "%s: a tensor of shape %s needed for gradient computation was modified by an in-place operation "
-             "(version %lld, expected %lld)", n->name, SH(t), (long long)t->storage->version,
-             (long long)n->saved_version[k]);
+             "(version %lld, expected %lld)",
+             n->name, SH(t), (long long)t->storage->version, (long long)n->saved_version[k]);
   return t;
 }
 
@@ -75,7 +92,10 @@ void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out) {
 }
 
 static void node_free_saved(fsdp_node* n) {
-  for (int k = 0; k < n->n_saved; k++) { fsdp_tensor_release(n->saved[k]); n->saved[k] = NULL; }
+  for (int k = 0; k < n->n_saved; k++) {
+    fsdp_tensor_release(n->saved[k]);
+    n->saved[k] = NULL;
+  }
 }
 
 void fsdp_node_release(fsdp_node* n) {
@@ -100,10 +120,14 @@ const char* fsdp_tensor_grad_fn_name(const fsdp_tensor* t) { return t->grad_fn ?
 fsdp_node* fsdp_tensor_grad_fn(const fsdp_tensor* t) { return t->grad_fn; }
 
 int fsdp_tensor_set_requires_grad(fsdp_tensor* t, int flag) {
-  CHECK_INT(!t->grad_fn, "requires_grad: only leaf tensors can change requires_grad (this one of shape %s "
-            "comes from %s); use detach()", SH(t), t->grad_fn->name);
-  CHECK_INT(!flag || t->dtype != FSDP_I64, "requires_grad: only floating point tensors can require gradients "
-            "(got %s of shape %s)", DT(t), SH(t));
+  CHECK_INT(!t->grad_fn,
+            "requires_grad: only leaf tensors can change requires_grad (this one of shape %s "
+            "comes from %s); use detach()",
+            SH(t), t->grad_fn->name);
+  CHECK_INT(!flag || t->dtype != FSDP_I64,
+            "requires_grad: only floating point tensors can require gradients "
+            "(got %s of shape %s)",
+            DT(t), SH(t));
   t->requires_grad = flag != 0;
   return 0;
 }
@@ -113,8 +137,10 @@ fsdp_tensor* fsdp_tensor_grad(fsdp_tensor* t) {
 }
 int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g) {
   if (g) {
-    CHECK_INT(fsdp_same_shape(t, g) && g->dtype == t->dtype, "grad: assigned gradient %s %s does not match "
-              "tensor %s %s", DT(g), SH(g), DT(t), SH(t));
+    CHECK_INT(fsdp_same_shape(t, g) && g->dtype == t->dtype,
+              "grad: assigned gradient %s %s does not match "
+              "tensor %s %s",
+              DT(g), SH(g), DT(t), SH(t));
     g->refcount++;
   }
   fsdp_tensor_release(t->grad);
@@ -130,7 +156,11 @@ int fsdp_grad_exclusive(const fsdp_tensor* t) {
 }
 #define exclusively_owned fsdp_grad_exclusive
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
-  if (!*acc) { g->refcount++; *acc = g; return 0; }
+  if (!*acc) {
+    g->refcount++;
+    *acc = g;
+    return 0;
+  }
   if (exclusively_owned(*acc) && fsdp_same_shape(*acc, g)) {
     fsdp_tensor* gc = fsdp_as_contig(g);
     if (!gc) return -1;
@@ -180,7 +210,9 @@ int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ct
   CHECK_INT(t->requires_grad, "register_hook: tensor of shape %s does not require grad", SH(t));
   fsdp_hook* h = calloc(1, sizeof *h);
   CHECK_INT(h, "register_hook: out of memory");
-  h->id = ++g_hook_id; h->fn = fn; h->ctx = ctx;
+  h->id = ++g_hook_id;
+  h->fn = fn;
+  h->ctx = ctx;
   fsdp_hook** list = t->grad_fn ? &t->grad_fn->hooks : &t->hooks;
   while (*list) list = &(*list)->next;  // run in registration order
   *list = h;
@@ -193,11 +225,18 @@ int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ct
 }
 static void unlive(fsdp_hook* h) {
   for (int i = 0; i < g_n_live_hooks; i++)
-    if (g_live_hooks[i] == h) { g_live_hooks[i] = g_live_hooks[--g_n_live_hooks]; return; }
+    if (g_live_hooks[i] == h) {
+      g_live_hooks[i] = g_live_hooks[--g_n_live_hooks];
+      return;
+    }
 }
 int fsdp_remove_hook(int64_t id) {
   for (int i = 0; i < g_n_live_hooks; i++)
-    if (g_live_hooks[i]->id == id) { g_live_hooks[i]->fn = NULL; unlive(g_live_hooks[i]); return 0; }
+    if (g_live_hooks[i]->id == id) {
+      g_live_hooks[i]->fn = NULL;
+      unlive(g_live_hooks[i]);
+      return 0;
+    }
   return 0;  // already gone with its tensor: removing twice is harmless
 }
 void fsdp_hooks_free(fsdp_hook* h) {
@@ -214,14 +253,25 @@ static int run_hooks(fsdp_hook* h, fsdp_tensor** g) {
     if (!h->fn) continue;
     int err = 0;
     fsdp_tensor* r = h->fn(*g, h->ctx, &err);
-    if (err) { fsdp_tensor_release(r); return -1; }
-    if (r) { fsdp_tensor_release(*g); *g = r; }
+    if (err) {
+      fsdp_tensor_release(r);
+      return -1;
+    }
+    if (r) {
+      fsdp_tensor_release(*g);
+      *g = r;
+    }
   }
   return 0;
 }
 
 // ---- listeners and callbacks -------------------------------------------------------------------------------
-typedef struct { int64_t id; int mask; fsdp_listener_fn fn; void* ctx; } listener;
+typedef struct {
+  int64_t id;
+  int mask;
+  fsdp_listener_fn fn;
+  void* ctx;
+} listener;
 static listener g_listeners[64];
 static int g_n_listeners;
 static int64_t g_listener_id;
@@ -247,7 +297,10 @@ static int emit(int ev, fsdp_node* n, fsdp_tensor* t) {
   return 0;
 }
 
-typedef struct { fsdp_callback_fn fn; void* ctx; } callback;
+typedef struct {
+  fsdp_callback_fn fn;
+  void* ctx;
+} callback;
 static callback* g_callbacks;
 static int g_n_callbacks, g_cap_callbacks;
 
@@ -262,9 +315,15 @@ int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx) {
 }
 
 // ---- the engine -----------------------------------------------------------------------------------------------
-typedef struct { fsdp_node** v; int n, cap; } node_vec;
+typedef struct {
+  fsdp_node** v;
+  int n, cap;
+} node_vec;
 static void vec_push(node_vec* a, fsdp_node* n) {
-  if (a->n == a->cap) { a->cap = a->cap ? 2 * a->cap : 64; a->v = realloc(a->v, a->cap * sizeof *a->v); }
+  if (a->n == a->cap) {
+    a->cap = a->cap ? 2 * a->cap : 64;
+    a->v = realloc(a->v, a->cap * sizeof *a->v);
+  }
   a->v[a->n++] = n;
 }
 // max-heap on seq: the most recently created ready node runs first
@@ -273,7 +332,10 @@ static void heap_push(node_vec* h, fsdp_node* n) {
   for (int i = h->n - 1; i > 0;) {
     int p = (i - 1) / 2;
     if (h->v[p]->seq >= h->v[i]->seq) break;
-    fsdp_node* t = h->v[p]; h->v[p] = h->v[i]; h->v[i] = t; i = p;
+    fsdp_node* t = h->v[p];
+    h->v[p] = h->v[i];
+    h->v[i] = t;
+    i = p;
   }
 }
 static fsdp_node* heap_pop(node_vec* h) {
@@ -284,17 +346,24 @@ static fsdp_node* heap_pop(node_vec* h) {
     if (l < h->n && h->v[l]->seq > h->v[m]->seq) m = l;
     if (r < h->n && h->v[r]->seq > h->v[m]->seq) m = r;
     if (m == i) break;
-    fsdp_node* t = h->v[m]; h->v[m] = h->v[i]; h->v[i] = t; i = m;
+    fsdp_node* t = h->v[m];
+    h->v[m] = h->v[i];
+    h->v[i] = t;
+    i = m;
   }
   return top;
 }
 
-typedef struct { fsdp_tensor** v; int n, cap; } leaf_vec;
+typedef struct {
+  fsdp_tensor** v;
+  int n, cap;
+} leaf_vec;
 
 // step 1: nodes reachable from root, deps per node, pending contributions per leaf
 static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* leaves) {
   node_vec stack = {0};
-  root->visit = pass; root->deps = 0;
+  root->visit = pass;
+  root->deps = 0;
   vec_push(&stack, root);
   while (stack.n) {
     fsdp_node* n = stack.v[--stack.n];
@@ -303,7 +372,11 @@ static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* le
       fsdp_node* m = n->next[i].node;
       fsdp_tensor* l = n->next[i].leaf;
       if (m) {
-        if (m->visit != pass) { m->visit = pass; m->deps = 0; vec_push(&stack, m); }
+        if (m->visit != pass) {
+          m->visit = pass;
+          m->deps = 0;
+          vec_push(&stack, m);
+        }
         m->deps++;
       } else if (l) {
         if (l->bw_pending == 0 && !l->bw_got) {
@@ -345,16 +418,24 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
     if (!rc) rc = emit(FSDP_EV_NODE_PRE, n, NULL);
     if (!rc && n->released)
       rc = (fsdp_errorf("%s: trying to backward through the graph a second time (its saved tensors were freed "
-                        "after the first backward; pass retain_graph = true to keep them)", n->name), -1);
+                        "after the first backward; pass retain_graph = true to keep them)",
+                        n->name),
+            -1);
     n->grad_dest = n->needs_grad[0] && n->next[0].node ? &n->next[0].node->grad_acc : NULL;
     if (!rc) rc = n->backward(n, g, grad_in);
     n->grad_dest = NULL;
     if (!rc) rc = emit(FSDP_EV_NODE_POST, n, NULL);
-    if (!retain_graph) { node_free_saved(n); n->released = 1; }
+    if (!retain_graph) {
+      node_free_saved(n);
+      n->released = 1;
+    }
   }
   for (int i = 0; i < n->n_inputs; i++) {
     fsdp_edge e = n->next[i];
-    if (!rc && grad_in[i] && !n->needs_grad[i]) { fsdp_tensor_release(grad_in[i]); grad_in[i] = NULL; }
+    if (!rc && grad_in[i] && !n->needs_grad[i]) {
+      fsdp_tensor_release(grad_in[i]);
+      grad_in[i] = NULL;
+    }
     if (!rc && e.node) {
       if (grad_in[i]) rc = fsdp_grad_accumulate(&e.node->grad_acc, grad_in[i]);
       if (--e.node->deps == 0) heap_push(ready, e.node);
@@ -370,15 +451,19 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
 
 int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   CHECK_INT(!g_backward_running, "backward: called while another backward is running (reentrant backward is "
-            "not supported)");
-  CHECK_INT(t->requires_grad, "backward: tensor of shape %s does not require grad and has no grad_fn "
-            "(did you freeze every parameter, or run the forward under no_grad?)", SH(t));
+                                 "not supported)");
+  CHECK_INT(t->requires_grad,
+            "backward: tensor of shape %s does not require grad and has no grad_fn "
+            "(did you freeze every parameter, or run the forward under no_grad?)",
+            SH(t));
   if (grad) {
     CHECK_INT(fsdp_same_shape(t, grad), "backward: gradient of shape %s for a tensor of shape %s", SH(grad), SH(t));
     fsdp_tensor_retain(grad);
   } else {
-    CHECK_INT(fsdp_tensor_numel(t) == 1, "backward: grad can be implicitly created only for one-element outputs "
-              "(got shape %s)", SH(t));
+    CHECK_INT(fsdp_tensor_numel(t) == 1,
+              "backward: grad can be implicitly created only for one-element outputs "
+              "(got shape %s)",
+              SH(t));
     grad = fsdp_full(t->ndim, t->shape, 1.0, FSDP_F32, fsdp_device_of(t));
     if (!grad) return -1;
   }
@@ -391,7 +476,12 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   int64_t pass = ++g_pass;
 
   if (t->grad_fn) collect(t->grad_fn, pass, &nodes, &leaves);
-  else { t->bw_pending = 1; leaves.v = malloc(sizeof *leaves.v); leaves.v[0] = t; leaves.n = 1; }
+  else {
+    t->bw_pending = 1;
+    leaves.v = malloc(sizeof *leaves.v);
+    leaves.v[0] = t;
+    leaves.n = 1;
+  }
 
   rc = emit(FSDP_EV_BACKWARD_BEGIN, NULL, NULL);
   if (!rc && t->grad_fn) {
@@ -406,9 +496,17 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   for (int i = 0; !rc && i < g_n_callbacks; i++) rc = g_callbacks[i].fn(g_callbacks[i].ctx);
 
   // on error some nodes never ran: drop their partial gradients and counters
-  for (int i = 0; i < nodes.n; i++) { fsdp_tensor_release(nodes.v[i]->grad_acc); nodes.v[i]->grad_acc = NULL; }
-  for (int i = 0; i < leaves.n; i++) { leaves.v[i]->bw_pending = 0; leaves.v[i]->bw_got = 0; }
-  free(nodes.v); free(ready.v); free(leaves.v);
+  for (int i = 0; i < nodes.n; i++) {
+    fsdp_tensor_release(nodes.v[i]->grad_acc);
+    nodes.v[i]->grad_acc = NULL;
+  }
+  for (int i = 0; i < leaves.n; i++) {
+    leaves.v[i]->bw_pending = 0;
+    leaves.v[i]->bw_got = 0;
+  }
+  free(nodes.v);
+  free(ready.v);
+  free(leaves.v);
   fsdp_tensor_release(grad);
   g_n_callbacks = 0;
   g_backward_running = 0;

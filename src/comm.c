@@ -28,14 +28,14 @@
 #include <pthread.h>
 
 struct fsdp_work {
-  int kind, arg;            // fsdp_coll_kind (or FSDP_COLL_FINALIZE), reduce op or root
-  fsdp_tensor* out;         // ref: the tensor the backend writes (a contiguous temp if needed)
-  fsdp_tensor* in;          // ref: the input (a contiguous copy if the user's was not)
-  fsdp_tensor* copy_back;   // ref: the user's non-contiguous destination, filled at wait
+  int kind, arg;           // fsdp_coll_kind (or FSDP_COLL_FINALIZE), reduce op or root
+  fsdp_tensor* out;        // ref: the tensor the backend writes (a contiguous temp if needed)
+  fsdp_tensor* in;         // ref: the input (a contiguous copy if the user's was not)
+  fsdp_tensor* copy_back;  // ref: the user's non-contiguous destination, filled at wait
   void* out_ptr;
   const void* in_ptr;
-  size_t count;             // per kind: bytes per rank, floats per rank, floats, bytes
-  int algo;                 // reduce-scatter algorithm
+  size_t count;  // per kind: bytes per rank, floats per rank, floats, bytes
+  int algo;      // reduce-scatter algorithm
   double timeout;
   fsdp_comm_meta meta;
   int done, status, finished;
@@ -67,15 +67,17 @@ static struct {
     .timeout = 300.0,
 };
 
-static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                   "barrier", "shutdown"};
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "shutdown"};
 static const char* op_names[] = {"sum", "avg", "max"};
 
 // ---- the "self" backend: one rank, collectives are copies -----------------------------------
-static int self_init(int* rank, int* size, char* err) { *rank = 0; *size = 1; return 0; }
+static int self_init(int* rank, int* size, char* err) {
+  *rank = 0;
+  *size = 1;
+  return 0;
+}
 static void self_finalize(void) {}
-static int self_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
-                      fsdp_comm_verdict* v) {
+static int self_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v) {
   int arrived = 1;
   decide(mine, &arrived, 1, 0, timeout_s, v);
   return 0;
@@ -93,7 +95,7 @@ static int self_broadcast(void* buf, size_t bytes, int root, char* err) { return
 static int self_barrier(char* err) { return 0; }
 
 static const fsdp_comm_backend self_backend = {
-    FSDP_COMM_ABI, "self", self_init, self_finalize, self_agree, self_all_gather,
+    FSDP_COMM_ABI,       "self",          self_init,      self_finalize, self_agree, self_all_gather,
     self_reduce_scatter, self_all_reduce, self_broadcast, self_barrier,
 };
 
@@ -110,8 +112,8 @@ static const fsdp_comm_backend* load_mpi_backend(void) {
     Dl_info info;
     if (dladdr((void*)&fsdp_comm_init, &info) && info.dli_fname) {
       const char* slash = strrchr(info.dli_fname, '/');
-      if (slash) snprintf(cands[nc++], sizeof cands[0], "%.*s/libfsdp_mpi.so",
-                          (int)(slash - info.dli_fname), info.dli_fname);
+      if (slash)
+        snprintf(cands[nc++], sizeof cands[0], "%.*s/libfsdp_mpi.so", (int)(slash - info.dli_fname), info.dli_fname);
     }
     snprintf(cands[nc++], sizeof cands[0], "libfsdp_mpi.so");
   }
@@ -121,20 +123,21 @@ static const fsdp_comm_backend* load_mpi_backend(void) {
     void* h = dlopen(cands[i], RTLD_NOW | RTLD_GLOBAL);
     if (!h) {
       const char* e = dlerror();
-      len += snprintf(tried + len, len < sizeof tried ? sizeof tried - len : 0, "%s%s",
-                      i ? "; " : "", e ? e : cands[i]);
+      len +=
+          snprintf(tried + len, len < sizeof tried ? sizeof tried - len : 0, "%s%s", i ? "; " : "", e ? e : cands[i]);
       continue;
     }
     fsdp_comm_backend_getter get = (fsdp_comm_backend_getter)dlsym(h, "fsdp_comm_mpi_backend");
     CHECK_NULL(get, "comm init: %s has no fsdp_comm_mpi_backend()", cands[i]);
     const fsdp_comm_backend* be = get();
     CHECK_NULL(be && be->abi == FSDP_COMM_ABI,
-               "comm init: %s was built for another libfsdp (backend ABI %d, expected %d); rebuild with make",
-               cands[i], be ? be->abi : -1, FSDP_COMM_ABI);
+               "comm init: %s was built for another libfsdp (backend ABI %d, expected %d); rebuild with make", cands[i],
+               be ? be->abi : -1, FSDP_COMM_ABI);
     return be;
   }
   fsdp_errorf("comm init: cannot load the mpi backend (%s); build libfsdp_mpi.so with `make` "
-              "(needs mpicc) or point FSDP_MPI_LIB at it", tried);
+              "(needs mpicc) or point FSDP_MPI_LIB at it",
+              tried);
   return NULL;
 }
 
@@ -156,12 +159,12 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
 }
 
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
-  return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes ||
-         a->seq != b->seq || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0;
+  return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes || a->seq != b->seq ||
+         strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0;
 }
 
-static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out,
-                   double timeout_s, fsdp_comm_verdict* v) {
+static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
+                   fsdp_comm_verdict* v) {
   const fsdp_comm_meta* m0 = &all[0];
   int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_FINALIZE ? m0->kind : FSDP_COLL_FINALIZE;
   v->status = 0;
@@ -170,17 +173,18 @@ static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int 
     char who[256];
     size_t len = 0;
     int nmiss = 0;
-    for (int r = 0; r < size; r++) if (!arrived[r]) nmiss++;
+    for (int r = 0; r < size; r++)
+      if (!arrived[r]) nmiss++;
     len += snprintf(who, sizeof who, nmiss > 1 ? "ranks " : "rank ");
     for (int r = 0, i = 0; r < size && len < sizeof who - 16; r++)
       if (!arrived[r]) len += snprintf(who + len, sizeof who - len, i++ ? ", %d" : "%d", r);
     v->status = 2;
     if (k0 == FSDP_COLL_FINALIZE)
-      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s to shut down (collective #%lld)",
-               timeout_s, who, (long long)m0->seq);
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s to shut down (collective #%lld)", timeout_s,
+               who, (long long)m0->seq);
     else
-      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s in %s '%s' (collective #%lld)",
-               timeout_s, who, kind_names[k0], m0->tag, (long long)m0->seq);
+      snprintf(v->msg, sizeof v->msg, "timed out after %g s waiting for %s in %s '%s' (collective #%lld)", timeout_s,
+               who, kind_names[k0], m0->tag, (long long)m0->seq);
     return;
   }
   for (int r = 1; r < size; r++) {
@@ -211,7 +215,10 @@ static void run_work(fsdp_work* w) {
   int broken = g.broken;
   if (broken) snprintf(w->err, sizeof w->err, "%s", g.broken_msg);
   pthread_mutex_unlock(&g.mu);
-  if (broken) { w->status = -1; return; }
+  if (broken) {
+    w->status = -1;
+    return;
+  }
 
   fsdp_comm_verdict v;
   if (be->agree(&w->meta, w->timeout, decide, &v) != 0 || v.status != 0) {
@@ -233,8 +240,8 @@ static void run_work(fsdp_work* w) {
     case FSDP_COLL_FINALIZE: be->finalize(); break;
   }
   if (rc) {
-    snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %s", kind_names[w->kind],
-             w->meta.tag, (long long)w->meta.seq, err);
+    snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %s", kind_names[w->kind], w->meta.tag,
+             (long long)w->meta.seq, err);
     set_broken(w->err);
     w->status = -1;
   }
@@ -299,7 +306,9 @@ int fsdp_comm_init(const char* backend) {
   if (strcmp(want, "self") == 0) {
     be = &self_backend;
   } else if (strcmp(want, "mpi") == 0) {
-    CHECK_INT(!g.mpi_finalized, "comm init: the mpi communicator was already finalized in this process (MPI cannot be initialized twice)");
+    CHECK_INT(
+        !g.mpi_finalized,
+        "comm init: the mpi communicator was already finalized in this process (MPI cannot be initialized twice)");
     be = load_mpi_backend();
     if (!be) return -1;
   } else {
@@ -399,7 +408,8 @@ static fsdp_work* submit(fsdp_work* w, int64_t payload) {
     g.counts[w->kind]++;
     g.bytes[w->kind] += payload;
   }
-  if (g.tail) g.tail->next = w; else g.head = w;
+  if (g.tail) g.tail->next = w;
+  else g.head = w;
   g.tail = w;
   pthread_cond_signal(&g.cv_queue);
   pthread_mutex_unlock(&g.mu);
@@ -426,7 +436,8 @@ int fsdp_comm_finalize(void) {
   CHECK_INT(w, "comm finalize: out of memory");
   pthread_mutex_lock(&g.mu);
   w->meta.seq = ++g.seq;
-  if (g.tail) g.tail->next = w; else g.head = w;
+  if (g.tail) g.tail->next = w;
+  else g.head = w;
   g.tail = w;
   pthread_cond_signal(&g.cv_queue);
   pthread_mutex_unlock(&g.mu);
@@ -443,17 +454,23 @@ int fsdp_comm_finalize(void) {
 // ---- argument checks shared by the collectives ------------------------------------------------------
 static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) {
   CHECK_INT(t, "%s: %s is NULL", op, what);
-  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on device %d; the %s backend moves CPU tensors",
-            op, what, SH(t), DT(t), fsdp_device_of(t), g.initialized ? g.be->name : "self");
+  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on device %d; the %s backend moves CPU tensors", op, what,
+            SH(t), DT(t), fsdp_device_of(t), g.initialized ? g.be->name : "self");
   return 0;
 }
 
 // a contiguous version of t (new ref: t itself when contiguous); no autograd involved
 static fsdp_tensor* contig(fsdp_tensor* t) {
-  if (fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  if (fsdp_tensor_is_contiguous(t)) {
+    fsdp_tensor_retain(t);
+    return t;
+  }
   fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
   if (!c) return NULL;
-  if (fsdp_copy_strided(c, t) != 0) { fsdp_tensor_release(c); return NULL; }
+  if (fsdp_copy_strided(c, t) != 0) {
+    fsdp_tensor_release(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -491,25 +508,28 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
   const char* op = "all_gather";
   if (ensure_init(op) || check_tensor(op, "out", out) || check_tensor(op, "in", in)) return NULL;
   int64_t n = fsdp_tensor_numel(in), N = g.size;
-  CHECK_NULL(out->dtype == in->dtype, "all_gather '%s': out %s %s and in %s %s differ in dtype",
-             tag ? tag : "", SH(out), DT(out), SH(in), DT(in));
+  CHECK_NULL(out->dtype == in->dtype, "all_gather '%s': out %s %s and in %s %s differ in dtype", tag ? tag : "",
+             SH(out), DT(out), SH(in), DT(in));
   CHECK_NULL(fsdp_tensor_numel(out) == N * n,
-             "all_gather '%s': out %s has %lld elements but %lld ranks x in %s need %lld (%s)", tag ? tag : "",
-             SH(out), (long long)fsdp_tensor_numel(out), (long long)N, SH(in), (long long)(N * n), DT(in));
+             "all_gather '%s': out %s has %lld elements but %lld ranks x in %s need %lld (%s)", tag ? tag : "", SH(out),
+             (long long)fsdp_tensor_numel(out), (long long)N, SH(in), (long long)(N * n), DT(in));
   size_t es = fsdp_dtype_size(in->dtype), bytes = (size_t)n * es;
   if (out->storage == in->storage && bytes > 0) {  // `in` may only be this rank's slot of `out`
     const char *o = fsdp_ptr(out), *i = fsdp_ptr(in);
     int in_place = fsdp_tensor_is_contiguous(out) && fsdp_tensor_is_contiguous(in) && i == o + g.rank * bytes;
     int disjoint = i + bytes <= o || i >= o + N * bytes;
     CHECK_NULL(in_place || disjoint || !fsdp_tensor_is_contiguous(out),
-               "all_gather '%s': in %s overlaps out %s but is not rank %d's slot of it", tag ? tag : "",
-               SH(in), SH(out), g.rank);
+               "all_gather '%s': in %s overlaps out %s but is not rank %d's slot of it", tag ? tag : "", SH(in),
+               SH(out), g.rank);
   }
   fsdp_work* w = work_new(FSDP_COLL_ALL_GATHER, 0, tag);
   if (!w) return NULL;
   w->meta.dtype = in->dtype;
   w->count = bytes;
-  if (set_src(w, in) || set_dest(w, out, 0)) { work_discard(w); return NULL; }
+  if (set_src(w, in) || set_dest(w, out, 0)) {
+    work_discard(w);
+    return NULL;
+  }
   return submit(w, (int64_t)(N * bytes));
 }
 
@@ -520,39 +540,46 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
     return NULL;
   int64_t n = fsdp_tensor_numel(out), N = g.size;
   CHECK_NULL(fsdp_tensor_numel(in) == N * n,
-             "reduce_scatter '%s': in %s has %lld elements but %lld ranks x out %s need %lld (%s)",
-             tag ? tag : "", SH(in), (long long)fsdp_tensor_numel(in), (long long)N, SH(out),
-             (long long)(N * n), DT(in));
+             "reduce_scatter '%s': in %s has %lld elements but %lld ranks x out %s need %lld (%s)", tag ? tag : "",
+             SH(in), (long long)fsdp_tensor_numel(in), (long long)N, SH(out), (long long)(N * n), DT(in));
   fsdp_work* w = work_new(FSDP_COLL_REDUCE_SCATTER, reduce, tag);
   if (!w) return NULL;
   w->meta.dtype = FSDP_F32;
   w->count = (size_t)n;
-  if (set_src(w, in) || set_dest(w, out, 0)) { work_discard(w); return NULL; }
+  if (set_src(w, in) || set_dest(w, out, 0)) {
+    work_discard(w);
+    return NULL;
+  }
   return submit(w, N * n * (int64_t)sizeof(float));
 }
 
 fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
   const char* op = "all_reduce";
-  if (ensure_init(op) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t))
-    return NULL;
+  if (ensure_init(op) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t)) return NULL;
   fsdp_work* w = work_new(FSDP_COLL_ALL_REDUCE, reduce, tag);
   if (!w) return NULL;
   w->meta.dtype = FSDP_F32;
   w->count = (size_t)fsdp_tensor_numel(t);
-  if (set_dest(w, t, 1)) { work_discard(w); return NULL; }
+  if (set_dest(w, t, 1)) {
+    work_discard(w);
+    return NULL;
+  }
   return submit(w, (int64_t)(w->count * sizeof(float)));
 }
 
 fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
   const char* op = "broadcast";
   if (ensure_init(op) || check_tensor(op, "tensor", t)) return NULL;
-  CHECK_NULL(root >= 0 && root < g.size, "broadcast '%s': root %d is not a rank (world size %d; %s %s)",
-             tag ? tag : "", root, g.size, SH(t), DT(t));
+  CHECK_NULL(root >= 0 && root < g.size, "broadcast '%s': root %d is not a rank (world size %d; %s %s)", tag ? tag : "",
+             root, g.size, SH(t), DT(t));
   fsdp_work* w = work_new(FSDP_COLL_BROADCAST, root, tag);
   if (!w) return NULL;
   w->meta.dtype = t->dtype;
   w->count = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
-  if (set_dest(w, t, 1)) { work_discard(w); return NULL; }
+  if (set_dest(w, t, 1)) {
+    work_discard(w);
+    return NULL;
+  }
   return submit(w, (int64_t)w->count);
 }
 

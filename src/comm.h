@@ -24,8 +24,8 @@
 
 // The record every rank contributes before a collective; all ranks must agree on it.
 typedef struct fsdp_comm_meta {
-  int32_t kind;   // fsdp_coll_kind (or FSDP_COLL_FINALIZE)
-  int32_t arg;    // reduce op, or broadcast root
+  int32_t kind;  // fsdp_coll_kind (or FSDP_COLL_FINALIZE)
+  int32_t arg;   // reduce op, or broadcast root
   int32_t dtype;
   int32_t rank;
   int64_t bytes;  // payload: the full (unsharded) buffer's bytes
@@ -41,11 +41,11 @@ typedef struct fsdp_comm_verdict {
 
 // Runs on rank 0 once every record arrived (timed_out == 0) or the deadline passed
 // (arrived[r] == 0 for the ranks that did not show up); fills the verdict.
-typedef void (*fsdp_comm_decide_fn)(const fsdp_comm_meta* all, const int* arrived, int size,
-                                    int timed_out, double timeout_s, fsdp_comm_verdict* v);
+typedef void (*fsdp_comm_decide_fn)(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out,
+                                    double timeout_s, fsdp_comm_verdict* v);
 
 typedef struct fsdp_comm_backend {
-  int abi;           // FSDP_COMM_ABI
+  int abi;  // FSDP_COMM_ABI
   const char* name;
   int (*init)(int* rank, int* size, char* err);
   void (*finalize)(void);
@@ -53,8 +53,7 @@ typedef struct fsdp_comm_backend {
   // most timeout_s (plus a grace on ranks != 0, so rank 0's verdict, which names the missing
   // ranks, normally wins). Returns 0 with the verdict filled, -1 when this rank itself timed
   // out or MPI failed (the message is in v->msg, v->status != 0).
-  int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
-               fsdp_comm_verdict* v);
+  int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v);
   // out (size * bytes) = every rank's `in` (bytes each), rank order. in may be out + rank * bytes.
   int (*all_gather)(void* out, const void* in, size_t bytes, char* err);
   // out (n floats) = this rank's chunk of the reduction of every rank's in (size * n floats)

@@ -30,11 +30,11 @@
 
 static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
 static int g_rank, g_size, g_we_initialized;
-static fsdp_comm_meta* g_all;    // rank 0: every rank's record
+static fsdp_comm_meta* g_all;  // rank 0: every rank's record
 static int* g_arrived;
 static MPI_Request* g_reqs;
 static int* g_idx;
-static fsdp_comm_meta g_mine;    // non-blocking buffers stay valid even if abandoned after a timeout
+static fsdp_comm_meta g_mine;  // non-blocking buffers stay valid even if abandoned after a timeout
 static fsdp_comm_verdict g_verdict;
 static float *g_scratch_a, *g_scratch_b;
 static size_t g_scratch_n;
@@ -55,7 +55,10 @@ static double now_s(void) {
 static void backoff(int* spins) {
   int s = (*spins)++;
   if (s < 50) return;
-  if (s < 2000) { sched_yield(); return; }
+  if (s < 2000) {
+    sched_yield();
+    return;
+  }
   struct timespec ts = {0, s < 20000 ? 20000 : 200000};
   nanosleep(&ts, NULL);
 }
@@ -67,9 +70,9 @@ static int mpi_fail(char* err, int rc, const char* what) {
   snprintf(err, FSDP_COMM_ERRLEN, "%s failed: %s", what, s);
   return -1;
 }
-#define MPI_TRY(call, what)                              \
-  do {                                                   \
-    int rc_ = (call);                                    \
+#define MPI_TRY(call, what)                                  \
+  do {                                                       \
+    int rc_ = (call);                                        \
     if (rc_ != MPI_SUCCESS) return mpi_fail(err, rc_, what); \
   } while (0)
 
@@ -83,8 +86,10 @@ static int mpi_init(int* rank, int* size, char* err) {
   } else {
     MPI_Query_thread(&provided);
     if (provided < MPI_THREAD_SERIALIZED) {
-      snprintf(err, FSDP_COMM_ERRLEN, "MPI was initialized outside fsdp with thread level %d; fsdp calls MPI "
-               "from its communication thread and needs MPI_THREAD_SERIALIZED or let it initialize MPI", provided);
+      snprintf(err, FSDP_COMM_ERRLEN,
+               "MPI was initialized outside fsdp with thread level %d; fsdp calls MPI "
+               "from its communication thread and needs MPI_THREAD_SERIALIZED or let it initialize MPI",
+               provided);
       return -1;
     }
   }
@@ -112,9 +117,16 @@ static void mpi_finalize(void) {
   MPI_Comm_free(&meta_comm);
   MPI_Comm_free(&data_comm);
   if (g_we_initialized) MPI_Finalize();
-  free(g_all); free(g_arrived); free(g_reqs); free(g_idx);
-  free(g_scratch_a); free(g_scratch_b);
-  g_all = NULL; g_arrived = NULL; g_reqs = NULL; g_idx = NULL;
+  free(g_all);
+  free(g_arrived);
+  free(g_reqs);
+  free(g_idx);
+  free(g_scratch_a);
+  free(g_scratch_b);
+  g_all = NULL;
+  g_arrived = NULL;
+  g_reqs = NULL;
+  g_idx = NULL;
   g_scratch_a = g_scratch_b = NULL;
   g_scratch_n = 0;
 }
@@ -137,7 +149,10 @@ static int agree_root(double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_ve
     remaining -= outcount;
     if (remaining == 0) break;
     if (outcount > 0) spins = 0;
-    if (now_s() > deadline) { timed_out = 1; break; }
+    if (now_s() > deadline) {
+      timed_out = 1;
+      break;
+    }
     backoff(&spins);
   }
   if (timed_out) {  // abandon the receives of the ranks that never came
@@ -210,8 +225,7 @@ static int agree_other(double timeout_s, fsdp_comm_verdict* v) {
   return 0;
 }
 
-static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide,
-                     fsdp_comm_verdict* v) {
+static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v) {
   g_mine = *mine;
   if (g_size == 1) {
     int arrived = 1;
@@ -249,7 +263,8 @@ static int sendrecv_f32(const float* send, int to, float* recv, int from, size_t
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
     MPI_TRY(MPI_Sendrecv(send + off, len, MPI_FLOAT, to, TAG_RING, recv + off, len, MPI_FLOAT, from, TAG_RING,
-                         data_comm, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+                         data_comm, MPI_STATUS_IGNORE),
+            "MPI_Sendrecv");
   }
   return 0;
 }
@@ -278,7 +293,9 @@ static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, ch
     } else {
       reduce_f32(recv, recv, own, n, op);
       send = recv;
-      float* t = recv; recv = spare; spare = t;
+      float* t = recv;
+      recv = spare;
+      spare = t;
     }
   }
   return 0;
@@ -337,10 +354,8 @@ static int mpi_barrier(char* err) {
 }
 
 static const fsdp_comm_backend mpi_backend = {
-    FSDP_COMM_ABI, "mpi", mpi_init, mpi_finalize, mpi_agree, mpi_all_gather,
+    FSDP_COMM_ABI,      "mpi",          mpi_init,      mpi_finalize, mpi_agree, mpi_all_gather,
     mpi_reduce_scatter, mpi_all_reduce, mpi_broadcast, mpi_barrier,
 };
 
-__attribute__((visibility("default"))) const fsdp_comm_backend* fsdp_comm_mpi_backend(void) {
-  return &mpi_backend;
-}
+__attribute__((visibility("default"))) const fsdp_comm_backend* fsdp_comm_mpi_backend(void) { return &mpi_backend; }

@@ -32,7 +32,10 @@ float fsdp_f16_to_f32(uint16_t h) {
     if (man == 0) u = sign;
     else {  // subnormal: normalise
       int e = -1;
-      do { e++; man <<= 1; } while (!(man & 0x400));
+      do {
+        e++;
+        man <<= 1;
+      } while (!(man & 0x400));
       u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
     }
   } else if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
@@ -49,7 +52,7 @@ static inline uint16_t f32_to_f16(float f) {
   uint32_t man = u & 0x7fffff;
   if (((u >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
   if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00);  // overflow -> inf
-  if (exp <= 0) {                                      // subnormal or zero
+  if (exp <= 0) {                                     // subnormal or zero
     if (exp < -10) return (uint16_t)sign;
     man |= 0x800000;
     int shift = 14 - exp;
@@ -62,8 +65,8 @@ static inline uint16_t f32_to_f16(float f) {
   return (uint16_t)half;
 }
 
-#define PAR_MIN 32768      // below this many elements a loop stays on one thread
-#define PAR_MIN_HEAVY 4096 // the same for transcendental loops (several ns per element)
+#define PAR_MIN 32768       // below this many elements a loop stays on one thread
+#define PAR_MIN_HEAVY 4096  // the same for transcendental loops (several ns per element)
 
 static inline double load(const void* p, int dt) {
   switch (dt) {
@@ -91,7 +94,10 @@ static void copy_tiled_f32(float* dst, const float* src, int ndim, const int64_t
 #pragma omp parallel for if (outer * A * B > 65536) schedule(static)
   for (int64_t o = 0; o < outer; o++) {
     int64_t off = 0, rem = o;
-    for (int j = ndim - 3; j >= 0; j--) { off += (rem % shape[j]) * sstride[j]; rem /= shape[j]; }
+    for (int j = ndim - 3; j >= 0; j--) {
+      off += (rem % shape[j]) * sstride[j];
+      rem /= shape[j];
+    }
     const float* s = src + off;
     float* d = dst + o * A * B;
     for (int64_t i0 = 0; i0 < A; i0 += 32)
@@ -116,8 +122,14 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
   // merge the innermost dims into one run while they are contiguous in src
   int64_t run = 1;
   int d = ndim - 1;
-  while (d >= 0 && sstride[d] == run) { run *= shape[d]; d--; }
-  if (run == 1 && ndim > 0) { run = shape[ndim - 1]; d = ndim - 2; }  // strided innermost dim
+  while (d >= 0 && sstride[d] == run) {
+    run *= shape[d];
+    d--;
+  }
+  if (run == 1 && ndim > 0) {
+    run = shape[ndim - 1];
+    d = ndim - 2;
+  }  // strided innermost dim
   int64_t inner_stride = (d == ndim - 2 && ndim > 0 && sstride[ndim - 1] != 1) ? sstride[ndim - 1] : 1;
   int64_t outer = n / run;
   const char* s = (const char*)src;
@@ -126,7 +138,10 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
 #pragma omp parallel for schedule(static) if (n > PAR_MIN && run >= 16 && outer > 1)
   for (int64_t r = 0; r < outer; r++) {
     int64_t off = 0, rem = r;
-    for (int j = d; j >= 0; j--) { off += (rem % shape[j]) * sstride[j]; rem /= shape[j]; }
+    for (int j = d; j >= 0; j--) {
+      off += (rem % shape[j]) * sstride[j];
+      rem /= shape[j];
+    }
     const char* sp = s + off * (int64_t)ses;
     char* o = (char*)dst + r * run * (int64_t)des;
     if (ddt == sdt && inner_stride == 1) memcpy(o, sp, run * des);
@@ -142,7 +157,7 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
 
 static void cpu_fill(void* dst, int dt, int64_t n, double v) {
   if (dt == FSDP_F32) {
-    float* p = dst, f = (float)v;
+    float *p = dst, f = (float)v;
 #pragma omp parallel for simd if (parallel : n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) p[i] = f;
   } else {
@@ -173,20 +188,25 @@ static void cpu_scale(float* y, int64_t n, float s) {
 // ============================================================================================
 // elementwise / reduction family (ops_elem.c, ops_shape.c)
 // ============================================================================================
-#define CHUNK 16384    // binary loops split long rows into chunks of this many elements for threads
+#define CHUNK 16384  // binary loops split long rows into chunks of this many elements for threads
 
 // ---- binary with broadcasting ------------------------------------------------------------------
 // Drops size-1 dims and merges neighbours that are contiguous in both inputs (out is contiguous),
 // so most calls end up with 1 dim (same shape) or 2 dims (row / column broadcast).
-static int coalesce(int ndim, const int64_t* shape, const int64_t* sa, const int64_t* sb, int64_t* cs,
-                    int64_t* ca, int64_t* cb) {
+static int coalesce(int ndim, const int64_t* shape, const int64_t* sa, const int64_t* sb, int64_t* cs, int64_t* ca,
+                    int64_t* cb) {
   int n = 0;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == 1) continue;
     if (n > 0 && ca[n - 1] == sa[d] * shape[d] && cb[n - 1] == sb[d] * shape[d]) {
-      cs[n - 1] *= shape[d]; ca[n - 1] = sa[d]; cb[n - 1] = sb[d];
+      cs[n - 1] *= shape[d];
+      ca[n - 1] = sa[d];
+      cb[n - 1] = sb[d];
     } else {
-      cs[n] = shape[d]; ca[n] = sa[d]; cb[n] = sb[d]; n++;
+      cs[n] = shape[d];
+      ca[n] = sa[d];
+      cb[n] = sb[d];
+      n++;
     }
   }
   return n;
@@ -195,43 +215,61 @@ static int coalesce(int ndim, const int64_t* shape, const int64_t* sa, const int
 // One function per op: EXPR computes from x (a's element) and y (b's element). Work is split into
 // (row, chunk) items; the innermost loop is specialised for contiguous/broadcast operands so it
 // vectorises.
-#define DEFINE_BINARY(NAME, EXPR)                                                                        \
-  static void NAME(float* out, const float* a, const float* b, int ndim, const int64_t* shape,           \
-                   const int64_t* sa_, const int64_t* sb_) {                                             \
-    int64_t cs[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];                                     \
-    int nd = coalesce(ndim, shape, sa_, sb_, cs, sa, sb);                                                \
-    if (fsdp_shape_numel(ndim, shape) == 0) return;                                                      \
-    if (nd == 0) { float x = a[0], y = b[0]; out[0] = (EXPR); return; }                                 \
-    int64_t len = cs[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1], rows = 1;                                \
-    for (int d = 0; d < nd - 1; d++) rows *= cs[d];                                                      \
-    int64_t n = rows * len, chunk = len > CHUNK ? CHUNK : len, nch = (len + chunk - 1) / chunk;          \
-    _Pragma("omp parallel for if (n > PAR_MIN)")                                                        \
-    for (int64_t w = 0; w < rows * nch; w++) {                                                           \
-      int64_t r = w / nch, i0 = (w % nch) * chunk, i1 = i0 + chunk < len ? i0 + chunk : len;             \
-      int64_t oa = 0, ob = 0, rem = r;                                                                   \
-      for (int d = nd - 2; d >= 0; d--) {                                                                \
-        int64_t k = rem % cs[d]; rem /= cs[d]; oa += k * sa[d]; ob += k * sb[d];                         \
-      }                                                                                                  \
-      const float* pa = a + oa;                                                                          \
-      const float* pb = b + ob;                                                                          \
-      float* po = out + r * len;                                                                         \
-      if (ia == 1 && ib == 1) {                                                                          \
-        for (int64_t i = i0; i < i1; i++) { float x = pa[i], y = pb[i]; po[i] = (EXPR); }                \
-      } else if (ia == 1 && ib == 0) {                                                                   \
-        float y = pb[0];                                                                                 \
-        for (int64_t i = i0; i < i1; i++) { float x = pa[i]; po[i] = (EXPR); }                          \
-      } else if (ia == 0 && ib == 1) {                                                                   \
-        float x = pa[0];                                                                                 \
-        for (int64_t i = i0; i < i1; i++) { float y = pb[i]; po[i] = (EXPR); }                          \
-      } else {                                                                                           \
-        for (int64_t i = i0; i < i1; i++) { float x = pa[i * ia], y = pb[i * ib]; po[i] = (EXPR); }      \
-      }                                                                                                  \
-    }                                                                                                    \
+#define DEFINE_BINARY(NAME, EXPR)                                                                                  \
+  static void NAME(float* out, const float* a, const float* b, int ndim, const int64_t* shape, const int64_t* sa_, \
+                   const int64_t* sb_) {                                                                           \
+    int64_t cs[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];                                               \
+    int nd = coalesce(ndim, shape, sa_, sb_, cs, sa, sb);                                                          \
+    if (fsdp_shape_numel(ndim, shape) == 0) return;                                                                \
+    if (nd == 0) {                                                                                                 \
+      float x = a[0], y = b[0];                                                                                    \
+      out[0] = (EXPR);                                                                                             \
+      return;                                                                                                      \
+    }                                                                                                              \
+    int64_t len = cs[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1], rows = 1;                                          \
+    for (int d = 0; d < nd - 1; d++) rows *= cs[d];                                                                \
+    int64_t n = rows * len, chunk = len > CHUNK ? CHUNK : len, nch = (len + chunk - 1) / chunk;                    \
+    _Pragma("omp parallel for if (n > PAR_MIN)") for (int64_t w = 0; w < rows * nch; w++) {                        \
+      int64_t r = w / nch, i0 = (w % nch) * chunk, i1 = i0 + chunk < len ? i0 + chunk : len;                       \
+      int64_t oa = 0, ob = 0, rem = r;                                                                             \
+      for (int d = nd - 2; d >= 0; d--) {                                                                          \
+        int64_t k = rem % cs[d];                                                                                   \
+        rem /= cs[d];                                                                                              \
+        oa += k * sa[d];                                                                                           \
+        ob += k * sb[d];                                                                                           \
+      }                                                                                                            \
+      const float* pa = a + oa;                                                                                    \
+      const float* pb = b + ob;                                                                                    \
+      float* po = out + r * len;                                                                                   \
+      if (ia == 1 && ib == 1) {                                                                                    \
+        for (int64_t i = i0; i < i1; i++) {                                                                        \
+          float x = pa[i], y = pb[i];                                                                              \
+          po[i] = (EXPR);                                                                                          \
+        }                                                                                                          \
+      } else if (ia == 1 && ib == 0) {                                                                             \
+        float y = pb[0];                                                                                           \
+        for (int64_t i = i0; i < i1; i++) {                                                                        \
+          float x = pa[i];                                                                                         \
+          po[i] = (EXPR);                                                                                          \
+        }                                                                                                          \
+      } else if (ia == 0 && ib == 1) {                                                                             \
+        float x = pa[0];                                                                                           \
+        for (int64_t i = i0; i < i1; i++) {                                                                        \
+          float y = pb[i];                                                                                         \
+          po[i] = (EXPR);                                                                                          \
+        }                                                                                                          \
+      } else {                                                                                                     \
+        for (int64_t i = i0; i < i1; i++) {                                                                        \
+          float x = pa[i * ia], y = pb[i * ib];                                                                    \
+          po[i] = (EXPR);                                                                                          \
+        }                                                                                                          \
+      }                                                                                                            \
+    }                                                                                                              \
   }
 
 DEFINE_BINARY(bin_add, x + y)
 DEFINE_BINARY(bin_sub, x - y)
-DEFINE_BINARY(bin_mul, x * y)
+DEFINE_BINARY(bin_mul, x* y)
 DEFINE_BINARY(bin_div, x / y)
 DEFINE_BINARY(bin_eq, x == y ? 1.0f : 0.0f)
 
@@ -252,8 +290,11 @@ static inline float tanh_f(float x) {
   float e = fsdp_expf(2.0f * ax);
   float big = 1.0f - 2.0f / (e + 1.0f);
   float x2 = x * x;  // Cephes tanhf polynomial for |x| < 0.625
-  float small = ((((-5.70498872745e-3f * x2 + 2.06390887954e-2f) * x2 - 5.37397155531e-2f) * x2 +
-                  1.33314422036e-1f) * x2 - 3.33332819422e-1f) * x2 * ax + ax;
+  float small =
+      ((((-5.70498872745e-3f * x2 + 2.06390887954e-2f) * x2 - 5.37397155531e-2f) * x2 + 1.33314422036e-1f) * x2 -
+       3.33332819422e-1f) *
+          x2 * ax +
+      ax;
   float t = ax < 0.625f ? small : big;
   return x < 0 ? -t : t;  // NaN propagates through exp_f
 }
@@ -323,17 +364,21 @@ static inline float erf_f(float x) {
   return p * xc / q;
 }
 
-#define GELU_K0 0.7071067811865476f   // 1/sqrt(2)
-#define GELU_K1 0.3989422804014327f   // 1/sqrt(2*pi)
-#define GELU_BETA 0.7978845608028654f // sqrt(2/pi)
+#define GELU_K0 0.7071067811865476f    // 1/sqrt(2)
+#define GELU_K1 0.3989422804014327f    // 1/sqrt(2*pi)
+#define GELU_BETA 0.7978845608028654f  // sqrt(2/pi)
 #define GELU_KAPPA 0.044715f
 
-#define UNARY_LOOP(EXPR)                                          \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")   \
-  for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
-#define UNARY_LOOP_HEAVY(EXPR)                                          \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)")   \
-  for (int64_t i = 0; i < n; i++) { float v = x[i]; out[i] = (EXPR); }
+#define UNARY_LOOP(EXPR)                                                                         \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)") for (int64_t i = 0; i < n; i++) { \
+    float v = x[i];                                                                              \
+    out[i] = (EXPR);                                                                             \
+  }
+#define UNARY_LOOP_HEAVY(EXPR)                                                                         \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)") for (int64_t i = 0; i < n; i++) { \
+    float v = x[i];                                                                                    \
+    out[i] = (EXPR);                                                                                   \
+  }
 
 static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) {
   float p = (float)pd;
@@ -347,14 +392,23 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
     case FSDP_UN_SIGMOID: UNARY_LOOP_HEAVY(sigmoid_f(v)); break;
     case FSDP_UN_RELU: UNARY_LOOP(v > 0.0f ? v : (v != v ? v : 0.0f)); break;
     case FSDP_UN_GELU: UNARY_LOOP_HEAVY(0.5f * v * (1.0f + erf_f(v * GELU_K0))); break;
-    case FSDP_UN_GELU_TANH: UNARY_LOOP_HEAVY(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v)))); break;
+    case FSDP_UN_GELU_TANH:
+      UNARY_LOOP_HEAVY(0.5f * v * (1.0f + tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v))));
+      break;
     case FSDP_UN_POW:
-      if (p == 2.0f) { UNARY_LOOP(v * v); }
-      else if (p == 1.0f) { UNARY_LOOP(v); }
-      else if (p == 0.5f) { UNARY_LOOP(sqrtf(v)); }
-      else if (p == -1.0f) { UNARY_LOOP(1.0f / v); }
-      else if (p == 3.0f) { UNARY_LOOP(v * v * v); }
-      else { UNARY_LOOP_HEAVY(powf(v, p)); }
+      if (p == 2.0f) {
+        UNARY_LOOP(v * v);
+      } else if (p == 1.0f) {
+        UNARY_LOOP(v);
+      } else if (p == 0.5f) {
+        UNARY_LOOP(sqrtf(v));
+      } else if (p == -1.0f) {
+        UNARY_LOOP(1.0f / v);
+      } else if (p == 3.0f) {
+        UNARY_LOOP(v * v * v);
+      } else {
+        UNARY_LOOP_HEAVY(powf(v, p));
+      }
       break;
     case FSDP_UN_ADD_SCALAR: UNARY_LOOP(v + p); break;
     case FSDP_UN_MUL_SCALAR: UNARY_LOOP(v * p); break;
@@ -363,12 +417,16 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
 }
 
 // gx = gy * f'(x); ops read x or y (the forward output), whichever the op layer saved
-#define UNARY_BW_LOOP(EXPR)                                        \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)")    \
-  for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
-#define UNARY_BW_LOOP_HEAVY(EXPR)                                        \
-  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)")    \
-  for (int64_t i = 0; i < n; i++) { float g = gy[i]; gx[i] = (EXPR); }
+#define UNARY_BW_LOOP(EXPR)                                                                      \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN)") for (int64_t i = 0; i < n; i++) { \
+    float g = gy[i];                                                                             \
+    gx[i] = (EXPR);                                                                              \
+  }
+#define UNARY_BW_LOOP_HEAVY(EXPR)                                                                      \
+  _Pragma("omp parallel for simd if (parallel : n > PAR_MIN_HEAVY)") for (int64_t i = 0; i < n; i++) { \
+    float g = gy[i];                                                                                   \
+    gx[i] = (EXPR);                                                                                    \
+  }
 
 static void cpu_unary_backward(int op, float* gx, const float* gy, const float* x, const float* y, int64_t n,
                                double pd) {
@@ -385,20 +443,25 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_GELU:  // d/dx [x * Phi(x)] = Phi(x) + x * phi(x); one exp(-x^2/2) serves erf and phi
       UNARY_BW_LOOP_HEAVY(({
         float v = x[i], z = v * GELU_K0, e = fsdp_expf(-z * z);
-        g * (0.5f * (1.0f + erf_e(z, e)) + v * GELU_K1 * e);
+        g*(0.5f * (1.0f + erf_e(z, e)) + v * GELU_K1 * e);
       }));
       break;
     case FSDP_UN_GELU_TANH:  // PyTorch's GeluBackward with approximate='tanh'
       UNARY_BW_LOOP_HEAVY(({
         float v = x[i], t = tanh_f(GELU_BETA * (v + GELU_KAPPA * v * v * v));
-        g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v * v));
+        g*(0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v * v));
       }));
       break;
     case FSDP_UN_POW:
-      if (p == 0.0f) { UNARY_BW_LOOP(0.0f * g); }
-      else if (p == 1.0f) { UNARY_BW_LOOP(g); }
-      else if (p == 2.0f) { UNARY_BW_LOOP(2.0f * g * x[i]); }
-      else { UNARY_BW_LOOP_HEAVY(g * p * powf(x[i], p - 1.0f)); }
+      if (p == 0.0f) {
+        UNARY_BW_LOOP(0.0f * g);
+      } else if (p == 1.0f) {
+        UNARY_BW_LOOP(g);
+      } else if (p == 2.0f) {
+        UNARY_BW_LOOP(2.0f * g * x[i]);
+      } else {
+        UNARY_BW_LOOP_HEAVY(g * p * powf(x[i], p - 1.0f));
+      }
       break;
     case FSDP_UN_ADD_SCALAR: UNARY_BW_LOOP(g); break;
     case FSDP_UN_MUL_SCALAR: UNARY_BW_LOOP(g * p); break;
@@ -496,7 +559,10 @@ static void cpu_max_dim(float* out, int64_t* idx, const float* in, int64_t outer
       float* po = out + o * inner;
       int64_t* pi = idx + o * inner;
       const float* p = in + o * red * inner;
-      for (int64_t j = 0; j < inner; j++) { po[j] = p[j]; pi[j] = 0; }
+      for (int64_t j = 0; j < inner; j++) {
+        po[j] = p[j];
+        pi[j] = 0;
+      }
       for (int64_t r = 1; r < red; r++) {
         const float* row = p + r * inner;
         for (int64_t j = 0; j < inner; j++) {
@@ -510,8 +576,7 @@ static void cpu_max_dim(float* out, int64_t* idx, const float* in, int64_t outer
   }
 }
 
-static void cpu_scatter_dim(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red,
-                            int64_t inner) {
+static void cpu_scatter_dim(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red, int64_t inner) {
   int64_t n = outer * red * inner;
   memset(gx, 0, n * sizeof(float));
 #pragma omp parallel for if (n > PAR_MIN)
@@ -526,8 +591,8 @@ static int64_t cpu_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_
   return -1;
 }
 
-static void cpu_index_select(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer,
-                             int64_t n_in, int64_t n_idx, int64_t inner) {
+static void cpu_index_select(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer, int64_t n_in,
+                             int64_t n_idx, int64_t inner) {
   int64_t n = outer * n_idx * inner;
   if (inner == 1 && es == 4) {
     const float* s = in;
@@ -552,8 +617,8 @@ static void cpu_index_select(void* out, const void* in, size_t es, const int64_t
 }
 
 // repeated indices add up, so threads split the independent outer slices only
-static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in,
-                          int64_t n_idx, int64_t inner) {
+static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in, int64_t n_idx,
+                          int64_t inner) {
   int64_t n = outer * n_idx * inner;
 #pragma omp parallel for if (n > PAR_MIN && outer > 1)
   for (int64_t o = 0; o < outer; o++)

@@ -29,9 +29,9 @@ __attribute__((constructor)) static void pin_openmp_runtime(void) {
 void openblas_set_num_threads(int n);
 int openblas_get_num_threads(void);
 
-#define GEMM_PAR_MIN (1 << 21)  // multiply-adds under which a GEMM list runs on the calling thread
+#define GEMM_PAR_MIN (1 << 21)    // multiply-adds under which a GEMM list runs on the calling thread
 #define GEMM_PIECE_MIN (1 << 20)  // smallest piece worth its own OpenBLAS call (about 30 us)
-#define GEMM_ALIGN 16           // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
+#define GEMM_ALIGN 16             // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
 
 // OpenBLAS 0.3.21 (Debian 12) runs its sgemm kernel at a third of its speed -- 12 GFLOPS instead of
 // 36 on this Zen, for outputs 64 to 320 columns wide (2048x256x1024, 256x256x2048, ...) -- in every
@@ -48,8 +48,8 @@ static void openblas_warm_thread(void) {
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) return;  // no memory: try again next time; the GEMM itself runs either way
   memset(buf, 0, bytes);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, buf, (int)K, buf + M * K,
-              (int)N, 0.0f, buf + M * K + K * N, (int)N);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, buf, (int)K, buf + M * K, (int)N,
+              0.0f, buf + M * K + K * N, (int)N);
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
   warm = 1;
 }
@@ -64,12 +64,16 @@ static void blas_gemm(const fsdp_gemm_args* g) {
     for (int64_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M,
-              (int)g->N, (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, beta, g->C, (int)g->ldc);
+  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
+              (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, beta, g->C, (int)g->ldc);
 }
 
 // rows [lo, hi) (split_n = 0) or columns [lo, hi) (split_n = 1) of GEMM g's output
-typedef struct { const fsdp_gemm_args* g; int64_t lo, hi; int split_n; } gemm_piece;
+typedef struct {
+  const fsdp_gemm_args* g;
+  int64_t lo, hi;
+  int split_n;
+} gemm_piece;
 
 static void run_piece(const gemm_piece* p) {
   fsdp_gemm_args a = *p->g;
@@ -283,7 +287,10 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const 
         int64_t mm = M - m0 < MR ? M - m0 : MR;
         float* c = C + m0 * ldc + n0;
         const float* a[MR] = {ap, ap + 1, ap + 2, ap + 3};
-        if (mm == MR && nn == NR) { micro_kernel(kc, a, MR, bp, c, ldc, acc); continue; }
+        if (mm == MR && nn == NR) {
+          micro_kernel(kc, a, MR, bp, c, ldc, acc);
+          continue;
+        }
         for (int64_t r = 0; r < mm; r++)  // partial tile: go through a full-size buffer
           for (int64_t j = 0; j < nn; j++) edge[r * NR + j] = acc ? c[r * ldc + j] : 0.0f;
         micro_kernel(kc, a, MR, bp, edge, NR, 1);
@@ -368,14 +375,17 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
       if (rs == 1) {  // rows of src contiguous: 8x8 blocks transposed in registers
         k8 = K / 8 * 8;
         for (; j0 + 8 <= nn; j0 += 8)
-          for (int64_t k = 0; k < k8; k += 8) transpose8_scaled(d + k * nr + j0, nr, src + (n0 + j0) * cs + k, cs, alpha);
+          for (int64_t k = 0; k < k8; k += 8)
+            transpose8_scaled(d + k * nr + j0, nr, src + (n0 + j0) * cs + k, cs, alpha);
       }
 #endif
       for (int64_t j = 0; j < nr; j++) {
         const float* s = src + (n0 + j) * cs;
         int64_t from = j < j0 ? k8 : 0;  // the blocks did k < k8 of the first j0 columns
-        if (j < nn) for (int64_t k = from; k < K; k++) d[k * nr + j] = alpha * s[k * rs];
-        else for (int64_t k = 0; k < K; k++) d[k * nr + j] = 0.0f;
+        if (j < nn)
+          for (int64_t k = from; k < K; k++) d[k * nr + j] = alpha * s[k * rs];
+        else
+          for (int64_t k = 0; k < K; k++) d[k * nr + j] = 0.0f;
       }
     }
   }
@@ -407,7 +417,7 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
     return;
   }
   pack_b(Bp, g->B, g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1, K, N, g->alpha, TILES_NR);  // op(B) (k, j)
-  int64_t ars = g->ta ? 1 : g->lda, acs = g->ta ? g->lda : 1;                // op(A) (i, k) at A[i*ars + k*acs]
+  int64_t ars = g->ta ? 1 : g->lda, acs = g->ta ? g->lda : 1;  // op(A) (i, k) at A[i*ars + k*acs]
   float edge[MR * TILES_NR];
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     int64_t k1 = K - k0 < KC ? K : k0 + KC;
@@ -508,11 +518,16 @@ static void im2col_row(float* row, const float* x, const fsdp_conv_geom* g, int 
   for (int64_t oh = 0; oh < OH; oh++) {
     float* r = row + oh * OW;
     int64_t ih = oh * g->sh - g->ph + (int64_t)ki * g->dh;
-    if (ih < 0 || ih >= H) { memset(r, 0, OW * sizeof(float)); continue; }
+    if (ih < 0 || ih >= H) {
+      memset(r, 0, OW * sizeof(float));
+      continue;
+    }
     const float* xr = x + ih * W + off_w;
     for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0.0f;
-    if (g->sw == 1) for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow];  // short rows: a loop beats memcpy
-    else for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];
+    if (g->sw == 1)
+      for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow];  // short rows: a loop beats memcpy
+    else
+      for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];
     for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0.0f;
   }
 }
@@ -638,8 +653,8 @@ static int conv_algo(void) {
 
 // whether the convolution (its forward and its input and weight gradients) goes through Winograd
 static int use_winograd(const fsdp_conv_geom* g) {
-  if (g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 || g->dw != 1 || g->ph != 1 ||
-      g->pw != 1 || g->groups != 1 || g->N * g->H * g->W == 0)
+  if (g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 || g->dw != 1 || g->ph != 1 || g->pw != 1 ||
+      g->groups != 1 || g->N * g->H * g->W == 0)
     return 0;
   int algo = conv_algo();
   if (algo) return algo == 2;
@@ -706,7 +721,10 @@ static void wino_input_channel(float* restrict v, float* restrict D, const float
     float t[4][4];
     for (int k = 0; k < 4; k++) {  // B^T d
       float a = d0[k * WINO_TB + j], b = d1[k * WINO_TB + j], e = d2[k * WINO_TB + j], f = d3[k * WINO_TB + j];
-      t[0][k] = a - e; t[1][k] = b + e; t[2][k] = e - b; t[3][k] = b - f;
+      t[0][k] = a - e;
+      t[1][k] = b + e;
+      t[2][k] = e - b;
+      t[3][k] = b - f;
     }
     for (int i = 0; i < 4; i++) {  // (B^T d) B
       v[(i * 4 + 0) * WINO_TB + j] = t[i][0] - t[i][2];
@@ -743,7 +761,7 @@ static void wino_input(float* Vp, float* row, const float* x, int64_t Ci, int64_
 static void wino_output(float* y, float* q, const float* M, int64_t ms, int64_t ldm, const float* b, int64_t Co,
                         int64_t H, int64_t W, int64_t t0, int64_t nt) {
   int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, HW = H * W;
-  float *restrict y00 = q, *restrict y01 = q + WINO_TB, *restrict y10 = q + 2 * WINO_TB, *restrict y11 = q + 3 * WINO_TB;
+  float* restrict y00 = q, * restrict y01 = q + WINO_TB, * restrict y10 = q + 2 * WINO_TB, * restrict y11 = q + 3 * WINO_TB;
   for (int64_t o = 0; o < Co; o++) {
     float bo = b ? b[o] : 0.0f;
     const float *restrict m0 = M + o * ldm, *restrict m1 = m0 + 4 * ms, *restrict m2 = m0 + 8 * ms,
@@ -752,9 +770,11 @@ static void wino_output(float* y, float* q, const float* M, int64_t ms, int64_t 
     for (int64_t j = 0; j < nt; j++) {
       // A^T m: r0 = m row 0 + row 1 + row 2, r1 = row 1 - row 2 - row 3 (columns k = 0..3)
       float r00 = m0[j] + m1[j] + m2[j], r01 = m0[ms + j] + m1[ms + j] + m2[ms + j];
-      float r02 = m0[2 * ms + j] + m1[2 * ms + j] + m2[2 * ms + j], r03 = m0[3 * ms + j] + m1[3 * ms + j] + m2[3 * ms + j];
+      float r02 = m0[2 * ms + j] + m1[2 * ms + j] + m2[2 * ms + j],
+            r03 = m0[3 * ms + j] + m1[3 * ms + j] + m2[3 * ms + j];
       float r10 = m1[j] - m2[j] - m3[j], r11 = m1[ms + j] - m2[ms + j] - m3[ms + j];
-      float r12 = m1[2 * ms + j] - m2[2 * ms + j] - m3[2 * ms + j], r13 = m1[3 * ms + j] - m2[3 * ms + j] - m3[3 * ms + j];
+      float r12 = m1[2 * ms + j] - m2[2 * ms + j] - m3[2 * ms + j],
+            r13 = m1[3 * ms + j] - m2[3 * ms + j] - m3[3 * ms + j];
       y00[j] = r00 + r01 + r02 + bo;  // (A^T m) A
       y01[j] = r01 - r02 - r03 + bo;
       y10[j] = r10 + r11 + r12 + bo;
@@ -833,7 +853,7 @@ static void wino_grad_output(float* Zp, const float* gy, int64_t Co, int64_t H, 
         float z00 = g0[0], z01 = right ? g0[1] : 0.0f;
         float z10 = down ? g0[W] : 0.0f, z11 = down && right ? g0[W + 1] : 0.0f;
         float q[4][2] = {{z00, z01}, {z00 + z10, z01 + z11}, {z00 - z10, z01 - z11}, {-z10, -z11}};  // A z
-        for (int i = 0; i < 4; i++) {  // (A z) A^T
+        for (int i = 0; i < 4; i++) {                                                                // (A z) A^T
           dj[(i * 4 + 0) * zs] = q[i][0];
           dj[(i * 4 + 1) * zs] = q[i][0] + q[i][1];
           dj[(i * 4 + 2) * zs] = q[i][0] - q[i][1];
@@ -876,7 +896,8 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
       int64_t zs = round_up(Co, NR) * n + WINO_PAD, vs = round_up(Ci, MR) * n + WINO_PAD;
       wino_grad_output(Zp, gy, Co, H, W, t0, n);
       for (int64_t c0 = 0; c0 < Ci; c0 += MR) {  // V (Ci, n) packed as operand A: (c, j) at [c/4][j][c%4]
-        for (int64_t r = 0; r < MR && c0 + r < Ci; r++) wino_input_channel(v + r * 16 * WINO_TB, row, x, c0 + r, Ci, H, W, t0, n);
+        for (int64_t r = 0; r < MR && c0 + r < Ci; r++)
+          wino_input_channel(v + r * 16 * WINO_TB, row, x, c0 + r, Ci, H, W, t0, n);
         float* d = Vp + c0 * n;
         for (int pos = 0; pos < 16; pos++)
           for (int64_t j = 0; j < n; j++)
@@ -978,13 +999,13 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t ch = 0; ch < nchunk; ch++) {
     float* mine = part0 + parts + omp_get_thread_num() * per;
-    float *ga = mine, *bt = mine + (gw ? round_up(Og, MR) * P : 0);        // weight gradient operands
+    float *ga = mine, *bt = mine + (gw ? round_up(Og, MR) * P : 0);         // weight gradient operands
     float *gbp = mine + sa, *gcol = gbp + (gx ? round_up(P, NR) * Og : 0);  // input gradient operands
     float *row = mine + sa + sb, *gw_c = part0 + ch * wsize;
     for (int64_t n = g->N * ch / nchunk; n < g->N * (ch + 1) / nchunk; n++) {
       for (int64_t gi = 0; gi < G; gi++) {
         const float* gyg = gy + (n * g->O + gi * Og) * P;  // gy[n, g] (Og, P)
-        if (gw) {  // gw[g] (Og, K) += gy[n, g] (Og, P) @ col^T (P, K)
+        if (gw) {                                          // gw[g] (Og, K) += gy[n, g] (Og, P) @ col^T (P, K)
           pack_a(ga, gyg, P, 1, Og, P);
           im2col_pack_wgrad(bt, row, x + (n * g->C + gi * Cg) * HW, g, Cg);
           gemm_packed(Og, K, P, ga, bt, gw_c + gi * Og * K, K, 1);
@@ -1031,7 +1052,11 @@ static void cpu_max_pool2d_forward(const fsdp_conv_geom* g, float* y, int64_t* i
             int64_t iw = w0 + (int64_t)kj * g->dw;
             if (iw < 0 || iw >= g->W) continue;
             float v = xp[ih * g->W + iw];
-            if (v > best || isnan(v) || bi < 0) { best = v; bi = ih * g->W + iw; if (isnan(v)) goto done; }
+            if (v > best || isnan(v) || bi < 0) {
+              best = v;
+              bi = ih * g->W + iw;
+              if (isnan(v)) goto done;
+            }
           }
         }
       done:
@@ -1055,10 +1080,14 @@ static void cpu_max_pool2d_backward(const fsdp_conv_geom* g, float* gx, const fl
 }
 
 // PyTorch's window: [h0, min(h0 + k, H + pad)) sets the pool size with padding; then clipped to the input
-typedef struct { int64_t h0, h1, w0, w1; float inv; } avg_window;
+typedef struct {
+  int64_t h0, h1, w0, w1;
+  float inv;
+} avg_window;
 static inline avg_window avg_win(const fsdp_conv_geom* g, int64_t oh, int64_t ow, int count_include_pad) {
   avg_window a;
-  a.h0 = oh * g->sh - g->ph; a.w0 = ow * g->sw - g->pw;
+  a.h0 = oh * g->sh - g->ph;
+  a.w0 = ow * g->sw - g->pw;
   a.h1 = a.h0 + g->kh < g->H + g->ph ? a.h0 + g->kh : g->H + g->ph;
   a.w1 = a.w0 + g->kw < g->W + g->pw ? a.w0 + g->kw : g->W + g->pw;
   int64_t pool = (a.h1 - a.h0) * (a.w1 - a.w0);
@@ -1114,7 +1143,8 @@ static void cpu_adaptive_avg_pool2d_forward(const fsdp_conv_geom* g, float* y, c
         int64_t w0 = ow * g->W / g->OW, w1 = ((ow + 1) * g->W + g->OW - 1) / g->OW;
         float s = 0.0f;
         if (w0 == 0 && w1 == g->W) s = sum_f32(xp + h0 * g->W, (h1 - h0) * g->W);  // whole rows: one run
-        else for (int64_t ih = h0; ih < h1; ih++) s += sum_f32(xp + ih * g->W + w0, w1 - w0);
+        else
+          for (int64_t ih = h0; ih < h1; ih++) s += sum_f32(xp + ih * g->W + w0, w1 - w0);
         y[pl * P + oh * g->OW + ow] = s / (float)((h1 - h0) * (w1 - w0));
       }
     }

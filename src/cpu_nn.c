@@ -49,7 +49,10 @@ static inline float softmax_row(float* y, const float* x, int64_t n, int log) {
 // per-column max and sum in small arrays so the inner loops run over contiguous columns
 static void softmax_tile(float* y, const float* x, int64_t n, int64_t inner, int64_t len, int log) {
   float mx[TILE], sum[TILE];
-  for (int64_t s = 0; s < len; s++) { mx[s] = -INFINITY; sum[s] = 0.0f; }
+  for (int64_t s = 0; s < len; s++) {
+    mx[s] = -INFINITY;
+    sum[s] = 0.0f;
+  }
   for (int64_t c = 0; c < n; c++) {
     const float* xc = x + c * inner;
     for (int64_t s = 0; s < len; s++) mx[s] = xc[s] > mx[s] ? xc[s] : mx[s];
@@ -62,7 +65,10 @@ static void softmax_tile(float* y, const float* x, int64_t n, int64_t inner, int
       for (int64_t s = 0; s < len; s++) sum[s] += fsdp_exp_nonpos(xc[s] - mx[s]);
     } else {
 #pragma omp simd
-      for (int64_t s = 0; s < len; s++) { yc[s] = fsdp_exp_nonpos(xc[s] - mx[s]); sum[s] += yc[s]; }
+      for (int64_t s = 0; s < len; s++) {
+        yc[s] = fsdp_exp_nonpos(xc[s] - mx[s]);
+        sum[s] += yc[s];
+      }
     }
   }
   if (log) {
@@ -107,8 +113,8 @@ static inline void softmax_backward_row(float* gx, const float* gy, const float*
   }
 }
 
-static void softmax_backward_tile(float* gx, const float* gy, const float* y, int64_t n, int64_t inner,
-                                  int64_t len, int log) {
+static void softmax_backward_tile(float* gx, const float* gy, const float* y, int64_t n, int64_t inner, int64_t len,
+                                  int log) {
   float dot[TILE];
   for (int64_t s = 0; s < len; s++) dot[s] = 0.0f;
   for (int64_t c = 0; c < n; c++)
@@ -124,8 +130,8 @@ static void softmax_backward_tile(float* gx, const float* gy, const float* y, in
   }
 }
 
-static void cpu_softmax_backward(float* gx, const float* gy, const float* y, int64_t outer, int64_t n,
-                                 int64_t inner, int log) {
+static void cpu_softmax_backward(float* gx, const float* gy, const float* y, int64_t outer, int64_t n, int64_t inner,
+                                 int log) {
   if (inner == 1) {
 #pragma omp parallel for schedule(static) if (outer * n > PAR_MIN)
     for (int64_t o = 0; o < outer; o++) softmax_backward_row(gx + o * n, gy + o * n, y + o * n, n, log);
@@ -144,16 +150,18 @@ static void cpu_softmax_backward(float* gx, const float* gy, const float* y, int
 static int cpu_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad) {
   for (int64_t i = 0; i < n; i++) {
     int64_t t = target[i];
-    if ((t < 0 || t >= C) && t != ignore_index) { *bad = t; return 1; }
+    if ((t < 0 || t >= C) && t != ignore_index) {
+      *bad = t;
+      return 1;
+    }
   }
   return 0;
 }
 
 // loss of one position = lse - (1 - eps) * x[t] - eps / C * sum_c x[c]
 // (PyTorch: (1 - eps) * nll + eps / C * sum_c -logp[c], with logp = x - lse)
-static double cpu_cross_entropy_forward(float* lse, const float* logits, const int64_t* target, int64_t N,
-                                        int64_t C, int64_t S, int64_t ignore_index, float smoothing,
-                                        int64_t* count) {
+static double cpu_cross_entropy_forward(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
+                                        int64_t S, int64_t ignore_index, float smoothing, int64_t* count) {
   double total = 0.0;
   int64_t cnt = 0;
   float keep = 1.0f - smoothing, spread = smoothing / (float)C;
@@ -162,12 +170,18 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
     for (int64_t n = 0; n < N; n++) {
       const float* x = logits + n * C;
       int64_t t = target[n];
-      if (t == ignore_index) { lse[n] = 0.0f; continue; }
+      if (t == ignore_index) {
+        lse[n] = 0.0f;
+        continue;
+      }
       float mx = -INFINITY, sum = 0.0f, sx = 0.0f;
 #pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < C; c++) mx = x[c] > mx ? x[c] : mx;
 #pragma omp simd reduction(+ : sum, sx)
-      for (int64_t c = 0; c < C; c++) { sum += fsdp_exp_nonpos(x[c] - mx); sx += x[c]; }
+      for (int64_t c = 0; c < C; c++) {
+        sum += fsdp_exp_nonpos(x[c] - mx);
+        sx += x[c];
+      }
       float l = mx + logf(sum);
       lse[n] = l;
       total += (double)l - (double)keep * x[t] - (smoothing > 0.0f ? (double)spread * sx : 0.0);
@@ -181,16 +195,26 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
       const float* x = logits + n * C * S + s0;
       const int64_t* tg = target + n * S + s0;
       float mx[TILE], sum[TILE], sx[TILE];
-      for (int64_t s = 0; s < len; s++) { mx[s] = -INFINITY; sum[s] = 0.0f; sx[s] = 0.0f; }
+      for (int64_t s = 0; s < len; s++) {
+        mx[s] = -INFINITY;
+        sum[s] = 0.0f;
+        sx[s] = 0.0f;
+      }
       for (int64_t c = 0; c < C; c++)
         for (int64_t s = 0; s < len; s++) mx[s] = x[c * S + s] > mx[s] ? x[c * S + s] : mx[s];
       for (int64_t c = 0; c < C; c++) {
 #pragma omp simd
-        for (int64_t s = 0; s < len; s++) { sum[s] += fsdp_exp_nonpos(x[c * S + s] - mx[s]); sx[s] += x[c * S + s]; }
+        for (int64_t s = 0; s < len; s++) {
+          sum[s] += fsdp_exp_nonpos(x[c * S + s] - mx[s]);
+          sx[s] += x[c * S + s];
+        }
       }
       for (int64_t s = 0; s < len; s++) {
         float* l = lse + n * S + s0 + s;
-        if (tg[s] == ignore_index) { *l = 0.0f; continue; }
+        if (tg[s] == ignore_index) {
+          *l = 0.0f;
+          continue;
+        }
         *l = mx[s] + logf(sum[s]);
         total += (double)*l - (double)keep * x[tg[s] * S + s] - (smoothing > 0.0f ? (double)spread * sx[s] : 0.0);
         cnt++;
@@ -212,7 +236,10 @@ static void cpu_cross_entropy_backward(float* gx, const float* logits, const flo
       const float* x = logits + n * C;
       float* g = gx + n * C;
       int64_t t = target[n];
-      if (t == ignore_index) { memset(g, 0, C * sizeof(float)); continue; }
+      if (t == ignore_index) {
+        memset(g, 0, C * sizeof(float));
+        continue;
+      }
       float l = lse[n];
 #pragma omp simd
       for (int64_t c = 0; c < C; c++) g[c] = scale * (fsdp_exp_nonpos(x[c] - l) - spread);
@@ -232,8 +259,7 @@ static void cpu_cross_entropy_backward(float* gx, const float* logits, const flo
     for (int64_t s = 0; s < S; s++) {
       if (tg[s] == ignore_index)
         for (int64_t c = 0; c < C; c++) g[c * S + s] = 0.0f;
-      else
-        g[tg[s] * S + s] -= scale * keep;
+      else g[tg[s] * S + s] -= scale * keep;
     }
   }
 }
@@ -253,8 +279,8 @@ static double cpu_nll_forward(const float* logp, const int64_t* target, int64_t 
   return total;
 }
 
-static void cpu_nll_backward(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S,
-                             int64_t ignore_index, float scale) {
+static void cpu_nll_backward(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
+                             float scale) {
   memset(gx, 0, N * C * S * sizeof(float));
   for (int64_t n = 0; n < N; n++)
     for (int64_t s = 0; s < S; s++) {
@@ -284,8 +310,8 @@ static void cpu_mse_backward(float* ga, float* gb, const float* a, const float* 
 }
 
 // ---- layer norm -------------------------------------------------------------------------------------------
-static void cpu_layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                                   const float* b, int64_t M, int64_t D, float eps) {
+static void cpu_layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                   int64_t M, int64_t D, float eps) {
 #pragma omp parallel for schedule(static) if (M * D > PAR_MIN)
   for (int64_t m = 0; m < M; m++) {
     const float* xr = x + m * D;
@@ -299,17 +325,21 @@ static void cpu_layer_norm_forward(float* y, float* mean, float* rstd, const flo
     float rs = 1.0f / sqrtf(v / (float)D + eps);
     mean[m] = mu;
     rstd[m] = rs;
-    if (w && b) for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs * w[d] + b[d];
-    else if (w) for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs * w[d];
-    else if (b) for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs + b[d];
-    else for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs;
+    if (w && b)
+      for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs * w[d] + b[d];
+    else if (w)
+      for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs * w[d];
+    else if (b)
+      for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs + b[d];
+    else
+      for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - mu) * rs;
   }
 }
 
 // xhat = (x - mean) * rstd, g = dy * w
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw = sum_rows dy * xhat; db = sum_rows dy
-static void cpu_layer_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                                    const float* mean, const float* rstd, const float* w, int64_t M, int64_t D) {
+static void cpu_layer_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                    const float* rstd, const float* w, int64_t M, int64_t D) {
   if (dx) {
 #pragma omp parallel for schedule(static) if (M * D > PAR_MIN)
     for (int64_t m = 0; m < M; m++) {
@@ -318,30 +348,43 @@ static void cpu_layer_norm_backward(float* dx, float* dw, float* db, const float
       float mu = mean[m], rs = rstd[m], sg = 0.0f, sgx = 0.0f;
       if (w) {
 #pragma omp simd reduction(+ : sg, sgx)
-        for (int64_t d = 0; d < D; d++) { float g = gr[d] * w[d]; sg += g; sgx += g * (xr[d] - mu) * rs; }
+        for (int64_t d = 0; d < D; d++) {
+          float g = gr[d] * w[d];
+          sg += g;
+          sgx += g * (xr[d] - mu) * rs;
+        }
       } else {
 #pragma omp simd reduction(+ : sg, sgx)
-        for (int64_t d = 0; d < D; d++) { sg += gr[d]; sgx += gr[d] * (xr[d] - mu) * rs; }
+        for (int64_t d = 0; d < D; d++) {
+          sg += gr[d];
+          sgx += gr[d] * (xr[d] - mu) * rs;
+        }
       }
       sg /= (float)D;
       sgx /= (float)D;
-      if (w) for (int64_t d = 0; d < D; d++) dr[d] = rs * (gr[d] * w[d] - sg - (xr[d] - mu) * rs * sgx);
-      else for (int64_t d = 0; d < D; d++) dr[d] = rs * (gr[d] - sg - (xr[d] - mu) * rs * sgx);
+      if (w)
+        for (int64_t d = 0; d < D; d++) dr[d] = rs * (gr[d] * w[d] - sg - (xr[d] - mu) * rs * sgx);
+      else
+        for (int64_t d = 0; d < D; d++) dr[d] = rs * (gr[d] - sg - (xr[d] - mu) * rs * sgx);
     }
   }
   if (!dw && !db) return;
-  // columns are split between threads so each thread owns its slice of dw/db (no reduction buffers)
+    // columns are split between threads so each thread owns its slice of dw/db (no reduction buffers)
 #pragma omp parallel if (M * D > PAR_MIN)
   {
     int nt = omp_get_num_threads(), id = omp_get_thread_num();
     int64_t d0 = D * id / nt, d1 = D * (id + 1) / nt;
-    if (dw) for (int64_t d = d0; d < d1; d++) dw[d] = 0.0f;
-    if (db) for (int64_t d = d0; d < d1; d++) db[d] = 0.0f;
+    if (dw)
+      for (int64_t d = d0; d < d1; d++) dw[d] = 0.0f;
+    if (db)
+      for (int64_t d = d0; d < d1; d++) db[d] = 0.0f;
     for (int64_t m = 0; m < M; m++) {
       const float *xr = x + m * D, *gr = dy + m * D;
       float mu = mean[m], rs = rstd[m];
-      if (dw) for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * (xr[d] - mu) * rs;
-      if (db) for (int64_t d = d0; d < d1; d++) db[d] += gr[d];
+      if (dw)
+        for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * (xr[d] - mu) * rs;
+      if (db)
+        for (int64_t d = d0; d < d1; d++) db[d] += gr[d];
     }
   }
 }
@@ -352,8 +395,8 @@ static void cpu_embedding_forward(float* y, const float* w, const int64_t* idx, 
   for (int64_t i = 0; i < n; i++) memcpy(y + i * D, w + idx[i] * D, D * sizeof(float));
 }
 
-static void cpu_embedding_backward(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V,
-                                   int64_t D, int64_t padding_idx) {
+static void cpu_embedding_backward(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V, int64_t D,
+                                   int64_t padding_idx) {
   memset(gw, 0, V * D * sizeof(float));
   // rows may repeat, so threads split the columns instead of the indices
 #pragma omp parallel if (n * D > PAR_MIN)
@@ -395,8 +438,10 @@ static void cpu_attn_softmax(float* P, int64_t B, int64_t Tq, int64_t Tk, const 
     int64_t len = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;  // causal: keys j <= i
     if (mask) {
       const float* m = mask + mask_boff[b] + i * msq;
-      if (msk == 1) for (int64_t j = 0; j < len; j++) p[j] += m[j];
-      else for (int64_t j = 0; j < len; j++) p[j] += m[j * msk];
+      if (msk == 1)
+        for (int64_t j = 0; j < len; j++) p[j] += m[j];
+      else
+        for (int64_t j = 0; j < len; j++) p[j] += m[j * msk];
     }
     softmax_row(p, p, len, 0);
     for (int64_t j = len; j < Tk; j++) p[j] = 0.0f;

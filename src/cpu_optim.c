@@ -23,8 +23,8 @@
 // modes 1, 2:            p -= lr * (nesterov ? d + momentum * buf : buf)
 enum { SGD_PLAIN = 0, SGD_FIRST = 1, SGD_MOMENTUM = 2 };
 
-INLINE void sgd_loop(const fsdp_sgd_hparams* h, float* restrict p, const float* restrict g,
-                     float* restrict buf, int64_t n, const int has_wd, const int mode, const int nesterov) {
+INLINE void sgd_loop(const fsdp_sgd_hparams* h, float* restrict p, const float* restrict g, float* restrict buf,
+                     int64_t n, const int has_wd, const int mode, const int nesterov) {
   const float lr = (float)h->lr, wd = (float)h->weight_decay, mom = (float)h->momentum;
   const float mix = (float)(1.0 - h->dampening), gs = h->maximize ? -1.0f : 1.0f;
 #pragma omp parallel for if (n > OMP_MIN)
@@ -41,8 +41,7 @@ INLINE void sgd_loop(const fsdp_sgd_hparams* h, float* restrict p, const float* 
   }
 }
 
-#define SGD_WD(MODE, NEST) \
-  (wd ? sgd_loop(h, p, g, buf, n, 1, MODE, NEST) : sgd_loop(h, p, g, buf, n, 0, MODE, NEST))
+#define SGD_WD(MODE, NEST) (wd ? sgd_loop(h, p, g, buf, n, 1, MODE, NEST) : sgd_loop(h, p, g, buf, n, 0, MODE, NEST))
 
 static void cpu_sgd(const fsdp_sgd_hparams* h, float* p, const float* g, float* buf, int64_t n) {
   const int wd = h->weight_decay != 0;
@@ -83,11 +82,9 @@ INLINE void adam_loop(const fsdp_adam_hparams* h, float* restrict p, const float
   }
 }
 
-#define ADAM_AMS(WD) \
-  (h->amsgrad ? adam_loop(h, p, g, m, v, vmax, n, WD, 1) : adam_loop(h, p, g, m, v, vmax, n, WD, 0))
+#define ADAM_AMS(WD) (h->amsgrad ? adam_loop(h, p, g, m, v, vmax, n, WD, 1) : adam_loop(h, p, g, m, v, vmax, n, WD, 0))
 
-static void cpu_adam(const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vmax,
-                     int64_t n) {
+static void cpu_adam(const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vmax, int64_t n) {
   if (h->weight_decay == 0) ADAM_AMS(WD_NONE);
   else if (h->decoupled) ADAM_AMS(WD_DECOUPLED);
   else ADAM_AMS(WD_L2);

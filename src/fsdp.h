@@ -40,14 +40,22 @@ typedef enum { FSDP_CPU = 0, FSDP_CUDA = 1, FSDP_NDEVICES = 2 } fsdp_device;
 
 // memory categories for the allocator's counters (fsdp.memory_stats())
 typedef enum {
-  FSDP_MEM_PARAMS = 0, FSDP_MEM_GRADS = 1, FSDP_MEM_OPTIM = 2, FSDP_MEM_ACTIVATIONS = 3,
-  FSDP_MEM_COMM = 4, FSDP_MEM_OTHER = 5, FSDP_MEM_NCAT = 6
+  FSDP_MEM_PARAMS = 0,
+  FSDP_MEM_GRADS = 1,
+  FSDP_MEM_OPTIM = 2,
+  FSDP_MEM_ACTIVATIONS = 3,
+  FSDP_MEM_COMM = 4,
+  FSDP_MEM_OTHER = 5,
+  FSDP_MEM_NCAT = 6
 } fsdp_mem_cat;
 
 // autograd engine events (bit flags for listeners)
 typedef enum {
-  FSDP_EV_BACKWARD_BEGIN = 1, FSDP_EV_NODE_PRE = 2, FSDP_EV_NODE_POST = 4,
-  FSDP_EV_GRAD_READY = 8, FSDP_EV_BACKWARD_END = 16
+  FSDP_EV_BACKWARD_BEGIN = 1,
+  FSDP_EV_NODE_PRE = 2,
+  FSDP_EV_NODE_POST = 4,
+  FSDP_EV_GRAD_READY = 8,
+  FSDP_EV_BACKWARD_END = 16
 } fsdp_event;
 
 // listener: node is set for NODE_PRE/POST, tensor for GRAD_READY (the leaf whose .grad is final
@@ -113,10 +121,10 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out);
 int fsdp_tensor_requires_grad(const fsdp_tensor* t);
 int fsdp_tensor_set_requires_grad(fsdp_tensor* t, int flag);
 int fsdp_tensor_is_leaf(const fsdp_tensor* t);
-fsdp_tensor* fsdp_tensor_grad(fsdp_tensor* t);            // new ref, or NULL without error if none
-int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g); // g may be NULL (clears)
-const char* fsdp_tensor_grad_fn_name(const fsdp_tensor* t); // "" for leaves
-fsdp_node* fsdp_tensor_grad_fn(const fsdp_tensor* t);     // borrowed, NULL for leaves
+fsdp_tensor* fsdp_tensor_grad(fsdp_tensor* t);               // new ref, or NULL without error if none
+int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g);    // g may be NULL (clears)
+const char* fsdp_tensor_grad_fn_name(const fsdp_tensor* t);  // "" for leaves
+fsdp_node* fsdp_tensor_grad_fn(const fsdp_tensor* t);        // borrowed, NULL for leaves
 const char* fsdp_node_name(const fsdp_node* n);
 int64_t fsdp_node_seq(const fsdp_node* n);
 
@@ -124,37 +132,37 @@ int64_t fsdp_node_seq(const fsdp_node* n);
 fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device);
 fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device);
 fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const double* values);
-fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data); // copies
+fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data);  // copies
 fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype);
-fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi);     // uniform f32
-fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std); // normal f32
-fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape); // i64 in [lo,hi)
-fsdp_tensor* fsdp_randperm(int64_t n);                                            // i64
+fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi);       // uniform f32
+fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std);   // normal f32
+fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape);  // i64 in [lo,hi)
+fsdp_tensor* fsdp_randperm(int64_t n);                                              // i64
 
 // ---- in-place (no autograd; bump the version counter) ---------------------------------------
 int fsdp_fill_(fsdp_tensor* t, double value);
-int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src);     // same numel, any dtypes, broadcast src
-int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha); // t += alpha * other
+int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src);               // same numel, any dtypes, broadcast src
+int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha);  // t += alpha * other
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
 int fsdp_normal_(fsdp_tensor* t, double mean, double std);
 
 // ---- views and shape ops (0-based dims) -----------------------------------------------------
-fsdp_tensor* fsdp_detach(fsdp_tensor* a);            // shares storage, no grad
-fsdp_tensor* fsdp_clone(fsdp_tensor* a);             // contiguous copy, differentiable
-fsdp_tensor* fsdp_contiguous(fsdp_tensor* a);        // a itself (new ref) if already contiguous
-fsdp_tensor* fsdp_view(fsdp_tensor* a, int ndim, const int64_t* shape);    // one -1 allowed
-fsdp_tensor* fsdp_reshape(fsdp_tensor* a, int ndim, const int64_t* shape); // view or copy
+fsdp_tensor* fsdp_detach(fsdp_tensor* a);                                   // shares storage, no grad
+fsdp_tensor* fsdp_clone(fsdp_tensor* a);                                    // contiguous copy, differentiable
+fsdp_tensor* fsdp_contiguous(fsdp_tensor* a);                               // a itself (new ref) if already contiguous
+fsdp_tensor* fsdp_view(fsdp_tensor* a, int ndim, const int64_t* shape);     // one -1 allowed
+fsdp_tensor* fsdp_reshape(fsdp_tensor* a, int ndim, const int64_t* shape);  // view or copy
 fsdp_tensor* fsdp_flatten(fsdp_tensor* a, int start_dim, int end_dim);
 fsdp_tensor* fsdp_transpose(fsdp_tensor* a, int d0, int d1);
 fsdp_tensor* fsdp_permute(fsdp_tensor* a, int ndim, const int* dims);
 fsdp_tensor* fsdp_unsqueeze(fsdp_tensor* a, int dim);
 fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim);
-fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape); // -1 keeps a size
+fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape);  // -1 keeps a size
 fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length);
 fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim);
 fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index);
-fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype); // differentiable between float dtypes
+fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype);  // differentiable between float dtypes
 
 // ---- elementwise (broadcasting) ------------------------------------------------------------
 fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b);
@@ -186,26 +194,25 @@ fsdp_tensor* fsdp_max_all(fsdp_tensor* a);
 fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim);
 
 // ---- linear algebra (BLAS) --------------------------------------------------------------------
-fsdp_tensor* fsdp_matmul(fsdp_tensor* a, fsdp_tensor* b); // torch.matmul semantics
-fsdp_tensor* fsdp_bmm(fsdp_tensor* a, fsdp_tensor* b);    // (B,n,k) x (B,k,m)
-fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b); // x (*,in), w (out,in), b (out) or NULL
+fsdp_tensor* fsdp_matmul(fsdp_tensor* a, fsdp_tensor* b);                  // torch.matmul semantics
+fsdp_tensor* fsdp_bmm(fsdp_tensor* a, fsdp_tensor* b);                     // (B,n,k) x (B,k,m)
+fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b);  // x (*,in), w (out,in), b (out) or NULL
 
 // ---- convolution and pooling (NCHW) -----------------------------------------------------------
 // x (N,C,H,W), w (O,C/groups,kh,kw), b (O) or NULL; stride/padding/dilation are [h, w]
-fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride,
-                         const int* padding, const int* dilation, int groups);
+fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride, const int* padding,
+                         const int* dilation, int groups);
 fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
                              const int* dilation, int ceil_mode);
-fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
-                             int ceil_mode, int count_include_pad);
+fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding, int ceil_mode,
+                             int count_include_pad);
 fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w);
 
 // ---- neural-network ops ------------------------------------------------------------------------
 fsdp_tensor* fsdp_softmax(fsdp_tensor* a, int dim);
 fsdp_tensor* fsdp_log_softmax(fsdp_tensor* a, int dim);
 // logits (N,C) or (N,C,d1..), target i64 (N) or (N,d1..); mean over non-ignored targets
-fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_t ignore_index,
-                                double label_smoothing);
+fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_t ignore_index, double label_smoothing);
 fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignore_index);
 fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b);
 // normalizes over the last normalized_ndim dims; w and b may be NULL
@@ -214,19 +221,17 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
 fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training);
 // q (B..,Tq,D), k (B..,Tk,D), v (B..,Tk,Dv); mask NULL or broadcastable additive f32 (Tq,Tk);
 // scale <= 0 means 1/sqrt(D)
-fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v,
-                                               fsdp_tensor* mask, int causal, double dropout_p,
-                                               double scale);
+fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,
+                                               int causal, double dropout_p, double scale);
 
 // ---- optimizer updates (in place on param and state, no autograd) ------------------------------
 // PyTorch's torch.optim.SGD: first_step tells whether the momentum buffer is uninitialized
-int fsdp_sgd_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* momentum_buf, double lr,
-                  double momentum, double dampening, double weight_decay, int nesterov,
-                  int first_step, int maximize);
+int fsdp_sgd_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* momentum_buf, double lr, double momentum,
+                  double dampening, double weight_decay, int nesterov, int first_step, int maximize);
 // PyTorch's Adam (decoupled == 0) and AdamW (decoupled == 1); step is the 1-based step count
 int fsdp_adam_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* exp_avg, fsdp_tensor* exp_avg_sq,
-                   fsdp_tensor* max_exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
-                   double eps, double weight_decay, int decoupled, int amsgrad, int maximize);
+                   fsdp_tensor* max_exp_avg_sq, int64_t step, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, int decoupled, int amsgrad, int maximize);
 
 // ---- autograd engine ------------------------------------------------------------------------------
 int fsdp_is_grad_enabled(void);
@@ -245,13 +250,12 @@ int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx);
 
 // ---- safetensors ------------------------------------------------------------------------------------
 // writes atomically (temporary file, then rename); metadata_json may be NULL
-int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tensors,
-                 const char* metadata_json);
+int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tensors, const char* metadata_json);
 fsdp_st_file* fsdp_st_open(const char* path);
 int fsdp_st_count(const fsdp_st_file* f);
 const char* fsdp_st_name(const fsdp_st_file* f, int i);
 fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i);
-const char* fsdp_st_metadata(const fsdp_st_file* f); // raw JSON of __metadata__ or ""
+const char* fsdp_st_metadata(const fsdp_st_file* f);  // raw JSON of __metadata__ or ""
 void fsdp_st_close(fsdp_st_file* f);
 
 // ---- communication (comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
@@ -262,8 +266,12 @@ void fsdp_st_close(fsdp_st_file* f);
 typedef struct fsdp_work fsdp_work;
 typedef enum { FSDP_REDUCE_SUM = 0, FSDP_REDUCE_AVG = 1, FSDP_REDUCE_MAX = 2 } fsdp_reduce_op;
 typedef enum {
-  FSDP_COLL_ALL_GATHER = 0, FSDP_COLL_REDUCE_SCATTER = 1, FSDP_COLL_ALL_REDUCE = 2,
-  FSDP_COLL_BROADCAST = 3, FSDP_COLL_BARRIER = 4, FSDP_NCOLL = 5
+  FSDP_COLL_ALL_GATHER = 0,
+  FSDP_COLL_REDUCE_SCATTER = 1,
+  FSDP_COLL_ALL_REDUCE = 2,
+  FSDP_COLL_BROADCAST = 3,
+  FSDP_COLL_BARRIER = 4,
+  FSDP_NCOLL = 5
 } fsdp_coll_kind;
 
 // backend: "self", "mpi", or NULL / "" for automatic (mpi when started by mpirun / fsdprun)
@@ -277,8 +285,8 @@ int fsdp_comm_finalize(void);
 fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag);
 // f32: out (in.numel / N) = this rank's chunk of the sum (or average) of every rank's `in`
 fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int op, const char* tag);
-fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int op, const char* tag);    // f32, in place
-fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag);   // any dtype, in place
+fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int op, const char* tag);   // f32, in place
+fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag);  // any dtype, in place
 fsdp_work* fsdp_barrier_async(const char* tag);
 int fsdp_work_wait(fsdp_work* w);   // 0, or -1 with the collective's error
 int fsdp_work_test(fsdp_work* w);   // 1 when finished (successfully or not), else 0
@@ -303,7 +311,10 @@ void fsdp_comm_set_reduce_scatter_algo(int algo);
 typedef struct fsdp_unit fsdp_unit;
 typedef enum { FSDP_FULL_SHARD = 0, FSDP_SHARD_GRAD_OP = 1, FSDP_NO_SHARD = 2 } fsdp_sharding;
 typedef enum {
-  FSDP_UNIT_IDLE = 0, FSDP_UNIT_FORWARD = 1, FSDP_UNIT_FORWARD_DONE = 2, FSDP_UNIT_BACKWARD = 3,
+  FSDP_UNIT_IDLE = 0,
+  FSDP_UNIT_FORWARD = 1,
+  FSDP_UNIT_FORWARD_DONE = 2,
+  FSDP_UNIT_BACKWARD = 3,
   FSDP_UNIT_BACKWARD_DONE = 4
 } fsdp_unit_phase;
 typedef struct fsdp_unit_options {

@@ -24,12 +24,12 @@
 // ---- errors ----------------------------------------------------------------------------------
 // fsdp_errorf sets the thread's error message; CHECK keeps call sites to one line.
 void fsdp_errorf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-#define CHECK(cond, ret, ...)          \
-  do {                                 \
-    if (!(cond)) {                     \
-      fsdp_errorf(__VA_ARGS__);        \
-      return ret;                      \
-    }                                  \
+#define CHECK(cond, ret, ...)   \
+  do {                          \
+    if (!(cond)) {              \
+      fsdp_errorf(__VA_ARGS__); \
+      return ret;               \
+    }                           \
   } while (0)
 #define CHECK_NULL(cond, ...) CHECK(cond, NULL, __VA_ARGS__)
 #define CHECK_INT(cond, ...) CHECK(cond, -1, __VA_ARGS__)
@@ -51,10 +51,10 @@ void fsdp_set_default_mem_category(int cat);
 typedef struct fsdp_storage {
   int refcount;
   int device;
-  int cat;         // memory category
+  int cat;  // memory category
   size_t nbytes;
   void* data;
-  int64_t version; // bumped by in-place writes; autograd checks saved tensors against it
+  int64_t version;  // bumped by in-place writes; autograd checks saved tensors against it
   // set on an FSDP unit's gathered buffer: data is NULL while the unit is resharded, and a
   // saved tensor found that way during backward is re-gathered on demand (fsdp_unit_materialize)
   struct fsdp_unit* unit;
@@ -62,7 +62,7 @@ typedef struct fsdp_storage {
 // frees / re-allocates a storage's bytes while keeping the struct (and every view of it) alive
 void fsdp_storage_drop_data(fsdp_storage* s);
 int fsdp_storage_ensure_data(fsdp_storage* s);
-fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat);  // refcount 1, data allocated
+fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat);        // refcount 1, data allocated
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat);  // refcount 1, no data
 void fsdp_storage_release(fsdp_storage* s);
 // error (naming op and shape) if t's bytes are not there (a resharded FSDP buffer)
@@ -86,10 +86,10 @@ struct fsdp_tensor {
   int64_t offset;                 // in elements
   fsdp_storage* storage;
   // autograd
-  int requires_grad;              // leaves: user flag; non-leaves: 1 iff grad_fn != NULL
-  fsdp_node* grad_fn;             // owning ref; NULL for leaves
-  fsdp_tensor* grad;              // owning ref; accumulated gradient of a leaf
-  fsdp_hook* hooks;               // leaf hooks (non-leaf hooks live on grad_fn)
+  int requires_grad;   // leaves: user flag; non-leaves: 1 iff grad_fn != NULL
+  fsdp_node* grad_fn;  // owning ref; NULL for leaves
+  fsdp_tensor* grad;   // owning ref; accumulated gradient of a leaf
+  fsdp_hook* hooks;    // leaf hooks (non-leaf hooks live on grad_fn)
   // engine scratch (leaves): contributions still to come in this backward, and whether any came
   int bw_pending, bw_got;
   // FSDP: the unit owning this parameter and its index there (NULL for ordinary tensors)
@@ -113,8 +113,7 @@ fsdp_tensor* fsdp_new_layout_like(const fsdp_tensor* like, const int64_t* shape)
 fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64_t* shape, int64_t offset);
 fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t);
 // new view on t's storage (no autograd), refcount 1
-fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape,
-                           const int64_t* stride, int64_t offset);
+fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape, const int64_t* stride, int64_t offset);
 void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride);
 int64_t fsdp_shape_numel(int ndim, const int64_t* shape);
 bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b);
@@ -132,8 +131,7 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 
 // ---- broadcasting -----------------------------------------------------------------------------
 // computes the broadcast shape of a and b; returns -1 with an error naming op if incompatible
-int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim,
-                         int64_t* shape);
+int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape);
 // strides of t viewed as `shape` (0 on broadcast dims); t's dims align to the right
 void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride);
 // sums grad (shape of a broadcast result) down to `like`'s shape; new ref
@@ -153,14 +151,14 @@ double fsdp_rng_normal(void);
 typedef int (*fsdp_backward_fn)(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in);
 
 typedef struct fsdp_edge {
-  fsdp_node* node;     // producer of this input (owning ref), or NULL
-  fsdp_tensor* leaf;   // leaf that requires grad (owning ref), or NULL
+  fsdp_node* node;    // producer of this input (owning ref), or NULL
+  fsdp_tensor* leaf;  // leaf that requires grad (owning ref), or NULL
 } fsdp_edge;
 
 struct fsdp_node {
   int refcount;
-  const char* name;           // op name, e.g. "MatmulBackward"
-  int64_t seq;                // creation order; the engine runs later nodes first
+  const char* name;  // op name, e.g. "MatmulBackward"
+  int64_t seq;       // creation order; the engine runs later nodes first
   fsdp_backward_fn backward;
   int n_inputs;
   fsdp_edge next[FSDP_NODE_MAX_INPUTS];
@@ -168,18 +166,18 @@ struct fsdp_node {
   int n_saved;
   fsdp_tensor* saved[FSDP_NODE_MAX_SAVED];
   int64_t saved_version[FSDP_NODE_MAX_SAVED];
-  double f[8];                // op parameters (scalars)
-  int64_t i[24];              // op parameters (ints, dims, shapes)
+  double f[8];    // op parameters (scalars)
+  int64_t i[24];  // op parameters (ints, dims, shapes)
   int64_t out_shape[FSDP_MAX_DIMS];
   int out_ndim, out_dtype;
-  int released;               // saved tensors freed after a backward without retain_graph
-  fsdp_hook* hooks;           // grad hooks of the output tensor (non-leaf)
+  int released;      // saved tensors freed after a backward without retain_graph
+  fsdp_hook* hooks;  // grad hooks of the output tensor (non-leaf)
   // engine scratch
-  int64_t visit;              // id of the backward pass that last reached this node
-  int deps;                   // producers of gradients for this node still to run
-  fsdp_tensor* grad_acc;      // sum of the gradients received so far
-  fsdp_tensor** grad_dest;    // while backward runs: the sum input 0's gradient goes into (the
-                              // next node's grad_acc), or NULL (a leaf, or no grad wanted)
+  int64_t visit;            // id of the backward pass that last reached this node
+  int deps;                 // producers of gradients for this node still to run
+  fsdp_tensor* grad_acc;    // sum of the gradients received so far
+  fsdp_tensor** grad_dest;  // while backward runs: the sum input 0's gradient goes into (the
+                            // next node's grad_acc), or NULL (a leaf, or no grad wanted)
 };
 
 // Creates a node for op `name` if grad mode is on and any input requires grad; else NULL
@@ -189,8 +187,7 @@ struct fsdp_node {
 //   fsdp_node* n = fsdp_node_new("MulBackward", mul_backward, 2, (fsdp_tensor*[]){a, b});
 //   if (n) { fsdp_node_save(n, a); fsdp_node_save(n, b); fsdp_node_set_output(n, out); }
 //   return out;
-fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs,
-                         fsdp_tensor** inputs);
+fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs, fsdp_tensor** inputs);
 // saves a tensor (new ref) and its version for backward; returns its slot
 int fsdp_node_save(fsdp_node* n, fsdp_tensor* t);
 // returns saved tensor k, or NULL with an error if the graph was freed or it was modified in place

@@ -98,13 +98,25 @@ static int64_t utf8_invalid_at(const unsigned char* s, size_t n) {
   size_t i = 0;
   while (i < n) {
     unsigned c = s[i];
-    if (c < 0x80) { i++; continue; }
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
     int len;
     uint32_t cp, min;
-    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return (int64_t)i;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+      min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+      min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+      min = 0x10000;
+    } else return (int64_t)i;
     if (i + len > n) return (int64_t)i;
     for (int k = 1; k < len; k++) {
       if ((s[i + k] & 0xc0) != 0x80) return (int64_t)i;
@@ -118,14 +130,24 @@ static int64_t utf8_invalid_at(const unsigned char* s, size_t n) {
 static void utf8_put(sbuf* b, uint32_t cp, int* rc) {
   char u[4];
   int n;
-  if (cp < 0x80) { u[0] = (char)cp; n = 1; }
-  else if (cp < 0x800) { u[0] = (char)(0xc0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3f)); n = 2; }
-  else if (cp < 0x10000) {
-    u[0] = (char)(0xe0 | (cp >> 12)); u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    u[2] = (char)(0x80 | (cp & 0x3f)); n = 3;
+  if (cp < 0x80) {
+    u[0] = (char)cp;
+    n = 1;
+  } else if (cp < 0x800) {
+    u[0] = (char)(0xc0 | (cp >> 6));
+    u[1] = (char)(0x80 | (cp & 0x3f));
+    n = 2;
+  } else if (cp < 0x10000) {
+    u[0] = (char)(0xe0 | (cp >> 12));
+    u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    u[2] = (char)(0x80 | (cp & 0x3f));
+    n = 3;
   } else {
-    u[0] = (char)(0xf0 | (cp >> 18)); u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    u[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); u[3] = (char)(0x80 | (cp & 0x3f)); n = 4;
+    u[0] = (char)(0xf0 | (cp >> 18));
+    u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    u[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    u[3] = (char)(0x80 | (cp & 0x3f));
+    n = 4;
   }
   *rc = sb_put(b, u, n);
 }
@@ -140,17 +162,16 @@ typedef struct {
   const char* what;  // "bad header" when reading, "bad metadata JSON" when saving
 } jreader;
 
-#define JFAIL(r, ...)                                                                            \
-  do {                                                                                           \
-    char m_[512];                                                                                \
-    snprintf(m_, sizeof m_, __VA_ARGS__);                                                        \
-    fsdp_errorf("safetensors: '%s': %s at byte %zu: %s", (r)->file, (r)->what, (r)->i, m_);      \
-    return -1;                                                                                   \
+#define JFAIL(r, ...)                                                                       \
+  do {                                                                                      \
+    char m_[512];                                                                           \
+    snprintf(m_, sizeof m_, __VA_ARGS__);                                                   \
+    fsdp_errorf("safetensors: '%s': %s at byte %zu: %s", (r)->file, (r)->what, (r)->i, m_); \
+    return -1;                                                                              \
   } while (0)
 
 static void j_ws(jreader* r) {
-  while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
-    r->i++;
+  while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r')) r->i++;
 }
 static int j_peek(jreader* r) {
   j_ws(r);
@@ -170,7 +191,10 @@ static int j_hex4(jreader* r, uint32_t* v) {
   *v = 0;
   for (int k = 0; k < 4; k++) {
     char c = r->s[r->i++];
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) JFAIL(r, "bad hex digit in \\u escape");
     *v = *v * 16 + (uint32_t)d;
   }
@@ -189,7 +213,10 @@ static int j_string(jreader* r, sbuf* out) {
     if (r->i > start && sb_put(out, r->s + start, r->i - start)) return -1;
     if (r->i >= r->n) JFAIL(r, "unterminated string");
     char c = r->s[r->i];
-    if (c == '"') { r->i++; return 0; }
+    if (c == '"') {
+      r->i++;
+      return 0;
+    }
     if (c != '\\') JFAIL(r, "control character 0x%02x in a string", (unsigned char)c);
     if (++r->i >= r->n) JFAIL(r, "unterminated string");
     char e = r->s[r->i++];
@@ -209,7 +236,8 @@ static int j_string(jreader* r, sbuf* out) {
         if (cp >= 0xdc00 && cp <= 0xdfff) JFAIL(r, "lone low surrogate in \\u escape");
         if (cp >= 0xd800 && cp <= 0xdbff) {
           uint32_t lo;
-          if (r->i + 2 > r->n || r->s[r->i] != '\\' || r->s[r->i + 1] != 'u') JFAIL(r, "lone high surrogate in \\u escape");
+          if (r->i + 2 > r->n || r->s[r->i] != '\\' || r->s[r->i + 1] != 'u')
+            JFAIL(r, "lone high surrogate in \\u escape");
           r->i += 2;
           if (j_hex4(r, &lo)) return -1;
           if (lo < 0xdc00 || lo > 0xdfff) JFAIL(r, "bad surrogate pair in \\u escape");
@@ -254,7 +282,10 @@ static int j_int_array(jreader* r, int64_t* v, int max, int* count, const char* 
   *count = 0;
   snprintf(ctx, sizeof ctx, "to open the %s", what);
   if (j_expect(r, '[', ctx)) return -1;
-  if (j_peek(r) == ']') { r->i++; return 0; }
+  if (j_peek(r) == ']') {
+    r->i++;
+    return 0;
+  }
   snprintf(ctx, sizeof ctx, "between entries of the %s", what);
   for (;;) {
     int64_t x;
@@ -262,7 +293,10 @@ static int j_int_array(jreader* r, int64_t* v, int max, int* count, const char* 
     if (*count >= max) JFAIL(r, "the %s has more than %d entries", what, max);
     v[(*count)++] = x;
     int p = j_peek(r);
-    if (p == ']') { r->i++; return 0; }
+    if (p == ']') {
+      r->i++;
+      return 0;
+    }
     if (j_expect(r, ',', ctx)) return -1;
   }
 }
@@ -274,7 +308,11 @@ static const char* find_duplicate(const char* const* names, int n, int* err) {
   *err = 0;
   if (n < 2) return NULL;
   const char** s = malloc(n * sizeof *s);
-  if (!s) { *err = -1; fsdp_errorf("safetensors: out of memory"); return NULL; }
+  if (!s) {
+    *err = -1;
+    fsdp_errorf("safetensors: out of memory");
+    return NULL;
+  }
   memcpy(s, names, n * sizeof *s);
   qsort(s, n, sizeof *s, cmp_strp);
   const char* dup = NULL;
@@ -331,7 +369,10 @@ static int j_metadata(jreader* r, sbuf* out) {
           sb_json_string(out, val.p))
         goto done;
       int p = j_peek(r);
-      if (p == '}') { r->i++; break; }
+      if (p == '}') {
+        r->i++;
+        break;
+      }
       if (j_expect(r, ',', "between __metadata__ entries")) goto done;
     }
   }
@@ -391,7 +432,8 @@ static int j_tensor_info(jreader* r, const char* name, st_entry* e) {
         e->dtype = st_dtype_from_name(val.p);
         if (e->dtype < 0) {
           fsdp_errorf("safetensors: '%s': tensor '%s' has dtype %.40s, which fsdp does not support "
-                      "(supported: F32, I64, BF16, F16)", r->file, name, val.p);
+                      "(supported: F32, I64, BF16, F16)",
+                      r->file, name, val.p);
           goto done;
         }
         have_dtype = 1;
@@ -439,7 +481,8 @@ static int j_tensor_info(jreader* r, const char* name, st_entry* e) {
       goto done;
     }
     if (e->shape[d] && numel > INT64_MAX / e->shape[d]) {
-      fsdp_errorf("safetensors: '%s': tensor '%s' has an absurd shape %s", r->file, name, fsdp_dims_s(e->ndim, e->shape));
+      fsdp_errorf("safetensors: '%s': tensor '%s' has an absurd shape %s", r->file, name,
+                  fsdp_dims_s(e->ndim, e->shape));
       goto done;
     }
     numel *= e->shape[d];
@@ -456,8 +499,9 @@ static int j_tensor_info(jreader* r, const char* name, st_entry* e) {
   }
   if (numel * es != e->end - e->begin) {
     fsdp_errorf("safetensors: '%s': tensor '%s' of shape %s and dtype %s needs %lld bytes but data_offsets "
-                "[%lld, %lld] hold %lld", r->file, name, fsdp_dims_s(e->ndim, e->shape), st_dtype_names[e->dtype],
-                (long long)(numel * es), (long long)e->begin, (long long)e->end, (long long)(e->end - e->begin));
+                "[%lld, %lld] hold %lld",
+                r->file, name, fsdp_dims_s(e->ndim, e->shape), st_dtype_names[e->dtype], (long long)(numel * es),
+                (long long)e->begin, (long long)e->end, (long long)(e->end - e->begin));
     goto done;
   }
   rc = 0;
@@ -468,7 +512,7 @@ done:
 }
 
 static int cmp_range(const void* a, const void* b) {
-  const st_entry *x = *(st_entry* const*)a, *y = *(st_entry* const*)b;
+  const st_entry *x = *(st_entry*const*)a, *y = *(st_entry*const*)b;
   if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
   return x->end < y->end ? -1 : x->end > y->end;
 }
@@ -488,14 +532,20 @@ static int parse_header(fsdp_st_file* f, const char* text, size_t len, int64_t d
     for (;;) {
       if (j_string(&r, &key) || j_expect(&r, ':', "after a tensor name")) goto done;
       if (strcmp(key.p, "__metadata__") == 0) {
-        if (have_meta) { fsdp_errorf("safetensors: '%s': __metadata__ appears twice", f->path); goto done; }
+        if (have_meta) {
+          fsdp_errorf("safetensors: '%s': __metadata__ appears twice", f->path);
+          goto done;
+        }
         if (j_metadata(&r, &meta)) goto done;
         have_meta = 1;
       } else {
         if (f->n == f->cap) {
           int cap = f->cap ? f->cap * 2 : 16;
           st_entry* e = realloc(f->e, cap * sizeof *e);
-          if (!e) { fsdp_errorf("safetensors: out of memory"); goto done; }
+          if (!e) {
+            fsdp_errorf("safetensors: out of memory");
+            goto done;
+          }
           f->e = e;
           f->cap = cap;
         }
@@ -503,11 +553,17 @@ static int parse_header(fsdp_st_file* f, const char* text, size_t len, int64_t d
         memset(e, 0, sizeof *e);
         if (j_tensor_info(&r, key.p, e)) goto done;
         e->name = strdup(key.p);
-        if (!e->name) { fsdp_errorf("safetensors: out of memory"); goto done; }
+        if (!e->name) {
+          fsdp_errorf("safetensors: out of memory");
+          goto done;
+        }
         f->n++;
       }
       int p = j_peek(&r);
-      if (p == '}') { r.i++; break; }
+      if (p == '}') {
+        r.i++;
+        break;
+      }
       if (j_expect(&r, ',', "between tensor entries")) goto done;
     }
   }
@@ -518,14 +574,25 @@ static int parse_header(fsdp_st_file* f, const char* text, size_t len, int64_t d
   }
   f->metadata = have_meta ? meta.p : strdup("");
   if (have_meta) meta.p = NULL;
-  if (!f->metadata) { fsdp_errorf("safetensors: out of memory"); goto done; }
+  if (!f->metadata) {
+    fsdp_errorf("safetensors: out of memory");
+    goto done;
+  }
 
   // names are unique, and the byte ranges tile [0, data_len) exactly
   {
     const char** names = malloc((f->n ? f->n : 1) * sizeof *names);
     st_entry** order = malloc((f->n ? f->n : 1) * sizeof *order);
-    if (!names || !order) { free(names); free(order); fsdp_errorf("safetensors: out of memory"); goto done; }
-    for (int i = 0; i < f->n; i++) { names[i] = f->e[i].name; order[i] = &f->e[i]; }
+    if (!names || !order) {
+      free(names);
+      free(order);
+      fsdp_errorf("safetensors: out of memory");
+      goto done;
+    }
+    for (int i = 0; i < f->n; i++) {
+      names[i] = f->e[i].name;
+      order[i] = &f->e[i];
+    }
     int err;
     const char* dup = find_duplicate(names, f->n, &err);
     if (dup) fsdp_errorf("safetensors: '%s': tensor name '%s' appears twice in the header", f->path, dup);
@@ -545,10 +612,11 @@ static int parse_header(fsdp_st_file* f, const char* text, size_t len, int64_t d
     if (!bad && pos != data_len) {
       if (pos > data_len)
         fsdp_errorf("safetensors: '%s': tensor data ends at byte %lld, past the end of the file's data area "
-                    "(%lld bytes; truncated file?)", f->path, (long long)pos, (long long)data_len);
+                    "(%lld bytes; truncated file?)",
+                    f->path, (long long)pos, (long long)data_len);
       else
-        fsdp_errorf("safetensors: '%s': the data area has %lld bytes but the tensors cover only %lld",
-                    f->path, (long long)data_len, (long long)pos);
+        fsdp_errorf("safetensors: '%s': the data area has %lld bytes but the tensors cover only %lld", f->path,
+                    (long long)data_len, (long long)pos);
       bad = 1;
     }
     free(names);
@@ -583,9 +651,15 @@ fsdp_st_file* fsdp_st_open(const char* path) {
   f->fd = -1;
   f->path = strdup(path);
   char* header = NULL;
-  if (!f->path) { fsdp_errorf("safetensors: out of memory"); goto fail; }
+  if (!f->path) {
+    fsdp_errorf("safetensors: out of memory");
+    goto fail;
+  }
   f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (f->fd < 0) { fsdp_errorf("safetensors: cannot open '%s': %s", path, strerror(errno)); goto fail; }
+  if (f->fd < 0) {
+    fsdp_errorf("safetensors: cannot open '%s': %s", path, strerror(errno));
+    goto fail;
+  }
   struct stat st;
   if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     fsdp_errorf("safetensors: '%s' is not a regular file", path);
@@ -610,7 +684,10 @@ fsdp_st_file* fsdp_st_open(const char* path) {
     goto fail;
   }
   header = malloc(hlen + 1);
-  if (!header) { fsdp_errorf("safetensors: out of memory reading the header of '%s'", path); goto fail; }
+  if (!header) {
+    fsdp_errorf("safetensors: out of memory reading the header of '%s'", path);
+    goto fail;
+  }
   if (read_full(f->fd, header, hlen, 8)) {
     fsdp_errorf("safetensors: '%s': could not read the %llu-byte header", path, (unsigned long long)hlen);
     goto fail;
@@ -687,7 +764,8 @@ static int build_header(sbuf* h, const char* path, int n, const char** names, fs
     if (!rc) {
       j_ws(&r);
       if (r.i != r.n) {
-        fsdp_errorf("safetensors: '%s': save: bad metadata JSON at byte %zu: unexpected text after the object", path, r.i);
+        fsdp_errorf("safetensors: '%s': save: bad metadata JSON at byte %zu: unexpected text after the object", path,
+                    r.i);
         rc = -1;
       }
     }
@@ -749,12 +827,13 @@ int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tens
   CHECK_INT(n >= 0 && (n == 0 || (names && tensors)), "safetensors: save '%s': bad tensor list (n = %d)", path, n);
   for (int i = 0; i < n; i++) {
     CHECK_INT(names[i] && names[i][0], "safetensors: save '%s': tensor %d has an empty name", path, i);
-    CHECK_INT(strcmp(names[i], "__metadata__") != 0, "safetensors: save '%s': '__metadata__' is reserved, not a tensor name", path);
+    CHECK_INT(strcmp(names[i], "__metadata__") != 0,
+              "safetensors: save '%s': '__metadata__' is reserved, not a tensor name", path);
     CHECK_INT(utf8_invalid_at((const unsigned char*)names[i], strlen(names[i])) < 0,
               "safetensors: save '%s': tensor name %d is not valid UTF-8", path, i);
     CHECK_INT(tensors[i], "safetensors: save '%s': tensor '%s' is NULL", path, names[i]);
-    CHECK_INT(fsdp_device_of(tensors[i]) == FSDP_CPU,
-              "safetensors: save '%s': tensor '%s' (%s, %s) is not on the CPU", path, names[i], SH(tensors[i]), DT(tensors[i]));
+    CHECK_INT(fsdp_device_of(tensors[i]) == FSDP_CPU, "safetensors: save '%s': tensor '%s' (%s, %s) is not on the CPU",
+              path, names[i], SH(tensors[i]), DT(tensors[i]));
   }
   int err;
   const char* dup = find_duplicate(names, n, &err);
@@ -762,11 +841,17 @@ int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tens
   CHECK_INT(!dup, "safetensors: save '%s': tensor name '%s' appears twice", path, dup);
 
   sbuf h = {0};
-  if (build_header(&h, path, n, names, tensors, metadata_json)) { free(h.p); return -1; }
+  if (build_header(&h, path, n, names, tensors, metadata_json)) {
+    free(h.p);
+    return -1;
+  }
 
   size_t plen = strlen(path) + 32;
   char* tmp = malloc(plen);
-  if (!tmp) { free(h.p); CHECK_INT(0, "safetensors: out of memory"); }
+  if (!tmp) {
+    free(h.p);
+    CHECK_INT(0, "safetensors: out of memory");
+  }
   snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

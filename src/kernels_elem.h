@@ -9,8 +9,8 @@
 
 typedef struct fsdp_elem_kernels {
   // dst (contiguous, dst_dtype) <- src (strided over `shape`, src_dtype), converting dtypes
-  void (*copy_strided)(void* dst, int dst_dtype, const void* src, int src_dtype, int ndim,
-                       const int64_t* shape, const int64_t* src_stride);
+  void (*copy_strided)(void* dst, int dst_dtype, const void* src, int src_dtype, int ndim, const int64_t* shape,
+                       const int64_t* src_stride);
   // dst[0..n) = v
   void (*fill)(void* dst, int dtype, int64_t n, double v);
   // y (rows, n) += alpha * x (rows, n), rows ldy and ldx floats apart (f32; rows = 1 for a vector)
@@ -24,8 +24,7 @@ typedef struct fsdp_elem_kernels {
   // out[i] = f(x[i]; p)
   void (*unary)(int op, float* out, const float* x, int64_t n, double p);
   // gx[i] = gy[i] * f'(x[i]) (y = f(x) given too, for ops whose derivative uses it)
-  void (*unary_backward)(int op, float* gx, const float* gy, const float* x, const float* y,
-                         int64_t n, double p);
+  void (*unary_backward)(int op, float* gx, const float* gy, const float* x, const float* y, int64_t n, double p);
   // view input as (outer, red, inner) contiguous; out (outer, inner) = sum over red
   void (*sum_dim)(float* out, const float* in, int64_t outer, int64_t red, int64_t inner);
   // view input as (outer, red, inner) contiguous; max over red with i64 argmax
@@ -45,9 +44,20 @@ typedef struct fsdp_elem_kernels {
 
 enum { FSDP_BIN_ADD = 0, FSDP_BIN_SUB, FSDP_BIN_MUL, FSDP_BIN_DIV, FSDP_BIN_EQ };
 enum {
-  FSDP_UN_NEG = 0, FSDP_UN_EXP, FSDP_UN_LOG, FSDP_UN_SQRT, FSDP_UN_ABS, FSDP_UN_TANH,
-  FSDP_UN_SIGMOID, FSDP_UN_RELU, FSDP_UN_GELU, FSDP_UN_GELU_TANH, FSDP_UN_POW, FSDP_UN_ADD_SCALAR,
-  FSDP_UN_MUL_SCALAR, FSDP_UN_RDIV_SCALAR
+  FSDP_UN_NEG = 0,
+  FSDP_UN_EXP,
+  FSDP_UN_LOG,
+  FSDP_UN_SQRT,
+  FSDP_UN_ABS,
+  FSDP_UN_TANH,
+  FSDP_UN_SIGMOID,
+  FSDP_UN_RELU,
+  FSDP_UN_GELU,
+  FSDP_UN_GELU_TANH,
+  FSDP_UN_POW,
+  FSDP_UN_ADD_SCALAR,
+  FSDP_UN_MUL_SCALAR,
+  FSDP_UN_RDIV_SCALAR
 };
 
 #endif

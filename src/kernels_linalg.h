@@ -8,8 +8,8 @@
 
 // geometry of a 2-D convolution or pooling window over NCHW tensors
 typedef struct fsdp_conv_geom {
-  int64_t N, C, H, W;     // input (N, C, H, W)
-  int64_t O, OH, OW;      // output (N, O, OH, OW); O = C for pooling
+  int64_t N, C, H, W;  // input (N, C, H, W)
+  int64_t O, OH, OW;   // output (N, O, OH, OW); O = C for pooling
   int kh, kw, sh, sw, ph, pw, dh, dw;
   int groups;
 } fsdp_conv_geom;
@@ -31,10 +31,10 @@ typedef struct fsdp_gemm_args {
 // gemm_tiles' limits, for causal self-attention over T queries and T keys (query i sees keys j <= i),
 // per 4-row tile of C holding rows [m0, m1):
 enum {
-  FSDP_TILES_ALL = 0,       // the whole product
-  FSDP_TILES_COLS_TO_ROW,   // columns j < m1 only, later columns set to 0 (scores q k^T, dP = dO v^T)
-  FSDP_TILES_K_TO_ROW,      // k < m1 only (O = P v, dQ = dS k)
-  FSDP_TILES_K_FROM_ROW,    // k >= m0 only (dV = P^T dO, dK = dS^T q)
+  FSDP_TILES_ALL = 0,      // the whole product
+  FSDP_TILES_COLS_TO_ROW,  // columns j < m1 only, later columns set to 0 (scores q k^T, dP = dO v^T)
+  FSDP_TILES_K_TO_ROW,     // k < m1 only (O = P v, dQ = dS k)
+  FSDP_TILES_K_FROM_ROW,   // k >= m0 only (dV = P^T dO, dK = dS^T q)
 };
 
 typedef struct fsdp_linalg_kernels {
@@ -42,9 +42,9 @@ typedef struct fsdp_linalg_kernels {
   void (*gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
   // `batch` independent gemms; matrix b of A/B/C starts at A + b*sa, B + b*sb, C + b*sc
-  void (*gemm_batched)(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                       const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
-                       float beta, float* C, int64_t ldc, int64_t sc);
+  void (*gemm_batched)(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                       int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C,
+                       int64_t ldc, int64_t sc);
   // n independent GEMMs (no C overlaps another GEMM's A, B or C), run together: the threads share
   // them out (e.g. a linear backward's grad_x and grad_w, one GEMM per thread)
   void (*gemm_many)(int n, const fsdp_gemm_args* g);
@@ -61,8 +61,8 @@ typedef struct fsdp_linalg_kernels {
   // y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O) (b may be NULL)
   int (*conv2d_forward)(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b);
   // any of gx (N,C,H,W), gw (O,C/groups,kh,kw), gb (O) may be NULL (not wanted); all are overwritten
-  int (*conv2d_backward)(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
-                         const float* x, const float* w);
+  int (*conv2d_backward)(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy, const float* x,
+                         const float* w);
   // ---- pooling (geometry: O = C, groups unused) -------------------------------------------------------
   // y (N, C, OH, OW) = max over each window; idx = flat argmax h*W + w within the plane
   void (*max_pool2d_forward)(const fsdp_conv_geom* g, float* y, int64_t* idx, const float* x);

@@ -17,8 +17,8 @@ typedef struct fsdp_nn_kernels {
   // y = softmax(x) (log_softmax when log) over n of (outer, n, inner)
   void (*softmax_forward)(float* y, const float* x, int64_t outer, int64_t n, int64_t inner, int log);
   // gx from gy and the forward output y; gx may alias gy
-  void (*softmax_backward)(float* gx, const float* gy, const float* y, int64_t outer, int64_t n,
-                           int64_t inner, int log);
+  void (*softmax_backward)(float* gx, const float* gy, const float* y, int64_t outer, int64_t n, int64_t inner,
+                           int log);
 
   // first target in (N*S) that is neither in [0, C) nor ignore_index: returns 1 and *bad = its
   // value, else 0
@@ -28,15 +28,14 @@ typedef struct fsdp_nn_kernels {
   double (*cross_entropy_forward)(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
                                   int64_t S, int64_t ignore_index, float smoothing, int64_t* count);
   // gx (N, C, S) = scale * (softmax - smoothed one-hot), zero on ignored targets
-  void (*cross_entropy_backward)(float* gx, const float* logits, const float* lse, const int64_t* target,
-                                 int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing,
-                                 float scale);
+  void (*cross_entropy_backward)(float* gx, const float* logits, const float* lse, const int64_t* target, int64_t N,
+                                 int64_t C, int64_t S, int64_t ignore_index, float smoothing, float scale);
   // -sum of logp[n, target, s] over non-ignored targets, and their count
-  double (*nll_forward)(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S,
-                        int64_t ignore_index, int64_t* count);
+  double (*nll_forward)(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
+                        int64_t* count);
   // gx (N, C, S) = -scale at the targets, zero elsewhere
-  void (*nll_backward)(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S,
-                       int64_t ignore_index, float scale);
+  void (*nll_backward)(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
+                       float scale);
 
   // sum of (a - b)^2
   double (*mse_forward)(const float* a, const float* b, int64_t n);
@@ -44,11 +43,11 @@ typedef struct fsdp_nn_kernels {
   void (*mse_backward)(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale);
 
   // y (M, D) = (x - mean) * rstd * w + b; w, b (D) may be NULL; writes mean, rstd (M)
-  void (*layer_norm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w,
-                             const float* b, int64_t M, int64_t D, float eps);
+  void (*layer_norm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                             int64_t M, int64_t D, float eps);
   // dx (M, D), dw (D), db (D), each may be NULL (dx needs w, or NULL w meaning ones)
-  void (*layer_norm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
-                              const float* mean, const float* rstd, const float* w, int64_t M, int64_t D);
+  void (*layer_norm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                              const float* rstd, const float* w, int64_t M, int64_t D);
 
   // y (n, D) = w[idx[i]] for i < n; idx already checked to lie in [0, V)
   void (*embedding_forward)(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D);

@@ -26,8 +26,7 @@ typedef struct fsdp_optim_kernels {
   // read only when !first_step
   void (*sgd)(const fsdp_sgd_hparams* h, float* p, const float* g, float* buf, int64_t n);
   // p, exp_avg m, exp_avg_sq v, max_exp_avg_sq vmax (NULL unless amsgrad), all (n)
-  void (*adam)(const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vmax,
-               int64_t n);
+  void (*adam)(const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vmax, int64_t n);
 } fsdp_optim_kernels;
 
 #endif

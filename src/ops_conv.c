@@ -8,15 +8,28 @@
 
 // the node keeps the geometry in its int slots: N C H W OH OW kh kw sh sw ph pw dh dw groups
 static void geom_save(fsdp_node* n, const fsdp_conv_geom* g) {
-  int64_t v[16] = {g->N, g->C, g->H, g->W, g->OH, g->OW, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw,
-                   g->groups, g->O};
+  int64_t v[16] = {g->N,  g->C,  g->H,  g->W,  g->OH, g->OW, g->kh,     g->kw,
+                   g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->groups, g->O};
   memcpy(n->i, v, sizeof v);
 }
 static fsdp_conv_geom geom_load(const fsdp_node* n) {
   const int64_t* v = n->i;
-  return (fsdp_conv_geom){.N = v[0], .C = v[1], .H = v[2], .W = v[3], .OH = v[4], .OW = v[5], .kh = (int)v[6],
-                          .kw = (int)v[7], .sh = (int)v[8], .sw = (int)v[9], .ph = (int)v[10], .pw = (int)v[11],
-                          .dh = (int)v[12], .dw = (int)v[13], .groups = (int)v[14], .O = v[15]};
+  return (fsdp_conv_geom){.N = v[0],
+                          .C = v[1],
+                          .H = v[2],
+                          .W = v[3],
+                          .OH = v[4],
+                          .OW = v[5],
+                          .kh = (int)v[6],
+                          .kw = (int)v[7],
+                          .sh = (int)v[8],
+                          .sw = (int)v[9],
+                          .ph = (int)v[10],
+                          .pw = (int)v[11],
+                          .dh = (int)v[12],
+                          .dw = (int)v[13],
+                          .groups = (int)v[14],
+                          .O = v[15]};
 }
 
 // floor division that rounds toward -inf
@@ -47,12 +60,18 @@ static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   rc = fsdp_backend_of(x)->linalg->conv2d_backward(&g, gx ? fsdp_f32(gx) : NULL, gw ? fsdp_f32(gw) : NULL,
                                                    gb ? fsdp_f32(gb) : NULL, fsdp_f32(gy), fsdp_f32(xc), fsdp_f32(wc));
 done:
-  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(gy);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(wc);
+  fsdp_tensor_release(gy);
   if (rc) {
-    fsdp_tensor_release(gx); fsdp_tensor_release(gw); fsdp_tensor_release(gb);
+    fsdp_tensor_release(gx);
+    fsdp_tensor_release(gw);
+    fsdp_tensor_release(gb);
     return -1;
   }
-  grad_in[0] = gx; grad_in[1] = gw; grad_in[2] = gb;
+  grad_in[0] = gx;
+  grad_in[1] = gw;
+  grad_in[2] = gb;
   return 0;
 }
 
@@ -85,19 +104,38 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
   int64_t ekh = (int64_t)d[0] * (kh - 1) + 1, ekw = (int64_t)d[1] * (kw - 1) + 1;
   CHECK_NULL(C > 0, "conv2d: input %s has no channels", SH(x));
   CHECK_NULL(kh > 0 && kw > 0 && ekh <= H + 2 * p[0] && ekw <= W + 2 * p[1],
-             "conv2d: kernel %s (dilated size (%lld, %lld)) is larger than the padded input (%lld, %lld) of %s",
-             SH(w), (long long)ekh, (long long)ekw, (long long)(H + 2 * p[0]), (long long)(W + 2 * p[1]), SH(x));
-  fsdp_conv_geom g = {.N = N, .C = C, .H = H, .W = W, .O = O, .OH = (H + 2 * p[0] - ekh) / s[0] + 1,
-                      .OW = (W + 2 * p[1] - ekw) / s[1] + 1, .kh = (int)kh, .kw = (int)kw, .sh = s[0], .sw = s[1],
-                      .ph = p[0], .pw = p[1], .dh = d[0], .dw = d[1], .groups = groups};
+             "conv2d: kernel %s (dilated size (%lld, %lld)) is larger than the padded input (%lld, %lld) of %s", SH(w),
+             (long long)ekh, (long long)ekw, (long long)(H + 2 * p[0]), (long long)(W + 2 * p[1]), SH(x));
+  fsdp_conv_geom g = {.N = N,
+                      .C = C,
+                      .H = H,
+                      .W = W,
+                      .O = O,
+                      .OH = (H + 2 * p[0] - ekh) / s[0] + 1,
+                      .OW = (W + 2 * p[1] - ekw) / s[1] + 1,
+                      .kh = (int)kh,
+                      .kw = (int)kw,
+                      .sh = s[0],
+                      .sw = s[1],
+                      .ph = p[0],
+                      .pw = p[1],
+                      .dh = d[0],
+                      .dw = d[1],
+                      .groups = groups};
 
   int dev = fsdp_device_of(x);
   fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *bc = b ? fsdp_as_contig(b) : NULL, *y = NULL;
   int rc = -1;
   if (xc && wc && (!b || bc) && (y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, dev)))
-    rc = fsdp_backend_of(x)->linalg->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc), bc ? fsdp_f32(bc) : NULL);
-  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(bc);
-  if (rc) { fsdp_tensor_release(y); return NULL; }
+    rc = fsdp_backend_of(x)->linalg->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc),
+                                                    bc ? fsdp_f32(bc) : NULL);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(wc);
+  fsdp_tensor_release(bc);
+  if (rc) {
+    fsdp_tensor_release(y);
+    return NULL;
+  }
 
   fsdp_node* n = fsdp_node_new("ConvolutionBackward", conv2d_backward, 3, (fsdp_tensor*[]){x, w, b});
   if (n) {
@@ -123,20 +161,35 @@ static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, co
   int p[2] = {padding ? padding[0] : 0, padding ? padding[1] : 0};
   int d[2] = {dilation ? dilation[0] : 1, dilation ? dilation[1] : 1};
   CHECK_INT(k[0] > 0 && k[1] > 0 && d[0] > 0 && d[1] > 0 && p[0] >= 0 && p[1] >= 0,
-            "%s: kernel (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", op, k[0],
-            k[1], d[0], d[1], p[0], p[1]);
-  CHECK_INT(p[0] <= k[0] / 2 && p[1] <= k[1] / 2, "%s: padding (%d, %d) should be at most half of kernel (%d, %d)",
-            op, p[0], p[1], k[0], k[1]);
+            "%s: kernel (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", op, k[0], k[1],
+            d[0], d[1], p[0], p[1]);
+  CHECK_INT(p[0] <= k[0] / 2 && p[1] <= k[1] / 2, "%s: padding (%d, %d) should be at most half of kernel (%d, %d)", op,
+            p[0], p[1], k[0], k[1]);
   int nd = x->ndim;
   int64_t H = x->shape[nd - 2], W = x->shape[nd - 1];
-  int64_t OH = pool_out_size(H, k[0], p[0], s[0], d[0], ceil_mode), OW = pool_out_size(W, k[1], p[1], s[1], d[1], ceil_mode);
+  int64_t OH = pool_out_size(H, k[0], p[0], s[0], d[0], ceil_mode),
+          OW = pool_out_size(W, k[1], p[1], s[1], d[1], ceil_mode);
   CHECK_INT(OH > 0 && OW > 0,
             "%s: kernel (%d, %d) with dilation (%d, %d) is larger than the padded input (%lld, %lld) of %s "
-            "(output size (%lld, %lld))", op, k[0], k[1], d[0], d[1], (long long)(H + 2 * p[0]),
-            (long long)(W + 2 * p[1]), SH(x), (long long)OH, (long long)OW);
-  *g = (fsdp_conv_geom){.N = nd == 4 ? x->shape[0] : 1, .C = x->shape[nd - 3], .H = H, .W = W,
-                        .O = x->shape[nd - 3], .OH = OH, .OW = OW, .kh = k[0], .kw = k[1], .sh = s[0], .sw = s[1],
-                        .ph = p[0], .pw = p[1], .dh = d[0], .dw = d[1], .groups = 1};
+            "(output size (%lld, %lld))",
+            op, k[0], k[1], d[0], d[1], (long long)(H + 2 * p[0]), (long long)(W + 2 * p[1]), SH(x), (long long)OH,
+            (long long)OW);
+  *g = (fsdp_conv_geom){.N = nd == 4 ? x->shape[0] : 1,
+                        .C = x->shape[nd - 3],
+                        .H = H,
+                        .W = W,
+                        .O = x->shape[nd - 3],
+                        .OH = OH,
+                        .OW = OW,
+                        .kh = k[0],
+                        .kw = k[1],
+                        .sh = s[0],
+                        .sw = s[1],
+                        .ph = p[0],
+                        .pw = p[1],
+                        .dh = d[0],
+                        .dw = d[1],
+                        .groups = 1};
   return 0;
 }
 
@@ -152,7 +205,8 @@ static int max_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
   fsdp_conv_geom g = geom_load(node);
   int64_t shape[4];
   pool_shape((int)node->f[1], &g, 0, shape);
-  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  fsdp_tensor *gy = fsdp_as_contig(grad_out),
+              *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
   if (gx) fsdp_backend_of(gy)->linalg->max_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy), fsdp_i64(idx));
   fsdp_tensor_release(gy);
   if (!gx) return -1;
@@ -169,7 +223,8 @@ fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
   int dev = fsdp_device_of(x);
   fsdp_tensor *xc = fsdp_as_contig(x), *y = NULL, *idx = NULL;
   if (!xc || !(y = fsdp_new(x->ndim, shape, FSDP_F32, dev)) || !(idx = fsdp_new(x->ndim, shape, FSDP_I64, dev))) {
-    fsdp_tensor_release(xc); fsdp_tensor_release(y);
+    fsdp_tensor_release(xc);
+    fsdp_tensor_release(y);
     return NULL;
   }
   fsdp_backend_of(x)->linalg->max_pool2d_forward(&g, fsdp_f32(y), fsdp_i64(idx), fsdp_f32(xc));
@@ -189,7 +244,8 @@ static int avg_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
   fsdp_conv_geom g = geom_load(node);
   int64_t shape[4];
   pool_shape((int)node->f[1], &g, 0, shape);
-  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  fsdp_tensor *gy = fsdp_as_contig(grad_out),
+              *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
   if (gx) {
     const fsdp_linalg_kernels* k = fsdp_backend_of(gy)->linalg;
     if (node->f[2]) k->adaptive_avg_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy));
@@ -231,8 +287,13 @@ fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w) {
   int nd = x->ndim;
   CHECK_NULL(x->shape[nd - 2] > 0 && x->shape[nd - 1] > 0, "adaptive_avg_pool2d: empty spatial dims in input %s",
              SH(x));
-  fsdp_conv_geom g = {.N = nd == 4 ? x->shape[0] : 1, .C = x->shape[nd - 3], .H = x->shape[nd - 2],
-                      .W = x->shape[nd - 1], .OH = out_h, .OW = out_w, .groups = 1};
+  fsdp_conv_geom g = {.N = nd == 4 ? x->shape[0] : 1,
+                      .C = x->shape[nd - 3],
+                      .H = x->shape[nd - 2],
+                      .W = x->shape[nd - 1],
+                      .OH = out_h,
+                      .OW = out_w,
+                      .groups = 1};
   g.O = g.C;
   int64_t shape[4];
   pool_shape(nd, &g, 1, shape);

@@ -18,7 +18,10 @@ static fsdp_tensor* sum_to_shape(fsdp_tensor* g, int ndim, const int64_t* shape)
   return fsdp_sum_to(g, &like);
 }
 
-typedef struct { int ndim; int64_t shape[FSDP_MAX_DIMS]; } shape_rec;
+typedef struct {
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+} shape_rec;
 
 // ---- binary ----------------------------------------------------------------------------------------------
 static const char* bin_names[] = {"add", "sub", "mul", "div", "eq"};
@@ -105,7 +108,10 @@ static int div_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
     fsdp_tensor* full = out ? fsdp_mul(gdb, out) : NULL;
     fsdp_tensor* s = NULL;
     rc = full ? reduce_grad(n, 1, full, &s) : -1;
-    if (!rc) { gin[1] = fsdp_neg(s); rc = gin[1] ? 0 : -1; }
+    if (!rc) {
+      gin[1] = fsdp_neg(s);
+      rc = gin[1] ? 0 : -1;
+    }
     fsdp_tensor_release(s);
     fsdp_tensor_release(full);
   }
@@ -115,8 +121,8 @@ static int div_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 
 static int check_binary(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
   CHECK_INT(a && b, "%s: input tensor is NULL", op);
-  CHECK_INT(a->dtype == FSDP_F32 && b->dtype == FSDP_F32, "%s: expected float32 tensors, got %s %s and %s %s",
-            op, DT(a), SH(a), DT(b), SH(b));
+  CHECK_INT(a->dtype == FSDP_F32 && b->dtype == FSDP_F32, "%s: expected float32 tensors, got %s %s and %s %s", op,
+            DT(a), SH(a), DT(b), SH(b));
   return 0;
 }
 
@@ -142,10 +148,18 @@ static fsdp_tensor* binary_op(int op, fsdp_backward_fn bw, const char* bwname, f
   return out;
 }
 
-fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_ADD, add_backward, "AddBackward", a, b); }
-fsdp_tensor* fsdp_sub(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_SUB, sub_backward, "SubBackward", a, b); }
-fsdp_tensor* fsdp_mul(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_MUL, mul_backward, "MulBackward", a, b); }
-fsdp_tensor* fsdp_div(fsdp_tensor* a, fsdp_tensor* b) { return binary_op(FSDP_BIN_DIV, div_backward, "DivBackward", a, b); }
+fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b) {
+  return binary_op(FSDP_BIN_ADD, add_backward, "AddBackward", a, b);
+}
+fsdp_tensor* fsdp_sub(fsdp_tensor* a, fsdp_tensor* b) {
+  return binary_op(FSDP_BIN_SUB, sub_backward, "SubBackward", a, b);
+}
+fsdp_tensor* fsdp_mul(fsdp_tensor* a, fsdp_tensor* b) {
+  return binary_op(FSDP_BIN_MUL, mul_backward, "MulBackward", a, b);
+}
+fsdp_tensor* fsdp_div(fsdp_tensor* a, fsdp_tensor* b) {
+  return binary_op(FSDP_BIN_DIV, div_backward, "DivBackward", a, b);
+}
 
 // f32 0/1, no grad; int64 (and other) inputs are compared after conversion to float32
 fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) {
@@ -162,8 +176,16 @@ fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) {
 // which tensors the backward of each unary op reads: 1 = x, 2 = y
 static int unary_saves(int op) {
   switch (op) {
-    case FSDP_UN_EXP: case FSDP_UN_SQRT: case FSDP_UN_TANH: case FSDP_UN_SIGMOID: case FSDP_UN_RELU: return 2;
-    case FSDP_UN_LOG: case FSDP_UN_ABS: case FSDP_UN_GELU: case FSDP_UN_GELU_TANH: case FSDP_UN_POW:
+    case FSDP_UN_EXP:
+    case FSDP_UN_SQRT:
+    case FSDP_UN_TANH:
+    case FSDP_UN_SIGMOID:
+    case FSDP_UN_RELU: return 2;
+    case FSDP_UN_LOG:
+    case FSDP_UN_ABS:
+    case FSDP_UN_GELU:
+    case FSDP_UN_GELU_TANH:
+    case FSDP_UN_POW:
     case FSDP_UN_RDIV_SCALAR: return 1;
     default: return 0;
   }
@@ -178,7 +200,10 @@ static int unary_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* gc = fsdp_as_contig(g);
   if (!gc) return -1;
   fsdp_tensor* gx = fsdp_new(gc->ndim, gc->shape, FSDP_F32, fsdp_device_of(gc));
-  if (!gx) { fsdp_tensor_release(gc); return -1; }
+  if (!gx) {
+    fsdp_tensor_release(gc);
+    return -1;
+  }
   fsdp_backend_of(gx)->elem->unary_backward(op, fsdp_f32(gx), fsdp_f32(gc), x ? fsdp_f32(x) : NULL,
                                             y ? fsdp_f32(y) : NULL, fsdp_tensor_numel(gx), n->f[0]);
   fsdp_tensor_release(gc);
@@ -192,7 +217,10 @@ static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_
   fsdp_tensor* x = fsdp_as_contig(a);
   if (!x) return NULL;
   fsdp_tensor* out = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
-  if (!out) { fsdp_tensor_release(x); return NULL; }
+  if (!out) {
+    fsdp_tensor_release(x);
+    return NULL;
+  }
   fsdp_backend_of(out)->elem->unary(op, fsdp_f32(out), fsdp_f32(x), fsdp_tensor_numel(out), p);
   fsdp_node* n = fsdp_node_new(bwname, unary_backward, 1, &a);
   if (n) {
@@ -233,7 +261,10 @@ static fsdp_tensor* scalar_op(const char* name, const char* bwname, fsdp_backwar
   fsdp_tensor_release(x);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, bw, 1, &a);
-  if (n) { n->f[0] = p; fsdp_node_set_output(n, out); }
+  if (n) {
+    n->f[0] = p;
+    fsdp_node_set_output(n, out);
+  }
   return out;
 }
 
@@ -267,8 +298,7 @@ static int reduce_mask(const char* op, const fsdp_tensor* a, int ndims, const in
   for (int k = 0; k < ndims; k++) {
     int d = fsdp_wrap_dim(op, dims[k], a->ndim);
     if (d < 0) return -1;
-    CHECK_INT(!mask[d], "%s: dim %d appears more than once in the list of dims for a tensor of shape %s", op, d,
-              SH(a));
+    CHECK_INT(!mask[d], "%s: dim %d appears more than once in the list of dims for a tensor of shape %s", op, d, SH(a));
     mask[d] = 1;
   }
   return 0;
@@ -295,16 +325,23 @@ static fsdp_tensor* sum_masked(fsdp_tensor* x, const int* mask) {
   fsdp_tensor* cur = x;
   // walk runs of reduced dims from the last to the first
   for (int e = nd - 1; e >= 0;) {
-    if (!mask[e] || shape[e] == 1) { e--; continue; }
+    if (!mask[e] || shape[e] == 1) {
+      e--;
+      continue;
+    }
     int s = e;
     while (s > 0 && (mask[s - 1] || shape[s - 1] == 1)) s--;
     int64_t outer = 1, red = 1, inner = 1;
     for (int d = 0; d < s; d++) outer *= shape[d];
     for (int d = s; d <= e; d++) red *= shape[d];
     for (int d = e + 1; d < nd; d++) inner *= shape[d];
-    for (int d = s; d <= e; d++) if (mask[d]) shape[d] = 1;
+    for (int d = s; d <= e; d++)
+      if (mask[d]) shape[d] = 1;
     fsdp_tensor* next = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x));
-    if (!next) { fsdp_tensor_release(cur); return NULL; }
+    if (!next) {
+      fsdp_tensor_release(cur);
+      return NULL;
+    }
     if (outer * inner > 0) k->sum_dim(fsdp_f32(next), fsdp_f32(cur), outer, red, inner);
     fsdp_tensor_release(cur);
     cur = next;
@@ -313,7 +350,8 @@ static fsdp_tensor* sum_masked(fsdp_tensor* x, const int* mask) {
   // all-size-1 (or no) reduced dims: still return a fresh tensor
   if (cur == x) {
     fsdp_tensor_release(cur);
-    for (int d = 0; d < nd; d++) if (mask[d]) shape[d] = 1;
+    for (int d = 0; d < nd; d++)
+      if (mask[d]) shape[d] = 1;
     cur = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x));
     if (cur) fsdp_copy_strided(cur, x);
   }
@@ -346,7 +384,8 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
   int mask[FSDP_MAX_DIMS];
   if (reduce_mask(op, a, ndims, dims, mask)) return NULL;
   int64_t count = 1, shape[FSDP_MAX_DIMS];
-  for (int d = 0; d < a->ndim; d++) if (mask[d]) count *= a->shape[d];
+  for (int d = 0; d < a->ndim; d++)
+    if (mask[d]) count *= a->shape[d];
   int nd = reduced_shape(a, mask, keepdim, shape);
   fsdp_tensor* x = fsdp_as_contig(a);
   if (!x) return NULL;
@@ -368,7 +407,10 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
   if (n) {
     n->i[0] = a->ndim;
     n->i[9] = 0;
-    for (int d = 0; d < a->ndim; d++) { n->i[1 + d] = a->shape[d]; if (mask[d]) n->i[9] |= 1 << d; }
+    for (int d = 0; d < a->ndim; d++) {
+      n->i[1 + d] = a->shape[d];
+      if (mask[d]) n->i[9] |= 1 << d;
+    }
     n->f[0] = scale;
     fsdp_node_set_output(n, out);
   }
@@ -385,7 +427,9 @@ fsdp_tensor* fsdp_mean(fsdp_tensor* a, int ndims, const int* dims, int keepdim) 
 // ---- max / argmax -----------------------------------------------------------------------------------------
 // (outer, red, inner) of a over dim d (a 0-dim tensor is one element)
 static void split_dims(const fsdp_tensor* a, int d, int64_t* outer, int64_t* red, int64_t* inner) {
-  *outer = 1; *red = 1; *inner = 1;
+  *outer = 1;
+  *red = 1;
+  *inner = 1;
   for (int k = 0; k < a->ndim; k++) {
     if (k < d) *outer *= a->shape[k];
     else if (k == d) *red = a->shape[k];
@@ -406,7 +450,10 @@ static int max_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   }
   fsdp_tensor* gc = fsdp_as_contig(g);
   fsdp_tensor* gx = gc ? fsdp_new(nd, &n->i[1], FSDP_F32, fsdp_device_of(gc)) : NULL;
-  if (!gx) { fsdp_tensor_release(gc); return -1; }
+  if (!gx) {
+    fsdp_tensor_release(gc);
+    return -1;
+  }
   fsdp_backend_of(gx)->elem->scatter_dim(fsdp_f32(gx), fsdp_f32(gc), fsdp_i64(idx), outer, red, inner);
   fsdp_tensor_release(gc);
   gin[0] = gx;
@@ -430,8 +477,13 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
   fsdp_tensor* x = fsdp_as_contig(a);
   fsdp_tensor* vals = x ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a)) : NULL;
   fsdp_tensor* idx = vals ? fsdp_new(nd, shape, FSDP_I64, fsdp_device_of(a)) : NULL;
-  if (!idx) { fsdp_tensor_release(x); fsdp_tensor_release(vals); return NULL; }
-  if (outer * inner > 0) fsdp_backend_of(x)->elem->max_dim(fsdp_f32(vals), fsdp_i64(idx), fsdp_f32(x), outer, red, inner);
+  if (!idx) {
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(vals);
+    return NULL;
+  }
+  if (outer * inner > 0)
+    fsdp_backend_of(x)->elem->max_dim(fsdp_f32(vals), fsdp_i64(idx), fsdp_f32(x), outer, red, inner);
   fsdp_tensor_release(x);
   fsdp_node* n = with_grad ? fsdp_node_new("MaxBackward", max_backward, 1, &a) : NULL;
   if (n) {
@@ -480,7 +532,10 @@ fsdp_tensor* fsdp_max_all(fsdp_tensor* a) {
   if (idx) fsdp_backend_of(x)->elem->max_dim(fsdp_f32(out), fsdp_i64(idx), fsdp_f32(x), 1, numel, 1);
   fsdp_tensor_release(x);
   fsdp_tensor_release(idx);
-  if (!idx) { fsdp_tensor_release(out); return NULL; }
+  if (!idx) {
+    fsdp_tensor_release(out);
+    return NULL;
+  }
   fsdp_node* n = fsdp_node_new("MaxBackward", max_all_backward, 1, &a);
   if (n) {
     fsdp_node_save(n, a);

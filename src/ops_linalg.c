@@ -51,9 +51,17 @@ static int operand_of(fsdp_tensor* x, int64_t rows, int64_t cols, operand* op) {
     memcpy(shape, x->shape, x->ndim * sizeof(int64_t));
     memcpy(stride, x->stride, x->ndim * sizeof(int64_t));
     int n = x->ndim;
-    int64_t t = shape[n - 1]; shape[n - 1] = shape[n - 2]; shape[n - 2] = t;
-    t = stride[n - 1]; stride[n - 1] = stride[n - 2]; stride[n - 2] = t;
-    if (dims_contiguous(n, shape, stride)) { fsdp_tensor_retain(x); op->t = x; op->trans = 1; }
+    int64_t t = shape[n - 1];
+    shape[n - 1] = shape[n - 2];
+    shape[n - 2] = t;
+    t = stride[n - 1];
+    stride[n - 1] = stride[n - 2];
+    stride[n - 2] = t;
+    if (dims_contiguous(n, shape, stride)) {
+      fsdp_tensor_retain(x);
+      op->t = x;
+      op->trans = 1;
+    }
   }
   if (!op->t) op->t = fsdp_as_contig(x);
   if (!op->t) return -1;
@@ -68,7 +76,10 @@ static void batch_strides(int nbatch_x, const int64_t* xshape, int64_t matsize, 
   int64_t s = matsize;
   for (int i = nb - 1; i >= 0; i--) {
     int ix = nbatch_x - nb + i;
-    if (ix < 0) { out[i] = 0; continue; }
+    if (ix < 0) {
+      out[i] = 0;
+      continue;
+    }
     out[i] = (xshape[ix] == 1 && bshape[i] != 1) ? 0 : s;
     s *= xshape[ix];
   }
@@ -79,7 +90,11 @@ static bool uniform_stride(int nb, const int64_t* bshape, const int64_t* st, int
   int64_t s = -1, expect = 0;
   for (int i = nb - 1; i >= 0; i--) {
     if (bshape[i] == 1) continue;
-    if (s < 0) { s = st[i]; expect = s * bshape[i]; continue; }
+    if (s < 0) {
+      s = st[i];
+      expect = s * bshape[i];
+      continue;
+    }
     if (st[i] != (s == 0 ? 0 : expect)) return false;
     expect *= bshape[i];
   }
@@ -89,8 +104,8 @@ static bool uniform_stride(int nb, const int64_t* bshape, const int64_t* st, int
 
 // Z[z(i)] (+)= op(X[x(i)]) @ op(Y[y(i)]) over the broadcast batch index i; Z (M, N) row-major with
 // ldz = N. When Z is reduced over broadcast dims (zred), it is zeroed first and accumulated.
-static void gemm_batch(const fsdp_backend* be, int nb, const int64_t* bshape, int64_t M, int64_t N, int64_t K,
-                       int tx, const float* X, int64_t ldx, const int64_t* sx, int ty, const float* Y, int64_t ldy,
+static void gemm_batch(const fsdp_backend* be, int nb, const int64_t* bshape, int64_t M, int64_t N, int64_t K, int tx,
+                       const float* X, int64_t ldx, const int64_t* sx, int ty, const float* Y, int64_t ldy,
                        const int64_t* sy, float* Z, const int64_t* sz, int64_t z_numel, bool zred) {
   const fsdp_linalg_kernels* k = be->linalg;
   int64_t total = fsdp_shape_numel(nb, bshape), ux, uy, uz;
@@ -99,7 +114,10 @@ static void gemm_batch(const fsdp_backend* be, int nb, const int64_t* bshape, in
     return;
   }
   float beta = 0.0f;
-  if (zred || K == 0) { be->elem->fill(Z, FSDP_F32, z_numel, 0.0); beta = 1.0f; }
+  if (zred || K == 0) {
+    be->elem->fill(Z, FSDP_F32, z_numel, 0.0);
+    beta = 1.0f;
+  }
   if (K == 0) return;
   if (!zred && uniform_stride(nb, bshape, sx, &ux) && uniform_stride(nb, bshape, sy, &uy) &&
       uniform_stride(nb, bshape, sz, &uz)) {
@@ -109,9 +127,16 @@ static void gemm_batch(const fsdp_backend* be, int nb, const int64_t* bshape, in
   int64_t idx[FSDP_MAX_DIMS] = {0};
   for (int64_t i = 0; i < total; i++) {
     int64_t ox = 0, oy = 0, oz = 0;
-    for (int d = 0; d < nb; d++) { ox += idx[d] * sx[d]; oy += idx[d] * sy[d]; oz += idx[d] * sz[d]; }
+    for (int d = 0; d < nb; d++) {
+      ox += idx[d] * sx[d];
+      oy += idx[d] * sy[d];
+      oz += idx[d] * sz[d];
+    }
     k->gemm(tx, ty, M, N, K, 1.0f, X + ox, ldx, Y + oy, ldy, beta, Z + oz, N);
-    for (int d = nb - 1; d >= 0; d--) { if (++idx[d] < bshape[d]) break; idx[d] = 0; }
+    for (int d = nb - 1; d >= 0; d--) {
+      if (++idx[d] < bshape[d]) break;
+      idx[d] = 0;
+    }
   }
 }
 
@@ -141,9 +166,8 @@ static int mm_shape_of(const char* op, const fsdp_tensor* a, const fsdp_tensor* 
   for (int i = 0; i < s->nbatch; i++) {
     int ia = s->na_batch - s->nbatch + i, ib = s->nb_batch - s->nbatch + i;
     int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
-    CHECK_INT(da == db || da == 1 || db == 1,
-              "%s: batch dimensions of %s and %s cannot be broadcast (%lld vs %lld)", op, SH(a), SH(b),
-              (long long)da, (long long)db);
+    CHECK_INT(da == db || da == 1 || db == 1, "%s: batch dimensions of %s and %s cannot be broadcast (%lld vs %lld)",
+              op, SH(a), SH(b), (long long)da, (long long)db);
     s->bshape[i] = da == 1 ? db : da;
   }
   s->a_batch = fsdp_shape_numel(s->na_batch, a->shape);
@@ -184,13 +208,18 @@ static int matmul_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
       gemm_batch(be, s.nbatch, s.bshape, s.k, s.m, s.n, !A.trans, A.p, A.ld, sa, 0, G, s.m, sg, fsdp_f32(gb), sb,
                  s.b_batch * s.k * s.m, s.b_batch < s.batch);
   }
-  fsdp_tensor_release(A.t); fsdp_tensor_release(B.t); fsdp_tensor_release(g);
+  fsdp_tensor_release(A.t);
+  fsdp_tensor_release(B.t);
+  fsdp_tensor_release(g);
   grad_in[0] = ga;
   grad_in[1] = gb;
   return 0;
 fail:
-  fsdp_tensor_release(A.t); fsdp_tensor_release(B.t); fsdp_tensor_release(g);
-  fsdp_tensor_release(ga); fsdp_tensor_release(gb);
+  fsdp_tensor_release(A.t);
+  fsdp_tensor_release(B.t);
+  fsdp_tensor_release(g);
+  fsdp_tensor_release(ga);
+  fsdp_tensor_release(gb);
   return -1;
 }
 
@@ -211,8 +240,10 @@ static fsdp_tensor* matmul_impl(const char* op, const char* node_name, fsdp_tens
   const fsdp_backend* be = fsdp_backend_of(a);
   operand A = {0}, B = {0};
   fsdp_tensor* out = NULL;
-  if (operand_of(a, s.n, s.k, &A) || operand_of(b, s.k, s.m, &B) || !(out = fsdp_new(on, oshape, FSDP_F32, fsdp_device_of(a)))) {
-    fsdp_tensor_release(A.t); fsdp_tensor_release(B.t);
+  if (operand_of(a, s.n, s.k, &A) || operand_of(b, s.k, s.m, &B) ||
+      !(out = fsdp_new(on, oshape, FSDP_F32, fsdp_device_of(a)))) {
+    fsdp_tensor_release(A.t);
+    fsdp_tensor_release(B.t);
     return NULL;
   }
   if (s.b_batch == 1 && !A.trans) {  // (batch*n, k) @ (k, m): one GEMM
@@ -222,8 +253,8 @@ static fsdp_tensor* matmul_impl(const char* op, const char* node_name, fsdp_tens
     batch_strides(s.na_batch, a->shape, s.n * s.k, s.nbatch, s.bshape, sa);
     batch_strides(s.nb_batch, b->shape, s.k * s.m, s.nbatch, s.bshape, sb);
     batch_strides(s.nbatch, s.bshape, s.n * s.m, s.nbatch, s.bshape, so);
-    gemm_batch(be, s.nbatch, s.bshape, s.n, s.m, s.k, A.trans, A.p, A.ld, sa, B.trans, B.p, B.ld, sb, fsdp_f32(out),
-               so, fsdp_tensor_numel(out), false);
+    gemm_batch(be, s.nbatch, s.bshape, s.n, s.m, s.k, A.trans, A.p, A.ld, sa, B.trans, B.p, B.ld, sb, fsdp_f32(out), so,
+               fsdp_tensor_numel(out), false);
   }
   fsdp_tensor_release(A.t);
   fsdp_tensor_release(B.t);
@@ -264,28 +295,37 @@ static int linear_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   int n_gemm = 0;
   if (node->needs_grad[0]) {  // gx (M, in) = gy (M, out) @ w (out, in)
     if (operand_of(w, out_f, in_f, &W) || !(gx = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x)))) goto fail;
-    gm[n_gemm++] = (fsdp_gemm_args){0, W.trans, M, in_f, out_f, 1.0f, fsdp_f32(gy), out_f, W.p, W.ld, 0.0f,
-                                    fsdp_f32(gx), in_f};
+    gm[n_gemm++] =
+        (fsdp_gemm_args){0, W.trans, M, in_f, out_f, 1.0f, fsdp_f32(gy), out_f, W.p, W.ld, 0.0f, fsdp_f32(gx), in_f};
   }
   if (node->needs_grad[1]) {  // gw (out, in) = gy^T (out, M) @ x (M, in)
     if (!(xc = fsdp_as_contig(x)) || !(gw = fsdp_new(2, w->shape, FSDP_F32, fsdp_device_of(w)))) goto fail;
-    gm[n_gemm++] = (fsdp_gemm_args){1, 0, out_f, in_f, M, 1.0f, fsdp_f32(gy), out_f, fsdp_f32(xc), in_f, 0.0f,
-                                    fsdp_f32(gw), in_f};
+    gm[n_gemm++] =
+        (fsdp_gemm_args){1, 0, out_f, in_f, M, 1.0f, fsdp_f32(gy), out_f, fsdp_f32(xc), in_f, 0.0f, fsdp_f32(gw), in_f};
   }
   if (M > 0 && out_f > 0 && in_f > 0) be->linalg->gemm_many(n_gemm, gm);
-  else for (int i = 0; i < n_gemm; i++)  // empty sizes: mm() zero-fills
-    mm(be->linalg, gm[i].ta, gm[i].tb, gm[i].M, gm[i].N, gm[i].K, gm[i].A, gm[i].lda, gm[i].B, gm[i].ldb, 0.0f,
-       gm[i].C, gm[i].ldc);
+  else
+    for (int i = 0; i < n_gemm; i++)  // empty sizes: mm() zero-fills
+      mm(be->linalg, gm[i].ta, gm[i].tb, gm[i].M, gm[i].N, gm[i].K, gm[i].A, gm[i].lda, gm[i].B, gm[i].ldb, 0.0f,
+         gm[i].C, gm[i].ldc);
   if (node->needs_grad[2]) {  // gb (out) = column sums of gy
     if (!(gb = fsdp_new(1, &out_f, FSDP_F32, fsdp_device_of(x)))) goto fail;
     be->linalg->sum_rows(fsdp_f32(gb), fsdp_f32(gy), M, out_f);
   }
-  fsdp_tensor_release(W.t); fsdp_tensor_release(xc); fsdp_tensor_release(gy);
-  grad_in[0] = gx; grad_in[1] = gw; grad_in[2] = gb;
+  fsdp_tensor_release(W.t);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(gy);
+  grad_in[0] = gx;
+  grad_in[1] = gw;
+  grad_in[2] = gb;
   return 0;
 fail:
-  fsdp_tensor_release(W.t); fsdp_tensor_release(xc); fsdp_tensor_release(gy);
-  fsdp_tensor_release(gx); fsdp_tensor_release(gw); fsdp_tensor_release(gb);
+  fsdp_tensor_release(W.t);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(gy);
+  fsdp_tensor_release(gx);
+  fsdp_tensor_release(gw);
+  fsdp_tensor_release(gb);
   return -1;
 }
 
@@ -301,8 +341,8 @@ fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b) {
   CHECK_NULL(x->shape[x->ndim - 1] == in_f, "linear: input %s and weight %s: in_features %lld vs %lld", SH(x), SH(w),
              (long long)x->shape[x->ndim - 1], (long long)in_f);
   CHECK_NULL(!b || (b->ndim == 1 && b->shape[0] == out_f),
-             "linear: bias %s does not match weight %s: expected (%lld) for out_features %lld", b ? SH(b) : "",
-             SH(w), (long long)out_f, (long long)out_f);
+             "linear: bias %s does not match weight %s: expected (%lld) for out_features %lld", b ? SH(b) : "", SH(w),
+             (long long)out_f, (long long)out_f);
 
   int64_t oshape[FSDP_MAX_DIMS];
   memcpy(oshape, x->shape, x->ndim * sizeof(int64_t));
@@ -313,13 +353,17 @@ fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b) {
   fsdp_tensor *xc = fsdp_as_contig(x), *bc = NULL, *y = NULL;
   if (!xc || operand_of(w, out_f, in_f, &W) || (b && !(bc = fsdp_as_contig(b))) ||
       !(y = fsdp_new(x->ndim, oshape, FSDP_F32, fsdp_device_of(x)))) {
-    fsdp_tensor_release(xc); fsdp_tensor_release(W.t); fsdp_tensor_release(bc);
+    fsdp_tensor_release(xc);
+    fsdp_tensor_release(W.t);
+    fsdp_tensor_release(bc);
     return NULL;
   }
   // y = b (pre-filled rows) + x @ w^T in one GEMM with beta = 1
   if (bc) be->linalg->bias_rows(fsdp_f32(y), fsdp_f32(bc), M, out_f);
   mm(be->linalg, 0, !W.trans, M, out_f, in_f, fsdp_f32(xc), in_f, W.p, W.ld, bc ? 1.0f : 0.0f, fsdp_f32(y), out_f);
-  fsdp_tensor_release(xc); fsdp_tensor_release(W.t); fsdp_tensor_release(bc);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(W.t);
+  fsdp_tensor_release(bc);
 
   fsdp_node* n = fsdp_node_new("LinearBackward", linear_backward, 3, (fsdp_tensor*[]){x, w, b});
   if (n) {

@@ -15,9 +15,15 @@
 // ---- helpers -------------------------------------------------------------------------------------
 // a contiguous int64 version of t (new ref: t itself when already contiguous)
 static fsdp_tensor* as_contig_i64(fsdp_tensor* t) {
-  if (fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  if (fsdp_tensor_is_contiguous(t)) {
+    fsdp_tensor_retain(t);
+    return t;
+  }
   fsdp_tensor* r = fsdp_new(t->ndim, t->shape, FSDP_I64, fsdp_device_of(t));
-  if (r && fsdp_copy_strided(r, t)) { fsdp_tensor_release(r); return NULL; }
+  if (r && fsdp_copy_strided(r, t)) {
+    fsdp_tensor_release(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -44,8 +50,9 @@ static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor*
   fsdp_tensor* g = fsdp_as_contig(grad_out);
   if (!g) return -1;
   fsdp_tensor* gx = fsdp_new_like(y);
-  if (gx) fsdp_backend_of(y)->nn->softmax_backward(fsdp_f32(gx), fsdp_f32(g), fsdp_f32(y), node->i[0], node->i[1],
-                                                   node->i[2], (int)node->i[3]);
+  if (gx)
+    fsdp_backend_of(y)->nn->softmax_backward(fsdp_f32(gx), fsdp_f32(g), fsdp_f32(y), node->i[0], node->i[1], node->i[2],
+                                             (int)node->i[3]);
   fsdp_tensor_release(g);
   grad_in[0] = gx;
   return gx ? 0 : -1;
@@ -65,12 +72,18 @@ static fsdp_tensor* softmax_op(const char* op, fsdp_tensor* a, int dim, int log)
   fsdp_tensor* x = fsdp_as_contig(a);
   if (!x) return NULL;
   fsdp_tensor* y = fsdp_new_like(x);
-  if (!y) { fsdp_tensor_release(x); return NULL; }
+  if (!y) {
+    fsdp_tensor_release(x);
+    return NULL;
+  }
   be->nn->softmax_forward(fsdp_f32(y), fsdp_f32(x), outer, n, inner, log);
   fsdp_tensor_release(x);
   fsdp_node* node = fsdp_node_new(log ? "LogSoftmaxBackward" : "SoftmaxBackward", softmax_backward, 1, &a);
   if (node) {
-    node->i[0] = outer; node->i[1] = n; node->i[2] = inner; node->i[3] = log;
+    node->i[0] = outer;
+    node->i[1] = n;
+    node->i[2] = inner;
+    node->i[3] = log;
     fsdp_node_save(node, y);
     fsdp_node_set_output(node, y);
   }
@@ -84,12 +97,16 @@ fsdp_tensor* fsdp_log_softmax(fsdp_tensor* a, int dim) { return softmax_op("log_
 // input (N, C, d1, ...) or (C), target (N, d1, ...) or () -> N, C and S = d1 * ... (1 without extra dims)
 static int class_loss_dims(const char* op, const fsdp_tensor* x, const fsdp_tensor* target, int64_t* N, int64_t* C,
                            int64_t* S) {
-  CHECK_INT(target->dtype == FSDP_I64, "%s: target must be an int64 tensor of class indices, got %s of shape %s "
-            "(input %s)", op, DT(target), SH(target), SH(x));
+  CHECK_INT(target->dtype == FSDP_I64,
+            "%s: target must be an int64 tensor of class indices, got %s of shape %s "
+            "(input %s)",
+            op, DT(target), SH(target), SH(x));
   if (x->ndim == 1) {
-    CHECK_INT(target->ndim == 0, "%s: for an unbatched input of shape %s the target must be 0-dim, got shape %s",
-              op, SH(x), SH(target));
-    *N = 1; *C = x->shape[0]; *S = 1;
+    CHECK_INT(target->ndim == 0, "%s: for an unbatched input of shape %s the target must be 0-dim, got shape %s", op,
+              SH(x), SH(target));
+    *N = 1;
+    *C = x->shape[0];
+    *S = 1;
     return 0;
   }
   CHECK_INT(x->ndim >= 2, "%s: input must have shape (N, C) or (N, C, d1, ...), got %s", op, SH(x));
@@ -102,20 +119,20 @@ static int class_loss_dims(const char* op, const fsdp_tensor* x, const fsdp_tens
     *S *= x->shape[i];
   }
   for (int i = 0; ok && i < target->ndim; i++) ok = target->shape[i] == expect[i];
-  CHECK_INT(ok, "%s: target of shape %s does not match input of shape %s (expected target shape %s)", op,
-            SH(target), SH(x), fsdp_dims_s(x->ndim - 1, expect));
+  CHECK_INT(ok, "%s: target of shape %s does not match input of shape %s (expected target shape %s)", op, SH(target),
+            SH(x), fsdp_dims_s(x->ndim - 1, expect));
   *N = x->shape[0];
   *C = x->shape[1];
   return 0;
 }
 
-static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tensor* x, const fsdp_tensor* tc,
-                         int64_t C, int64_t ignore_index) {
+static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tensor* x, const fsdp_tensor* tc, int64_t C,
+                         int64_t ignore_index) {
   int64_t bad = 0;
   CHECK_INT(!be->nn->check_targets(fsdp_i64(tc), fsdp_tensor_numel(tc), C, ignore_index, &bad),
             "%s: target value %lld is out of range for %lld classes (expected 0 <= target < %lld, or "
-            "ignore_index %lld); input %s, target %s", op, (long long)bad, (long long)C, (long long)C,
-            (long long)ignore_index, SH(x), SH(tc));
+            "ignore_index %lld); input %s, target %s",
+            op, (long long)bad, (long long)C, (long long)C, (long long)ignore_index, SH(x), SH(tc));
   return 0;
 }
 
@@ -149,20 +166,31 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
   if (!be) return NULL;
   fsdp_tensor* tc = as_contig_i64(target);
   if (!tc) return NULL;
-  if (check_targets(op, be, logits, tc, C, ignore_index)) { fsdp_tensor_release(tc); return NULL; }
+  if (check_targets(op, be, logits, tc, C, ignore_index)) {
+    fsdp_tensor_release(tc);
+    return NULL;
+  }
   fsdp_tensor* x = fsdp_as_contig(logits);
   int64_t ns = N * S;
   fsdp_tensor* lse = x ? fsdp_new(1, &ns, FSDP_F32, fsdp_device_of(x)) : NULL;
-  if (!lse) { fsdp_tensor_release(x); fsdp_tensor_release(tc); return NULL; }
+  if (!lse) {
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(tc);
+    return NULL;
+  }
   int64_t count = 0;
   double total = be->nn->cross_entropy_forward(fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index,
                                                (float)label_smoothing, &count);
   fsdp_tensor* out = new_scalar(fsdp_device_of(x), total / (double)count);  // no valid target: 0/0 = nan
-  fsdp_node* node = out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2,
-                                        (fsdp_tensor*[]){logits, target}) : NULL;
+  fsdp_node* node =
+      out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2, (fsdp_tensor*[]){logits, target}) : NULL;
   if (node) {
-    node->f[0] = label_smoothing; node->f[1] = (double)count;
-    node->i[0] = ignore_index; node->i[1] = N; node->i[2] = C; node->i[3] = S;
+    node->f[0] = label_smoothing;
+    node->f[1] = (double)count;
+    node->i[0] = ignore_index;
+    node->i[1] = N;
+    node->i[2] = C;
+    node->i[3] = S;
     fsdp_node_save(node, x);
     fsdp_node_save(node, tc);
     fsdp_node_save(node, lse);
@@ -198,9 +226,15 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
   if (!be) return NULL;
   fsdp_tensor* tc = as_contig_i64(target);
   if (!tc) return NULL;
-  if (check_targets(op, be, logp, tc, C, ignore_index)) { fsdp_tensor_release(tc); return NULL; }
+  if (check_targets(op, be, logp, tc, C, ignore_index)) {
+    fsdp_tensor_release(tc);
+    return NULL;
+  }
   fsdp_tensor* x = fsdp_as_contig(logp);
-  if (!x) { fsdp_tensor_release(tc); return NULL; }
+  if (!x) {
+    fsdp_tensor_release(tc);
+    return NULL;
+  }
   int64_t count = 0;
   double total = be->nn->nll_forward(fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index, &count);
   fsdp_tensor_release(x);
@@ -208,7 +242,11 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
   fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
   if (node) {
     node->f[1] = (double)count;
-    node->i[0] = ignore_index; node->i[1] = N; node->i[2] = C; node->i[3] = S; node->i[4] = logp->ndim;
+    node->i[0] = ignore_index;
+    node->i[1] = N;
+    node->i[2] = C;
+    node->i[3] = S;
+    node->i[4] = logp->ndim;
     memcpy(&node->i[5], logp->shape, logp->ndim * sizeof(int64_t));
     fsdp_node_save(node, tc);
     fsdp_node_set_output(node, out);
@@ -228,7 +266,8 @@ static int mse_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** gr
   fsdp_tensor* ga = node->needs_grad[0] ? fsdp_new_like(a) : NULL;
   fsdp_tensor* gb = node->needs_grad[1] ? fsdp_new_like(b) : NULL;
   if ((node->needs_grad[0] && !ga) || (node->needs_grad[1] && !gb)) {
-    fsdp_tensor_release(ga); fsdp_tensor_release(gb);
+    fsdp_tensor_release(ga);
+    fsdp_tensor_release(gb);
     return -1;
   }
   fsdp_backend_of(a)->nn->mse_backward(ga ? fsdp_f32(ga) : NULL, gb ? fsdp_f32(gb) : NULL, fsdp_f32(a), fsdp_f32(b), n,
@@ -242,13 +281,16 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
   const char* op = "mse_loss";
   CHECK_NULL(a && b, "%s: input and target must be tensors (got nil)", op);
   if (fsdp_check_f32(op, a) || fsdp_check_f32(op, b) || fsdp_check_same_device(op, a, b)) return NULL;
-  CHECK_NULL(fsdp_same_shape(a, b), "%s: input of shape %s and target of shape %s must have the same shape", op,
-             SH(a), SH(b));
+  CHECK_NULL(fsdp_same_shape(a, b), "%s: input of shape %s and target of shape %s must have the same shape", op, SH(a),
+             SH(b));
   const fsdp_backend* be = fsdp_backend_of(a);
   if (!be) return NULL;
   fsdp_tensor* ac = fsdp_as_contig(a);
   fsdp_tensor* bc = ac ? fsdp_as_contig(b) : NULL;
-  if (!bc) { fsdp_tensor_release(ac); return NULL; }
+  if (!bc) {
+    fsdp_tensor_release(ac);
+    return NULL;
+  }
   int64_t n = fsdp_tensor_numel(ac);
   fsdp_tensor* out = new_scalar(fsdp_device_of(a), be->nn->mse_forward(fsdp_f32(ac), fsdp_f32(bc), n) / (double)n);
   fsdp_node* node = out ? fsdp_node_new("MseLossBackward", mse_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
@@ -280,14 +322,19 @@ static int layer_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
   fsdp_tensor* dw = node->needs_grad[1] ? fsdp_new(k, nshape, FSDP_F32, fsdp_device_of(x)) : NULL;
   fsdp_tensor* db = node->needs_grad[2] ? fsdp_new(k, nshape, FSDP_F32, fsdp_device_of(x)) : NULL;
   if ((node->needs_grad[0] && !dx) || (node->needs_grad[1] && !dw) || (node->needs_grad[2] && !db)) {
-    fsdp_tensor_release(dy); fsdp_tensor_release(dx); fsdp_tensor_release(dw); fsdp_tensor_release(db);
+    fsdp_tensor_release(dy);
+    fsdp_tensor_release(dx);
+    fsdp_tensor_release(dw);
+    fsdp_tensor_release(db);
     return -1;
   }
   fsdp_backend_of(x)->nn->layer_norm_backward(dx ? fsdp_f32(dx) : NULL, dw ? fsdp_f32(dw) : NULL,
                                               db ? fsdp_f32(db) : NULL, fsdp_f32(dy), fsdp_f32(x), fsdp_f32(mean),
                                               fsdp_f32(rstd), w ? fsdp_f32(w) : NULL, M, D);
   fsdp_tensor_release(dy);
-  grad_in[0] = dx; grad_in[1] = dw; grad_in[2] = db;
+  grad_in[0] = dx;
+  grad_in[1] = dw;
+  grad_in[2] = db;
   return 0;
 }
 
@@ -321,7 +368,10 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
                                bc ? fsdp_f32(bc) : NULL, M, D, (float)eps);
     fsdp_node* node = fsdp_node_new("LayerNormBackward", layer_norm_backward, 3, (fsdp_tensor*[]){x, w, b});
     if (node) {
-      node->i[0] = M; node->i[1] = D; node->i[2] = k; node->i[3] = -1;
+      node->i[0] = M;
+      node->i[1] = D;
+      node->i[2] = k;
+      node->i[3] = -1;
       fsdp_node_save(node, xc);
       fsdp_node_save(node, mean);
       fsdp_node_save(node, rstd);
@@ -332,8 +382,11 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
     fsdp_tensor_release(y);
     y = NULL;
   }
-  fsdp_tensor_release(xc); fsdp_tensor_release(wc); fsdp_tensor_release(bc);
-  fsdp_tensor_release(mean); fsdp_tensor_release(rstd);
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(wc);
+  fsdp_tensor_release(bc);
+  fsdp_tensor_release(mean);
+  fsdp_tensor_release(rstd);
   return y;
 }
 
@@ -359,8 +412,7 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
   const char* op = "embedding";
   CHECK_NULL(weight && index, "%s: weight and index must be tensors (got nil)", op);
   if (fsdp_check_f32(op, weight) || fsdp_check_same_device(op, weight, index)) return NULL;
-  CHECK_NULL(weight->ndim == 2, "%s: weight must be 2-D (num_embeddings, embedding_dim), got shape %s", op,
-             SH(weight));
+  CHECK_NULL(weight->ndim == 2, "%s: weight must be 2-D (num_embeddings, embedding_dim), got shape %s", op, SH(weight));
   CHECK_NULL(index->dtype == FSDP_I64, "%s: index must be an int64 tensor, got %s of shape %s", op, DT(index),
              SH(index));
   CHECK_NULL(index->ndim < FSDP_MAX_DIMS, "%s: index of shape %s has too many dims (output would exceed %d)", op,
@@ -377,7 +429,8 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
   if (V == 0 && n > 0) bad = fsdp_i64(idx)[0];
   if ((V == 0 && n > 0) || be->nn->check_targets(fsdp_i64(idx), n, V, 0, &bad)) {
     fsdp_errorf("%s: index value %lld is out of range for %lld embeddings (expected 0 <= index < %lld); weight %s, "
-                "index %s", op, (long long)bad, (long long)V, (long long)V, SH(weight), SH(index));
+                "index %s",
+                op, (long long)bad, (long long)V, (long long)V, SH(weight), SH(index));
     fsdp_tensor_release(idx);
     return NULL;
   }
@@ -390,7 +443,9 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
     be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
     fsdp_node* node = fsdp_node_new("EmbeddingBackward", embedding_backward, 1, &weight);
     if (node) {
-      node->i[0] = padding_idx; node->i[1] = V; node->i[2] = D;
+      node->i[0] = padding_idx;
+      node->i[1] = V;
+      node->i[2] = D;
       fsdp_node_save(node, idx);
       fsdp_node_set_output(node, y);
     }
@@ -407,8 +462,9 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
 static int dropout_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* g = fsdp_as_contig(grad_out);
   fsdp_tensor* gx = g ? fsdp_new_like(g) : NULL;
-  if (gx) fsdp_backend_of(g)->nn->dropout(fsdp_f32(gx), fsdp_f32(g), fsdp_tensor_numel(g), (float)node->f[0],
-                                          (uint64_t)node->i[0]);
+  if (gx)
+    fsdp_backend_of(g)->nn->dropout(fsdp_f32(gx), fsdp_f32(g), fsdp_tensor_numel(g), (float)node->f[0],
+                                    (uint64_t)node->i[0]);
   fsdp_tensor_release(g);
   grad_in[0] = gx;
   return gx ? 0 : -1;
@@ -418,7 +474,10 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
   const char* op = "dropout";
   CHECK_NULL(x, "%s: input is nil", op);
   CHECK_NULL(p >= 0.0 && p <= 1.0, "%s: probability has to be between 0 and 1, but got %g", op, p);
-  if (!training || p == 0.0) { fsdp_tensor_retain(x); return x; }  // identity
+  if (!training || p == 0.0) {
+    fsdp_tensor_retain(x);
+    return x;
+  }  // identity
   if (fsdp_check_f32(op, x)) return NULL;
   const fsdp_backend* be = fsdp_backend_of(x);
   if (!be) return NULL;
@@ -450,7 +509,11 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
 // like the tensor they belong to (fsdp_new_layout_like): for such heads the output (B, H, T, hd) is
 // stored as (B, T, H, hd), so y.transpose(2, 3).reshape(B, T, d) is a view. The scores P (B.., Tq,
 // Tk) are contiguous.
-typedef struct { float* p; int64_t* off; int64_t ld; } bmats;  // matrix b, row i: p + off[b] + i * ld
+typedef struct {
+  float* p;
+  int64_t* off;
+  int64_t ld;
+} bmats;  // matrix b, row i: p + off[b] + i * ld
 
 static float* bm(const bmats* m, int64_t b, int64_t i) { return m->p + m->off[b] + i * m->ld; }
 
@@ -458,7 +521,10 @@ static float* bm(const bmats* m, int64_t b, int64_t i) { return m->p + m->off[b]
 static void batch_offsets(int nb, const int64_t* shape, const int64_t* stride, int64_t B, int64_t* off) {
   for (int64_t b = 0; b < B; b++) {
     int64_t rem = b, o = 0;
-    for (int i = nb - 1; i >= 0; i--) { o += (rem % shape[i]) * stride[i]; rem /= shape[i]; }
+    for (int i = nb - 1; i >= 0; i--) {
+      o += (rem % shape[i]) * stride[i];
+      rem /= shape[i];
+    }
     off[b] = o;
   }
 }
@@ -487,7 +553,9 @@ static bmats matrices_of(fsdp_tensor* t, int64_t B, int64_t* off) {
 // sees keys j <= i -- and gemm_tiles' limits skip the rest in 4-row tiles: the score products stop
 // at the diagonal (and zero what lies past it), the products that read P or dS stop their sums there.
 // About half of the full work at large T.
-static int tile_limits(int causal, int64_t Tq, int64_t Tk, int lim) { return causal && Tq == Tk ? lim : FSDP_TILES_ALL; }
+static int tile_limits(int causal, int64_t Tq, int64_t Tk, int lim) {
+  return causal && Tq == Tk ? lim : FSDP_TILES_ALL;
+}
 
 // appends one product over the B matrices, C_b = alpha op(A_b) op(B_b), to the list (g, lim, *n) that
 // runs through gemm_tiles
@@ -495,7 +563,8 @@ static void add_products(fsdp_gemm_args* g, int* lim, int* n, int64_t B, int lim
                          int64_t N, int64_t K, float alpha, const bmats* A, const bmats* Bm, const bmats* C) {
   for (int64_t b = 0; b < B; b++, (*n)++) {
     lim[*n] = limits;
-    g[*n] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, bm(A, b, 0), A->ld, bm(Bm, b, 0), Bm->ld, 0.0f, bm(C, b, 0), C->ld};
+    g[*n] =
+        (fsdp_gemm_args){ta, tb, M, N, K, alpha, bm(A, b, 0), A->ld, bm(Bm, b, 0), Bm->ld, 0.0f, bm(C, b, 0), C->ld};
   }
 }
 
@@ -536,13 +605,15 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   bmats Q = matrices_of(q, B, off), K = matrices_of(k, B, off + nB), V = matrices_of(v, B, off + 2 * nB);
   bmats S = matrices_of(P, B, off + 3 * nB), Sd = S, dOm = matrices_of(dO, B, off + 4 * nB), dS = {0};
   if (Pd) Sd.p = fsdp_f32(Pd);  // same layout as P
-  if (dv) {  // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
+  if (dv) {                     // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
     bmats dV = matrices_of(dv, B, off + 5 * nB);
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, Dv, Tq, 1.0f, &Sd, &dOm, &dV);
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, Dv, Tq, 1.0f, &Sd, &dOm,
+                 &dV);
   }
   if (want_dP) {  // dPd (Tq, Tk) = dO (Tq, Dv) @ V^T (Dv, Tk)
     dS = matrices_of(dP, B, off + 6 * nB);
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, Dv, 1.0f, &dOm, &V, &dS);
+    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, Dv, 1.0f, &dOm, &V,
+                 &dS);
   }
   if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
   n = 0;
@@ -552,24 +623,32 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
     bmats dQ, dK;
     if (dq) {  // dQ (Tq, D) = scale * dS (Tq, Tk) @ K (Tk, D)
       dQ = matrices_of(dq, B, off + 7 * nB);
-      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, D, Tk, scale, &dS, &K, &dQ);
+      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, D, Tk, scale, &dS, &K,
+                   &dQ);
     }
     if (dk) {  // dK (Tk, D) = scale * dS^T (Tk, Tq) @ Q (Tq, D)
       dK = matrices_of(dk, B, off + 8 * nB);
-      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, D, Tq, scale, &dS, &Q, &dK);
+      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, D, Tq, scale, &dS, &Q,
+                   &dK);
     }
     if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
     if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
   }
-  grad_in[0] = dq; grad_in[1] = dk; grad_in[2] = dv;
+  grad_in[0] = dq;
+  grad_in[1] = dk;
+  grad_in[2] = dv;
   dq = dk = dv = NULL;
   rc = 0;
 done:
   free(g);
   free(lim);
   free(off);
-  fsdp_tensor_release(dO); fsdp_tensor_release(Pd); fsdp_tensor_release(dP);
-  fsdp_tensor_release(dq); fsdp_tensor_release(dk); fsdp_tensor_release(dv);
+  fsdp_tensor_release(dO);
+  fsdp_tensor_release(Pd);
+  fsdp_tensor_release(dP);
+  fsdp_tensor_release(dq);
+  fsdp_tensor_release(dk);
+  fsdp_tensor_release(dv);
   return rc;
 }
 
@@ -580,8 +659,10 @@ static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tenso
   if (fsdp_check_f32(op, q) || fsdp_check_f32(op, k) || fsdp_check_f32(op, v)) return -1;
   if (fsdp_check_same_device(op, q, k) || fsdp_check_same_device(op, q, v)) return -1;
   int nd = q->ndim;
-  CHECK_INT(nd >= 2 && k->ndim == nd && v->ndim == nd, "%s: query %s, key %s and value %s must have the same number "
-            "of dims (at least 2: (..., T, head_dim))", op, SH(q), SH(k), SH(v));
+  CHECK_INT(nd >= 2 && k->ndim == nd && v->ndim == nd,
+            "%s: query %s, key %s and value %s must have the same number "
+            "of dims (at least 2: (..., T, head_dim))",
+            op, SH(q), SH(k), SH(v));
   int ok = 1;
   *B = 1;
   for (int i = 0; i < nd - 2; i++) {
@@ -589,10 +670,12 @@ static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tenso
     *B *= q->shape[i];
   }
   CHECK_INT(ok, "%s: batch dims of query %s, key %s and value %s differ", op, SH(q), SH(k), SH(v));
-  *Tq = q->shape[nd - 2]; *D = q->shape[nd - 1];
-  *Tk = k->shape[nd - 2]; *Dv = v->shape[nd - 1];
-  CHECK_INT(k->shape[nd - 1] == *D, "%s: query %s and key %s have different head dims (%lld vs %lld)", op, SH(q),
-            SH(k), (long long)*D, (long long)k->shape[nd - 1]);
+  *Tq = q->shape[nd - 2];
+  *D = q->shape[nd - 1];
+  *Tk = k->shape[nd - 2];
+  *Dv = v->shape[nd - 1];
+  CHECK_INT(k->shape[nd - 1] == *D, "%s: query %s and key %s have different head dims (%lld vs %lld)", op, SH(q), SH(k),
+            (long long)*D, (long long)k->shape[nd - 1]);
   CHECK_INT(v->shape[nd - 2] == *Tk, "%s: key %s and value %s have different sequence lengths (%lld vs %lld)", op,
             SH(k), SH(v), (long long)*Tk, (long long)v->shape[nd - 2]);
   return 0;
@@ -621,8 +704,10 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
       int64_t ms = mask->shape[i], ss = sshape[nd - mask->ndim + i];
       ok = ms == ss || ms == 1;
     }
-    CHECK_NULL(ok, "%s: attn_mask of shape %s cannot be broadcast to the attention scores of shape %s (query %s, "
-               "key %s)", op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
+    CHECK_NULL(ok,
+               "%s: attn_mask of shape %s cannot be broadcast to the attention scores of shape %s (query %s, "
+               "key %s)",
+               op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
     fsdp_broadcast_strides(mask, nd, sshape, mstride);
   }
   int64_t nB = B > 0 ? B : 1;
@@ -630,7 +715,9 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   fsdp_gemm_args* g = malloc(nB * sizeof(fsdp_gemm_args));
   int* lim = malloc(nB * sizeof(int));
   if (!off || !g || !lim) {
-    free(off); free(g); free(lim);
+    free(off);
+    free(g);
+    free(lim);
     CHECK_NULL(0, "%s: out of memory", op);
   }
   fsdp_tensor *qm = as_matrices(q), *km = NULL, *vm = NULL, *P = NULL, *Pd = NULL, *out = NULL;
@@ -660,11 +747,17 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     ok = ok && (!n || !be->linalg->gemm_tiles(n, g, lim));
   }
   if (ok) {
-    fsdp_node* node = fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4,
-                                    (fsdp_tensor*[]){q, k, v, mask});
+    fsdp_node* node =
+        fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4, (fsdp_tensor*[]){q, k, v, mask});
     if (node) {
-      node->f[0] = scale; node->f[1] = dropout_p;
-      node->i[0] = (int64_t)seed; node->i[1] = B; node->i[2] = Tq; node->i[3] = Tk; node->i[4] = D; node->i[5] = Dv;
+      node->f[0] = scale;
+      node->f[1] = dropout_p;
+      node->i[0] = (int64_t)seed;
+      node->i[1] = B;
+      node->i[2] = Tq;
+      node->i[3] = Tk;
+      node->i[4] = D;
+      node->i[5] = Dv;
       node->i[6] = causal;
       fsdp_node_save(node, qm);
       fsdp_node_save(node, km);
@@ -680,7 +773,10 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   free(off);
   free(g);
   free(lim);
-  fsdp_tensor_release(qm); fsdp_tensor_release(km); fsdp_tensor_release(vm);
-  fsdp_tensor_release(P); fsdp_tensor_release(Pd);
+  fsdp_tensor_release(qm);
+  fsdp_tensor_release(km);
+  fsdp_tensor_release(vm);
+  fsdp_tensor_release(P);
+  fsdp_tensor_release(Pd);
   return out;
 }

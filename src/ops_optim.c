@@ -25,8 +25,8 @@ static fsdp_tensor* check_param_grad(const char* op, fsdp_tensor* param, fsdp_te
   CHECK_NULL(param && grad, "%s: param and grad must not be NULL", op);
   CHECK_NULL(param->dtype == FSDP_F32, "%s: param must be float32, got %s of shape %s", op, DT(param), SH(param));
   CHECK_NULL(fsdp_tensor_is_contiguous(param), "%s: param of shape %s is not contiguous", op, SH(param));
-  CHECK_NULL(grad->dtype == FSDP_F32, "%s: grad must be float32, got %s of shape %s (param %s)", op, DT(grad),
-             SH(grad), SH(param));
+  CHECK_NULL(grad->dtype == FSDP_F32, "%s: grad must be float32, got %s of shape %s (param %s)", op, DT(grad), SH(grad),
+             SH(param));
   CHECK_NULL(fsdp_same_shape(grad, param), "%s: grad has shape %s but param has shape %s", op, SH(grad), SH(param));
   if (fsdp_check_same_device(op, param, grad)) return NULL;
   return fsdp_as_contig(grad);
@@ -38,8 +38,8 @@ int fsdp_sgd_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* momentum_b
   CHECK_INT(momentum >= 0 && lr >= 0 && weight_decay >= 0,
             "%s: invalid hyperparameters lr=%g momentum=%g weight_decay=%g", op, lr, momentum, weight_decay);
   CHECK_INT(!nesterov || (momentum > 0 && dampening == 0),
-            "%s: nesterov momentum requires momentum > 0 and zero dampening (momentum=%g, dampening=%g)", op,
-            momentum, dampening);
+            "%s: nesterov momentum requires momentum > 0 and zero dampening (momentum=%g, dampening=%g)", op, momentum,
+            dampening);
   if (momentum != 0 && check_state(op, "momentum_buf", param, momentum_buf)) return -1;
   fsdp_tensor* g = check_param_grad(op, param, grad);  // (n)
   if (!g) return -1;
@@ -68,11 +68,11 @@ int fsdp_adam_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* exp_avg, 
   if (!g) return -1;
 
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-  fsdp_adam_hparams h = {lr, beta1, beta2, eps, weight_decay, lr / bc1, sqrt(bc2),
-                         decoupled != 0, amsgrad != 0, maximize != 0};
+  fsdp_adam_hparams h = {lr,       beta1,     beta2,          eps,          weight_decay,
+                         lr / bc1, sqrt(bc2), decoupled != 0, amsgrad != 0, maximize != 0};
   float* vmax = amsgrad ? fsdp_f32(max_exp_avg_sq) : NULL;
-  fsdp_backend_of(param)->optim->adam(&h, fsdp_f32(param), fsdp_f32(g), fsdp_f32(exp_avg), fsdp_f32(exp_avg_sq),
-                                      vmax, fsdp_tensor_numel(param));
+  fsdp_backend_of(param)->optim->adam(&h, fsdp_f32(param), fsdp_f32(g), fsdp_f32(exp_avg), fsdp_f32(exp_avg_sq), vmax,
+                                      fsdp_tensor_numel(param));
   fsdp_tensor_release(g);
 
   fsdp_bump_version(param);

@@ -20,9 +20,15 @@ static void node_save_shape(fsdp_node* n, const fsdp_tensor* t) {
 
 // a contiguous tensor with t's dtype (new ref; t itself when already contiguous)
 static fsdp_tensor* contig_same_dtype(fsdp_tensor* t) {
-  if (fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  if (fsdp_tensor_is_contiguous(t)) {
+    fsdp_tensor_retain(t);
+    return t;
+  }
   fsdp_tensor* r = fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
-  if (r && fsdp_copy_strided(r, t)) { fsdp_tensor_release(r); return NULL; }
+  if (r && fsdp_copy_strided(r, t)) {
+    fsdp_tensor_release(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -55,7 +61,10 @@ static void copy_into_slice(fsdp_tensor* dst, int dim, int64_t start, const fsdp
     char* d = (char*)fsdp_ptr(dst) + (o * dsz + start) * inner * (int64_t)des;
     const char* s = (const char*)fsdp_ptr(src) + soff * (int64_t)ses;
     k->copy_strided(d, dst->dtype, s, src->dtype, src->ndim - dim, src->shape + dim, src->stride + dim);
-    for (int j = dim - 1; j >= 0; j--) { if (++idx[j] < src->shape[j]) break; idx[j] = 0; }
+    for (int j = dim - 1; j >= 0; j--) {
+      if (++idx[j] < src->shape[j]) break;
+      idx[j] = 0;
+    }
   }
 }
 
@@ -75,7 +84,10 @@ fsdp_tensor* fsdp_clone(fsdp_tensor* a) {
   CHECK_NULL(a, "clone: input tensor is NULL");
   fsdp_tensor* out = fsdp_new(a->ndim, a->shape, a->dtype, fsdp_device_of(a));
   if (!out) return NULL;
-  if (fsdp_copy_strided(out, a)) { fsdp_tensor_release(out); return NULL; }
+  if (fsdp_copy_strided(out, a)) {
+    fsdp_tensor_release(out);
+    return NULL;
+  }
   fsdp_node* n = fsdp_node_new("CloneBackward", identity_backward, 1, &a);
   if (n) fsdp_node_set_output(n, out);
   return out;
@@ -83,7 +95,10 @@ fsdp_tensor* fsdp_clone(fsdp_tensor* a) {
 
 fsdp_tensor* fsdp_contiguous(fsdp_tensor* a) {
   CHECK_NULL(a, "contiguous: input tensor is NULL");
-  if (fsdp_tensor_is_contiguous(a)) { fsdp_tensor_retain(a); return a; }
+  if (fsdp_tensor_is_contiguous(a)) {
+    fsdp_tensor_retain(a);
+    return a;
+  }
   return fsdp_clone(a);
 }
 
@@ -125,7 +140,10 @@ static int infer_shape(const char* op, const fsdp_tensor* a, int ndim, const int
 // input dims that is contiguous in memory may be split/merged freely. Returns 0, or -1 (no error
 // set) when the layout is not viewable.
 static int view_strides(const fsdp_tensor* a, int ndim, const int64_t* shape, int64_t* stride) {
-  if (fsdp_tensor_numel(a) == 0 || a->ndim == 0) { fsdp_contiguous_strides(ndim, shape, stride); return 0; }
+  if (fsdp_tensor_numel(a) == 0 || a->ndim == 0) {
+    fsdp_contiguous_strides(ndim, shape, stride);
+    return 0;
+  }
   int vd = ndim - 1;
   int64_t chunk_base = a->stride[a->ndim - 1], tensor_numel = 1, view_numel = 1;
   for (int td = a->ndim - 1; td >= 0; td--) {
@@ -137,7 +155,11 @@ static int view_strides(const fsdp_tensor* a, int ndim, const int64_t* shape, in
         vd--;
       }
       if (view_numel != tensor_numel) return -1;
-      if (td > 0) { chunk_base = a->stride[td - 1]; tensor_numel = 1; view_numel = 1; }
+      if (td > 0) {
+        chunk_base = a->stride[td - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
     }
   }
   return vd == -1 ? 0 : -1;
@@ -149,7 +171,10 @@ static fsdp_tensor* make_view(const char* bwname, fsdp_tensor* a, int ndim, cons
   fsdp_tensor* out = fsdp_new_view(a, ndim, shape, stride, a->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, reshape_back_backward, 1, &a);
-  if (n) { node_save_shape(n, a); fsdp_node_set_output(n, out); }
+  if (n) {
+    node_save_shape(n, a);
+    fsdp_node_set_output(n, out);
+  }
   return out;
 }
 
@@ -159,8 +184,8 @@ fsdp_tensor* fsdp_view(fsdp_tensor* a, int ndim, const int64_t* shape) {
   if (infer_shape("view", a, ndim, shape, s)) return NULL;
   CHECK_NULL(view_strides(a, ndim, s, st) == 0,
              "view: size %s is not compatible with the input's shape %s and strides %s (a dimension spans "
-             "non-contiguous memory); use reshape() or contiguous() first", fsdp_dims_s(ndim, s), SH(a),
-             fsdp_dims_s(a->ndim, a->stride));
+             "non-contiguous memory); use reshape() or contiguous() first",
+             fsdp_dims_s(ndim, s), SH(a), fsdp_dims_s(a->ndim, a->stride));
   return make_view("ViewBackward", a, ndim, s, st);
 }
 
@@ -179,7 +204,10 @@ fsdp_tensor* fsdp_reshape(fsdp_tensor* a, int ndim, const int64_t* shape) {
 
 fsdp_tensor* fsdp_flatten(fsdp_tensor* a, int start_dim, int end_dim) {
   CHECK_NULL(a, "flatten: input tensor is NULL");
-  if (a->ndim == 0) { int64_t one = 1; return fsdp_reshape(a, 1, &one); }
+  if (a->ndim == 0) {
+    int64_t one = 1;
+    return fsdp_reshape(a, 1, &one);
+  }
   int s = fsdp_wrap_dim("flatten", start_dim, a->ndim), e = fsdp_wrap_dim("flatten", end_dim, a->ndim);
   if (s < 0 || e < 0) return NULL;
   CHECK_NULL(s <= e, "flatten: start_dim %d comes after end_dim %d for a tensor of shape %s", s, e, SH(a));
@@ -202,7 +230,10 @@ static int permute_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 
 static fsdp_tensor* permute_impl(const char* bwname, fsdp_tensor* a, const int* perm) {
   int64_t shape[FSDP_MAX_DIMS], stride[FSDP_MAX_DIMS];
-  for (int d = 0; d < a->ndim; d++) { shape[d] = a->shape[perm[d]]; stride[d] = a->stride[perm[d]]; }
+  for (int d = 0; d < a->ndim; d++) {
+    shape[d] = a->shape[perm[d]];
+    stride[d] = a->stride[perm[d]];
+  }
   fsdp_tensor* out = fsdp_new_view(a, a->ndim, shape, stride, a->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, permute_backward, 1, &a);
@@ -253,7 +284,11 @@ fsdp_tensor* fsdp_unsqueeze(fsdp_tensor* a, int dim) {
     if (i == d) {
       shape[i] = 1;
       stride[i] = d < a->ndim ? a->stride[d] * a->shape[d] : 1;
-    } else { shape[i] = a->shape[j]; stride[i] = a->stride[j]; j++; }
+    } else {
+      shape[i] = a->shape[j];
+      stride[i] = a->stride[j];
+      j++;
+    }
   }
   return make_view("UnsqueezeBackward", a, a->ndim + 1, shape, stride);
 }
@@ -266,7 +301,11 @@ fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim) {
     return make_view("SqueezeBackward", a, a->ndim, a->shape, a->stride);
   int64_t shape[FSDP_MAX_DIMS], stride[FSDP_MAX_DIMS];
   for (int i = 0, j = 0; i < a->ndim; i++)
-    if (i != d) { shape[j] = a->shape[i]; stride[j] = a->stride[i]; j++; }
+    if (i != d) {
+      shape[j] = a->shape[i];
+      stride[j] = a->stride[i];
+      j++;
+    }
   return make_view("SqueezeBackward", a, a->ndim - 1, shape, stride);
 }
 
@@ -280,14 +319,17 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
   CHECK_NULL(a, "expand: input tensor is NULL");
   CHECK_NULL(ndim >= a->ndim && ndim <= FSDP_MAX_DIMS,
              "expand: cannot expand a tensor of shape %s to %s (the number of sizes, %d, must be at least "
-             "the tensor's %d dims)", SH(a), fsdp_dims_s(ndim, shape), ndim, a->ndim);
+             "the tensor's %d dims)",
+             SH(a), fsdp_dims_s(ndim, shape), ndim, a->ndim);
   int64_t s[FSDP_MAX_DIMS], st[FSDP_MAX_DIMS];
   int lead = ndim - a->ndim;
   for (int d = 0; d < ndim; d++) {
     int ia = d - lead;
     if (ia < 0) {
-      CHECK_NULL(shape[d] >= 0, "expand: size %lld is not allowed for the new leading dim %d when expanding %s "
-                 "to %s", (long long)shape[d], d, SH(a), fsdp_dims_s(ndim, shape));
+      CHECK_NULL(shape[d] >= 0,
+                 "expand: size %lld is not allowed for the new leading dim %d when expanding %s "
+                 "to %s",
+                 (long long)shape[d], d, SH(a), fsdp_dims_s(ndim, shape));
       s[d] = shape[d];
       st[d] = 0;
     } else if (shape[d] == -1 || shape[d] == a->shape[ia]) {
@@ -296,8 +338,8 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
     } else {
       CHECK_NULL(a->shape[ia] == 1 && shape[d] >= 0,
                  "expand: the expanded size %lld must match the existing size %lld at dim %d (only size-1 "
-                 "dims can be expanded): tensor of shape %s, target %s", (long long)shape[d],
-                 (long long)a->shape[ia], d, SH(a), fsdp_dims_s(ndim, shape));
+                 "dims can be expanded): tensor of shape %s, target %s",
+                 (long long)shape[d], (long long)a->shape[ia], d, SH(a), fsdp_dims_s(ndim, shape));
       s[d] = shape[d];
       st[d] = 0;
     }
@@ -305,7 +347,10 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
   fsdp_tensor* out = fsdp_new_view(a, ndim, s, st, a->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("ExpandBackward", expand_backward, 1, &a);
-  if (n) { node_save_shape(n, a); fsdp_node_set_output(n, out); }
+  if (n) {
+    node_save_shape(n, a);
+    fsdp_node_set_output(n, out);
+  }
   return out;
 }
 
@@ -350,8 +395,9 @@ fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length)
   if (d < 0) return NULL;
   CHECK_NULL(start >= 0 && length >= 0 && start + length <= a->shape[d],
              "narrow: range [%lld, %lld) (start %lld, length %lld, 0-based) is out of bounds for dim %d of size "
-             "%lld in a tensor of shape %s", (long long)start, (long long)(start + length), (long long)start,
-             (long long)length, d, (long long)a->shape[d], SH(a));
+             "%lld in a tensor of shape %s",
+             (long long)start, (long long)(start + length), (long long)start, (long long)length, d,
+             (long long)a->shape[d], SH(a));
   int64_t shape[FSDP_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
   shape[d] = length;
@@ -396,12 +442,12 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
   for (int k = 0; k < n; k++) {
     const fsdp_tensor* t = ts[k];
     CHECK_NULL(t->ndim == t0->ndim && t->dtype == t0->dtype && fsdp_device_of(t) == fsdp_device_of(t0),
-               "cat: tensor %d (%s %s) does not match tensor 0 (%s %s) in number of dims, dtype or device", k,
-               DT(t), SH(t), DT(t0), SH(t0));
+               "cat: tensor %d (%s %s) does not match tensor 0 (%s %s) in number of dims, dtype or device", k, DT(t),
+               SH(t), DT(t0), SH(t0));
     for (int j = 0; j < t0->ndim; j++)
       CHECK_NULL(j == d || t->shape[j] == t0->shape[j],
-                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 0 has %s", d, k,
-                 SH(t), SH(t0));
+                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 0 has %s", d, k, SH(t),
+                 SH(t0));
     shape[d] += t->shape[d];
   }
   // a node holds at most FSDP_NODE_MAX_INPUTS inputs: cat long lists that need grad in chunks
@@ -449,9 +495,13 @@ static int index_select_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin
   const int64_t* in_shape = &n->i[1];
   fsdp_tensor* gx = fsdp_full(ndim, in_shape, 0.0, FSDP_F32, fsdp_device_of(g));
   fsdp_tensor* gc = fsdp_as_contig(g);
-  if (!gx || !gc) { fsdp_tensor_release(gx); fsdp_tensor_release(gc); return -1; }
-  fsdp_backend_of(gx)->elem->index_add(fsdp_f32(gx), fsdp_f32(gc), fsdp_i64(idx), prod(in_shape, 0, d),
-                                       in_shape[d], fsdp_tensor_numel(idx), prod(in_shape, d + 1, ndim));
+  if (!gx || !gc) {
+    fsdp_tensor_release(gx);
+    fsdp_tensor_release(gc);
+    return -1;
+  }
+  fsdp_backend_of(gx)->elem->index_add(fsdp_f32(gx), fsdp_f32(gc), fsdp_i64(idx), prod(in_shape, 0, d), in_shape[d],
+                                       fsdp_tensor_numel(idx), prod(in_shape, d + 1, ndim));
   fsdp_tensor_release(gc);
   gin[0] = gx;
   return 0;
@@ -460,8 +510,8 @@ static int index_select_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin
 fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   CHECK_NULL(a && index, "index_select: input or index tensor is NULL");
   CHECK_NULL(index->dtype == FSDP_I64 && index->ndim <= 1,
-             "index_select: index must be a 0-dim or 1-dim int64 tensor, got %s of shape %s (input %s)",
-             DT(index), SH(index), SH(a));
+             "index_select: index must be a 0-dim or 1-dim int64 tensor, got %s of shape %s (input %s)", DT(index),
+             SH(index), SH(a));
   if (fsdp_check_same_device("index_select", a, index)) return NULL;
   CHECK_NULL(a->ndim > 0, "index_select: input must have at least one dim (got a 0-dim %s tensor)", DT(a));
   int d = fsdp_wrap_dim("index_select", dim, a->ndim);
@@ -477,7 +527,8 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   int64_t bad = k->index_check(fsdp_i64(idx), m, 0, in_shape[d]);
   if (bad >= 0) {
     fsdp_errorf("index_select: index %lld (at position %lld) is out of range for dim %d of size %lld in a tensor "
-                "of shape %s", (long long)fsdp_i64(idx)[bad], (long long)bad, d, (long long)in_shape[d], SH(a));
+                "of shape %s",
+                (long long)fsdp_i64(idx)[bad], (long long)bad, d, (long long)in_shape[d], SH(a));
     fsdp_tensor_release(idx);
     return NULL;
   }
@@ -486,7 +537,11 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   memcpy(shape, in_shape, sizeof shape);
   shape[d] = m;
   fsdp_tensor* out = ac ? fsdp_new(nd, shape, a->dtype, fsdp_device_of(a)) : NULL;
-  if (!out) { fsdp_tensor_release(idx); fsdp_tensor_release(ac); return NULL; }
+  if (!out) {
+    fsdp_tensor_release(idx);
+    fsdp_tensor_release(ac);
+    return NULL;
+  }
   k->index_select(fsdp_ptr(out), fsdp_ptr(ac), fsdp_dtype_size(a->dtype), fsdp_i64(idx), prod(in_shape, 0, d),
                   in_shape[d], m, prod(in_shape, d + 1, nd));
   fsdp_tensor_release(ac);
@@ -507,7 +562,10 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
 static int to_dtype_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* r = fsdp_new(g->ndim, g->shape, (int)n->i[0], fsdp_device_of(g));
   if (!r) return -1;
-  if (fsdp_copy_strided(r, g)) { fsdp_tensor_release(r); return -1; }
+  if (fsdp_copy_strided(r, g)) {
+    fsdp_tensor_release(r);
+    return -1;
+  }
   gin[0] = r;
   return 0;
 }
@@ -515,13 +573,22 @@ static int to_dtype_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
   CHECK_NULL(a, "to: input tensor is NULL");
   CHECK_NULL(dtype >= 0 && dtype < FSDP_NDTYPES, "to: unknown dtype %d (tensor %s %s)", dtype, DT(a), SH(a));
-  if (dtype == a->dtype) { fsdp_tensor_retain(a); return a; }
+  if (dtype == a->dtype) {
+    fsdp_tensor_retain(a);
+    return a;
+  }
   fsdp_tensor* out = fsdp_new(a->ndim, a->shape, dtype, fsdp_device_of(a));
   if (!out) return NULL;
-  if (fsdp_copy_strided(out, a)) { fsdp_tensor_release(out); return NULL; }
+  if (fsdp_copy_strided(out, a)) {
+    fsdp_tensor_release(out);
+    return NULL;
+  }
   if (dtype != FSDP_I64) {  // integer outputs never require grad
     fsdp_node* n = fsdp_node_new("ToCopyBackward", to_dtype_backward, 1, &a);
-    if (n) { n->i[0] = a->dtype; fsdp_node_set_output(n, out); }
+    if (n) {
+      n->i[0] = a->dtype;
+      fsdp_node_set_output(n, out);
+    }
   }
   return out;
 }

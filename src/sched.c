@@ -26,10 +26,10 @@
 fsdp_unit** fsdp_units;
 int fsdp_n_units;
 static int g_cap_units;
-static int g_depth;                 // nesting depth of unit forwards
-static fsdp_unit** g_order;         // units in the order their forward ran in this pass
+static int g_depth;          // nesting depth of unit forwards
+static fsdp_unit** g_order;  // units in the order their forward ran in this pass
 static int g_order_n, g_order_cap;
-static fsdp_unit** g_prev_order;    // ... and in the previous pass (forward prefetch)
+static fsdp_unit** g_prev_order;  // ... and in the previous pass (forward prefetch)
 static int g_prev_order_n, g_prev_cap;
 static int g_installed;
 static int64_t g_finished_pass = -1;
@@ -49,7 +49,10 @@ int fsdp_unit_world_size(const fsdp_unit* u) { return u->W; }
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->unit; }
 
 int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {
-  if (!t->unit) { memcpy(shape, t->shape, t->ndim * sizeof(int64_t)); return t->ndim; }
+  if (!t->unit) {
+    memcpy(shape, t->shape, t->ndim * sizeof(int64_t));
+    return t->ndim;
+  }
   const unit_param* p = &t->unit->p[t->unit_index];
   memcpy(shape, p->shape, p->ndim * sizeof(int64_t));
   return p->ndim;
@@ -58,14 +61,18 @@ int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {
 int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length) {
   CHECK_INT(i >= 0 && i < u->n, "FSDP unit '%s': no parameter %d", u->path, i);
   const unit_param* p = &u->p[i];
-  *numel = p->numel; *chunk = p->chunk; *start = p->start; *length = p->len;
+  *numel = p->numel;
+  *chunk = p->chunk;
+  *start = p->start;
+  *length = p->len;
   return 0;
 }
 
 // ---- creation and parameters ------------------------------------------------------------------------
 fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   if (!fsdp_comm_is_initialized() && fsdp_comm_init(NULL)) return NULL;
-  CHECK_NULL(opts->sharding >= 0 && opts->sharding <= 2, "fsdp.wrap '%s': unknown sharding strategy %d", path, opts->sharding);
+  CHECK_NULL(opts->sharding >= 0 && opts->sharding <= 2, "fsdp.wrap '%s': unknown sharding strategy %d", path,
+             opts->sharding);
   CHECK_NULL(opts->param_dtype == FSDP_F32 || opts->param_dtype == FSDP_BF16 || opts->param_dtype == FSDP_F16,
              "fsdp.wrap '%s': mixed precision param dtype must be float32, bfloat16 or float16, got %s", path,
              fsdp_dtype_name(opts->param_dtype));
@@ -81,7 +88,11 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   u->sync_grads = 1;
   u->order_index = -1;
   u->pass = -1;
-  if (fsdp_shard_layout(u)) { free(u->path); free(u); return NULL; }  // empty buffers
+  if (fsdp_shard_layout(u)) {
+    free(u->path);
+    free(u);
+    return NULL;
+  }  // empty buffers
   if (fsdp_n_units == g_cap_units) {
     g_cap_units = g_cap_units ? 2 * g_cap_units : 16;
     fsdp_units = realloc(fsdp_units, g_cap_units * sizeof *fsdp_units);
@@ -103,7 +114,10 @@ static int release_all(fsdp_unit* u) {
 }
 
 static void free_params(fsdp_unit* u) {
-  for (int i = 0; i < u->n; i++) { fsdp_tensor_release(u->p[i].t); free(u->p[i].name); }
+  for (int i = 0; i < u->n; i++) {
+    fsdp_tensor_release(u->p[i].t);
+    free(u->p[i].name);
+  }
   free(u->p);
   u->p = NULL;
   u->n = 0;
@@ -132,11 +146,11 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   for (int i = 0; i < n; i++) {
     fsdp_tensor* t = ts[i];
     const char* nm = names && names[i] ? names[i] : "?";
-    CHECK_INT(t->dtype == FSDP_F32, "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters", u->path, nm, DT(t));
+    CHECK_INT(t->dtype == FSDP_F32, "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters", u->path, nm,
+              DT(t));
     CHECK_INT(!t->grad_fn, "fsdp.wrap '%s': parameter '%s' is not a leaf tensor", u->path, nm);
     CHECK_INT(t->storage->device == FSDP_CPU, "fsdp.wrap '%s': parameter '%s' is not on the cpu", u->path, nm);
-    for (int j = 0; j < i; j++)
-      CHECK_INT(ts[j] != t, "fsdp.wrap '%s': parameter '%s' is listed twice", u->path, nm);
+    for (int j = 0; j < i; j++) CHECK_INT(ts[j] != t, "fsdp.wrap '%s': parameter '%s' is listed twice", u->path, nm);
   }
   // take every parameter home: ours and those another unit owns become standalone first
   if (release_all(u)) return -1;
@@ -154,16 +168,26 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     for (int a = 0; a < v->n; a++) {
       int moving = 0;
       for (int b = 0; b < n; b++) moving |= ts[b] == v->p[a].t;
-      if (!moving) { knames[m] = v->p[a].name; keep[m++] = v->p[a].t; }
+      if (!moving) {
+        knames[m] = v->p[a].name;
+        keep[m++] = v->p[a].t;
+      }
     }
     for (int a = 0; a < m; a++) keep[a]->refcount++;
     char** dup = malloc((m + 1) * sizeof *dup);
     for (int a = 0; a < m; a++) dup[a] = strdup(knames[a]);
     free_params(v);
     int rc = adopt(v, m, keep, (const char**)dup);
-    for (int a = 0; a < m; a++) { fsdp_tensor_release(keep[a]); free(dup[a]); }
-    free(dup); free(knames);
-    if (rc) { free(keep); return -1; }
+    for (int a = 0; a < m; a++) {
+      fsdp_tensor_release(keep[a]);
+      free(dup[a]);
+    }
+    free(dup);
+    free(knames);
+    if (rc) {
+      free(keep);
+      return -1;
+    }
   }
   free(keep);
   free_params(u);
@@ -188,7 +212,8 @@ static int reshard_after_forward(const fsdp_unit* u) {
 
 static int64_t g_inflight_gathers(void) {
   int64_t n = 0;
-  for (int i = 0; i < fsdp_n_units; i++) n += (fsdp_units[i]->g[0].gather != NULL) || (fsdp_units[i]->g[1].gather != NULL);
+  for (int i = 0; i < fsdp_n_units; i++)
+    n += (fsdp_units[i]->g[0].gather != NULL) || (fsdp_units[i]->g[1].gather != NULL);
   return n;
 }
 
@@ -205,8 +230,13 @@ static int finalize_unit(fsdp_unit* u) {
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
     if (p->stash) {  // no new gradient for this one: it keeps what it had
-      if (!p->t->grad) { p->t->grad = p->stash; p->stash = NULL; }
-      else { fsdp_tensor_release(p->stash); p->stash = NULL; }
+      if (!p->t->grad) {
+        p->t->grad = p->stash;
+        p->stash = NULL;
+      } else {
+        fsdp_tensor_release(p->stash);
+        p->stash = NULL;
+      }
     }
   }
   if (u->opts.sharding != FSDP_NO_SHARD && fsdp_shard_reshard(u, 0)) rc = -1;
@@ -229,26 +259,39 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
     CHECK_INT(!fsdp_is_backward_running(), "FSDP unit '%s': forward inside backward is not supported", u->path);
     for (int i = 0; i < fsdp_n_units; i++)
       if (fsdp_units[i]->state != FSDP_UNIT_IDLE && finalize_unit(fsdp_units[i])) return -1;
-    fsdp_unit** t = g_prev_order; g_prev_order = g_order; g_order = t;  // this pass's order becomes "previous"
-    int cap = g_prev_cap; g_prev_cap = g_order_cap; g_order_cap = cap;
+    fsdp_unit** t = g_prev_order;
+    g_prev_order = g_order;
+    g_order = t;  // this pass's order becomes "previous"
+    int cap = g_prev_cap;
+    g_prev_cap = g_order_cap;
+    g_order_cap = cap;
     g_prev_order_n = g_order_n;
     g_order_n = 0;
-    for (int i = 0; i < fsdp_n_units; i++) { fsdp_units[i]->order_index = -1; fsdp_units[i]->has_bw_node = 0; }
+    for (int i = 0; i < fsdp_n_units; i++) {
+      fsdp_units[i]->order_index = -1;
+      fsdp_units[i]->has_bw_node = 0;
+    }
   }
   if (fsdp_shard_requires_relayout(u)) {  // freezing changed since the last step: rebuild the plan
-    CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': requires_grad of its parameters changed during a forward pass",
-              u->path);
+    CHECK_INT(u->state == FSDP_UNIT_IDLE,
+              "FSDP unit '%s': requires_grad of its parameters changed during a forward pass", u->path);
     if (fsdp_shard_reshard(u, 0) || fsdp_shard_layout(u)) return -1;
   }
   for (int i = 0; i < u->n; i++) u->p[i].rg_at_forward = u->p[i].t->requires_grad;
   u->is_root = g_depth == 0;
   g_depth++;
   if (u->order_index < 0) order_push(u);
-  if (fsdp_shard_gather_finish(u)) { g_depth--; return -1; }
+  if (fsdp_shard_gather_finish(u)) {
+    g_depth--;
+    return -1;
+  }
   u->state = FSDP_UNIT_FORWARD;
   if (u->opts.forward_prefetch)  // the unit that followed this one last time
     for (int i = 0; i + 1 < g_prev_order_n; i++)
-      if (g_prev_order[i] == u) { prefetch(g_prev_order[i + 1]); break; }
+      if (g_prev_order[i] == u) {
+        prefetch(g_prev_order[i + 1]);
+        break;
+      }
   return 0;
 }
 
@@ -275,7 +318,8 @@ static int pre_backward(fsdp_unit* u) {
   for (int i = 0; i < u->n; i++)
     CHECK_INT(u->p[i].t->requires_grad == u->p[i].rg_at_forward,
               "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward (was %s); "
-              "change freezing only between steps", u->path, u->p[i].name, u->p[i].rg_at_forward ? "true" : "false");
+              "change freezing only between steps",
+              u->path, u->p[i].name, u->p[i].rg_at_forward ? "true" : "false");
   if (fsdp_shard_gather_finish(u)) return -1;
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;  // gathered again for a late node; nothing else to do
   for (int i = 0; i < u->n; i++) {
@@ -304,8 +348,10 @@ static int pre_backward(fsdp_unit* u) {
 }
 
 int fsdp_unit_materialize(fsdp_unit* u) {
-  CHECK_INT(fsdp_is_backward_running(), "FSDP unit '%s': its parameters are resharded; a tensor that views them "
-            "was kept past the forward pass", u->path);
+  CHECK_INT(fsdp_is_backward_running(),
+            "FSDP unit '%s': its parameters are resharded; a tensor that views them "
+            "was kept past the forward pass",
+            u->path);
   return pre_backward(u);
 }
 
@@ -327,7 +373,8 @@ static int post_backward(fsdp_unit* u) {
     if (u->sync_grads) {
       if (fsdp_shard_reduce_start(u)) return -1;
     } else {
-      for (int i = 0; i < u->n; i++) if (u->p[i].got_grad) u->p[i].grad_is_local = 1;
+      for (int i = 0; i < u->n; i++)
+        if (u->p[i].got_grad) u->p[i].grad_is_local = 1;
     }
   }
   u->state = FSDP_UNIT_BACKWARD_DONE;
@@ -344,7 +391,10 @@ static int pre_backward_node(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 }
 
 fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t) {
-  if (!fsdp_is_grad_enabled() || !t->requires_grad) { t->refcount++; return t; }
+  if (!fsdp_is_grad_enabled() || !t->requires_grad) {
+    t->refcount++;
+    return t;
+  }
   fsdp_tensor* out = fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("FSDPPreBackward", pre_backward_node, 1, &t);
@@ -399,7 +449,8 @@ static int end_of_backward(void* ctx) {
 }
 
 static int listener(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
-  (void)node; (void)ctx;
+  (void)node;
+  (void)ctx;
   if (ev == FSDP_EV_BACKWARD_BEGIN) return fsdp_n_units ? fsdp_queue_callback(end_of_backward, NULL) : 0;
   if (ev == FSDP_EV_GRAD_READY) return on_grad_ready(t);
   if (ev == FSDP_EV_BACKWARD_END && g_finished_pass != fsdp_autograd_pass()) {

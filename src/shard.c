@@ -66,7 +66,10 @@ int fsdp_shard_layout(fsdp_unit* u) {
   memcpy(old, u->g, sizeof old);
   int old_group[u->n > 0 ? u->n : 1];
   int64_t old_off[u->n > 0 ? u->n : 1];
-  for (int i = 0; i < u->n; i++) { old_group[i] = u->p[i].group; old_off[i] = u->p[i].shard_off; }
+  for (int i = 0; i < u->n; i++) {
+    old_group[i] = u->p[i].group;
+    old_off[i] = u->p[i].shard_off;
+  }
 
   memset(u->g, 0, sizeof u->g);
   for (int i = 0; i < u->n; i++) {
@@ -100,7 +103,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
     fsdp_storage* dst = u->g[p->group].shard;
     if (p->t->unit == u) {  // moved between groups or re-laid out: the chunk travels as is
       copy_run(dst, FSDP_F32, p->shard_off, old[old_group[i]].shard, FSDP_F32, old_off[i], p->chunk);
-    } else {                // standalone: cut this rank's piece out of the full values
+    } else {  // standalone: cut this rank's piece out of the full values
       fsdp_tensor* full = fsdp_as_contig(p->t);
       if (!full) return -1;
       copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len);
@@ -112,7 +115,10 @@ int fsdp_shard_layout(fsdp_unit* u) {
   }
   u->gathered = !u->separate_full;
   fsdp_shard_set_form(u, 0);
-  for (int k = 0; k < 2; k++) { fsdp_storage_release(old[k].shard); fsdp_storage_release(old[k].full); }
+  for (int k = 0; k < 2; k++) {
+    fsdp_storage_release(old[k].shard);
+    fsdp_storage_release(old[k].full);
+  }
   return 0;
 }
 
@@ -137,7 +143,10 @@ int fsdp_shard_release_param(fsdp_unit* u, int i) {
 
 // ---- all-gather ---------------------------------------------------------------------------------------
 static void gather_cleanup(unit_group* g) {
-  if (g->gather) { fsdp_work_free(g->gather); g->gather = NULL; }
+  if (g->gather) {
+    fsdp_work_free(g->gather);
+    g->gather = NULL;
+  }
   fsdp_tensor_release(g->gather_send);
   fsdp_tensor_release(g->gather_recv);
   g->gather_send = g->gather_recv = NULL;
@@ -158,13 +167,19 @@ int fsdp_shard_gather_start(fsdp_unit* u) {
     }
     g->gather_recv = fsdp_new_cat(1, &WS, pdt, FSDP_CPU, FSDP_MEM_COMM);
     if (g->gather_send && g->gather_recv) g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
-    if (!g->gather) { gather_cleanup(g); return -1; }
+    if (!g->gather) {
+      gather_cleanup(g);
+      return -1;
+    }
   }
   return 0;
 }
 
 int fsdp_shard_gather_finish(fsdp_unit* u) {
-  if (u->gathered) { fsdp_shard_set_form(u, 1); return 0; }
+  if (u->gathered) {
+    fsdp_shard_set_form(u, 1);
+    return 0;
+  }
   if (fsdp_shard_gather_start(u)) return -1;
   int pdt = u->opts.param_dtype;
   for (int k = 0; k < 2; k++) {
@@ -202,11 +217,15 @@ int fsdp_shard_reshard(fsdp_unit* u, int writeback) {
       gather_cleanup(&u->g[k]);
       if (rc) return -1;
     }
-  if (!u->separate_full) { fsdp_shard_set_form(u, 0); return 0; }
+  if (!u->separate_full) {
+    fsdp_shard_set_form(u, 0);
+    return 0;
+  }
   if (u->gathered && writeback)
     for (int i = 0; i < u->n; i++) {
       unit_param* p = &u->p[i];
-      copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, FSDP_F32, p->full_off + p->start, p->len);
+      copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, FSDP_F32, p->full_off + p->start,
+               p->len);
     }
   for (int k = 0; k < 2; k++) fsdp_storage_drop_data(u->g[k].full);
   u->gathered = 0;
@@ -280,9 +299,13 @@ int fsdp_shard_reduce_finish(fsdp_unit* u) {
   for (int i = 0; i < u->n && !rc; i++) {
     unit_param* p = &u->p[i];
     if (p->group != 0 || !p->got_grad) continue;
-    fsdp_tensor* piece = p->len == p->numel ? fsdp_view_storage(recv->storage, FSDP_F32, p->ndim, p->shape, p->shard_off)
-                                            : fsdp_view_storage(recv->storage, FSDP_F32, 1, &p->len, p->shard_off);
-    if (!piece) { rc = -1; break; }
+    fsdp_tensor* piece = p->len == p->numel
+                             ? fsdp_view_storage(recv->storage, FSDP_F32, p->ndim, p->shape, p->shard_off)
+                             : fsdp_view_storage(recv->storage, FSDP_F32, 1, &p->len, p->shard_off);
+    if (!piece) {
+      rc = -1;
+      break;
+    }
     if (p->stash) {
       k->axpy(fsdp_f32(piece), p->len, fsdp_f32(p->stash), p->len, 1, p->len, 1.0f);
       fsdp_tensor_release(p->stash);

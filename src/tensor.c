@@ -63,7 +63,10 @@ static void mem_count(int cat, int64_t delta) {
 #define FSDP_CACHE_MIN (64u << 10)
 #define FSDP_CACHE_MAX ((size_t)1 << 30)
 #define FSDP_CACHE_SLOTS 256
-static struct { void* p; size_t size; } g_cache[FSDP_CACHE_SLOTS];
+static struct {
+  void* p;
+  size_t size;
+} g_cache[FSDP_CACHE_SLOTS];
 static int g_cache_n;
 static size_t g_cache_bytes;
 
@@ -90,7 +93,10 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
         break;
       }
   if (!p) p = aligned_alloc(64, padded);
-  if (!p && g_cache_n) { fsdp_memory_empty_cache(); p = aligned_alloc(64, padded); }
+  if (!p && g_cache_n) {
+    fsdp_memory_empty_cache();
+    p = aligned_alloc(64, padded);
+  }
   CHECK_NULL(p, "alloc: out of memory allocating %zu bytes", nbytes);
   mem_count(cat, (int64_t)nbytes);
   if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
@@ -101,7 +107,10 @@ void fsdp_free(void* p, size_t nbytes, int device, int cat) {
   if (!p) return;
   mem_count(cat, -(int64_t)nbytes);
   size_t padded = (nbytes + 63) & ~(size_t)63;
-  if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) { free(p); return; }
+  if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) {
+    free(p);
+    return;
+  }
   while (g_cache_n && (g_cache_n == FSDP_CACHE_SLOTS || g_cache_bytes + padded > FSDP_CACHE_MAX)) cache_evict(0);
   g_cache[g_cache_n].p = p;
   g_cache[g_cache_n].size = padded;
@@ -142,7 +151,12 @@ static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k
 uint64_t fsdp_rng_next(void) {
   uint64_t* s = g_rng;
   uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-  s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
   return r;
 }
 double fsdp_rng_uniform(void) { return (double)(fsdp_rng_next() >> 11) * 0x1.0p-53; }
@@ -175,12 +189,18 @@ const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return fsdp_backend_
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat) {
   fsdp_storage* s = calloc(1, sizeof *s);
   CHECK_NULL(s, "alloc: out of memory");
-  s->refcount = 1; s->device = device; s->cat = cat; s->nbytes = nbytes;
+  s->refcount = 1;
+  s->device = device;
+  s->cat = cat;
+  s->nbytes = nbytes;
   return s;
 }
 fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat) {
   fsdp_storage* s = fsdp_storage_new_empty(nbytes, device, cat);
-  if (s && fsdp_storage_ensure_data(s)) { free(s); return NULL; }
+  if (s && fsdp_storage_ensure_data(s)) {
+    free(s);
+    return NULL;
+  }
   return s;
 }
 int fsdp_storage_ensure_data(fsdp_storage* s) {
@@ -201,11 +221,14 @@ void fsdp_storage_release(fsdp_storage* s) {
 int fsdp_check_data(const char* op, const fsdp_tensor* t) {
   CHECK_INT(t->storage->data || t->storage->nbytes == 0,
             "%s: tensor of shape %s views the gathered parameters of an FSDP unit that is resharded now "
-            "(use summon_full_params to read full parameters outside forward)", op, SH(t));
+            "(use summon_full_params to read full parameters outside forward)",
+            op, SH(t));
   return 0;
 }
 
-void fsdp_tensor_retain(fsdp_tensor* t) { if (t) t->refcount++; }
+void fsdp_tensor_retain(fsdp_tensor* t) {
+  if (t) t->refcount++;
+}
 
 void fsdp_tensor_release(fsdp_tensor* t) {
   if (!t || --t->refcount > 0) return;
@@ -223,7 +246,10 @@ int64_t fsdp_shape_numel(int ndim, const int64_t* shape) {
 }
 void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride) {
   int64_t s = 1;
-  for (int i = ndim - 1; i >= 0; i--) { stride[i] = s; s *= shape[i] > 0 ? shape[i] : 1; }
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
 }
 
 static fsdp_tensor* tensor_alloc(int ndim, const int64_t* shape, int dtype) {
@@ -233,7 +259,9 @@ static fsdp_tensor* tensor_alloc(int ndim, const int64_t* shape, int dtype) {
     CHECK_NULL(shape[i] >= 0, "tensor: negative size %lld in shape %s", (long long)shape[i], fsdp_dims_s(ndim, shape));
   fsdp_tensor* t = calloc(1, sizeof *t);
   CHECK_NULL(t, "alloc: out of memory");
-  t->refcount = 1; t->ndim = ndim; t->dtype = dtype;
+  t->refcount = 1;
+  t->ndim = ndim;
+  t->dtype = dtype;
   memcpy(t->shape, shape, ndim * sizeof(int64_t));
   return t;
 }
@@ -243,7 +271,10 @@ fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device) {
   if (!t) return NULL;
   fsdp_contiguous_strides(ndim, shape, t->stride);
   t->storage = fsdp_storage_new(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, g_default_cat);
-  if (!t->storage) { free(t); return NULL; }
+  if (!t->storage) {
+    free(t);
+    return NULL;
+  }
   return t;
 }
 fsdp_tensor* fsdp_new_cat(int ndim, const int64_t* shape, int dtype, int device, int cat) {
@@ -271,7 +302,10 @@ fsdp_tensor* fsdp_new_layout_like(const fsdp_tensor* like, const int64_t* shape)
   int nd = like->ndim, order[FSDP_MAX_DIMS];
   for (int i = 0; i < nd; i++) {  // stable insertion sort by stride, descending
     int j = i;
-    while (j > 0 && like->stride[order[j - 1]] < like->stride[i]) { order[j] = order[j - 1]; j--; }
+    while (j > 0 && like->stride[order[j - 1]] < like->stride[i]) {
+      order[j] = order[j - 1];
+      j--;
+    }
     order[j] = i;
   }
   int nested = 1;
@@ -343,7 +377,8 @@ bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b) {
 }
 int fsdp_wrap_dim(const char* op, int dim, int ndim) {
   int n = ndim > 0 ? ndim : 1;
-  CHECK_INT(dim >= -n && dim < n, "%s: dimension %d out of range for a tensor with %d dims (0-based in C)", op, dim, ndim);
+  CHECK_INT(dim >= -n && dim < n, "%s: dimension %d out of range for a tensor with %d dims (0-based in C)", op, dim,
+            ndim);
   return dim < 0 ? dim + n : dim;
 }
 int fsdp_check_f32(const char* op, const fsdp_tensor* t) {
@@ -359,8 +394,8 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 // ---- copies -------------------------------------------------------------------------------------------
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
   if (fsdp_check_data("copy", src) || fsdp_check_data("copy", dst)) return -1;
-  CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld",
-            SH(dst), (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
+  CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld", SH(dst),
+            (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
   const fsdp_elem_kernels* k = fsdp_backend_of(dst)->elem;
   if (fsdp_tensor_is_contiguous(dst)) {
     k->copy_strided(fsdp_ptr(dst), dst->dtype, fsdp_ptr(src), src->dtype, src->ndim, src->shape, src->stride);
@@ -379,16 +414,25 @@ int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
     int64_t off = 0;
     for (int j = 0; j < dst->ndim; j++) off += idx[j] * dst->stride[j];
     memcpy(d + off * es, s + i * es, es);
-    for (int j = dst->ndim - 1; j >= 0; j--) { if (++idx[j] < dst->shape[j]) break; idx[j] = 0; }
+    for (int j = dst->ndim - 1; j >= 0; j--) {
+      if (++idx[j] < dst->shape[j]) break;
+      idx[j] = 0;
+    }
   }
   fsdp_tensor_release(tmp);
   return 0;
 }
 
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t) {
-  if (t->dtype == FSDP_F32 && fsdp_tensor_is_contiguous(t)) { fsdp_tensor_retain(t); return t; }
+  if (t->dtype == FSDP_F32 && fsdp_tensor_is_contiguous(t)) {
+    fsdp_tensor_retain(t);
+    return t;
+  }
   fsdp_tensor* r = fsdp_new(t->ndim, t->shape, FSDP_F32, fsdp_device_of(t));
-  if (r && fsdp_copy_strided(r, t)) { fsdp_tensor_release(r); return NULL; }
+  if (r && fsdp_copy_strided(r, t)) {
+    fsdp_tensor_release(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -406,7 +450,10 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
     int64_t off = 0;
     for (int j = 0; j < t->ndim; j++) off += idx[j] * t->stride[j];
     out[i] = load_elem(base + off * es, t->dtype);
-    for (int j = t->ndim - 1; j >= 0; j--) { if (++idx[j] < t->shape[j]) break; idx[j] = 0; }
+    for (int j = t->ndim - 1; j >= 0; j--) {
+      if (++idx[j] < t->shape[j]) break;
+      idx[j] = 0;
+    }
   }
   return 0;
 }
@@ -490,7 +537,7 @@ fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape
   CHECK_NULL(hi > lo, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
   fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_I64, FSDP_CPU);
   if (!t) return NULL;
-  int64_t* p = fsdp_i64(t), n = fsdp_tensor_numel(t);
+  int64_t *p = fsdp_i64(t), n = fsdp_tensor_numel(t);
   uint64_t range = (uint64_t)(hi - lo);
   for (int64_t i = 0; i < n; i++) p[i] = lo + (int64_t)(fsdp_rng_next() % range);
   return t;
@@ -503,7 +550,8 @@ fsdp_tensor* fsdp_randperm(int64_t n) {
   for (int64_t i = 0; i < n; i++) p[i] = i;
   for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
     int64_t j = (int64_t)(fsdp_rng_next() % (uint64_t)(i + 1)), tmp = p[i];
-    p[i] = p[j]; p[j] = tmp;
+    p[i] = p[j];
+    p[j] = tmp;
   }
   return t;
 }
@@ -512,7 +560,8 @@ fsdp_tensor* fsdp_randperm(int64_t n) {
 static int check_inplace(const char* op, const fsdp_tensor* t) {
   CHECK_INT(!(fsdp_is_grad_enabled() && t->requires_grad && !t->grad_fn),
             "%s: a leaf tensor of shape %s that requires grad is used in an in-place operation "
-            "(wrap it in fsdp.no_grad)", op, SH(t));
+            "(wrap it in fsdp.no_grad)",
+            op, SH(t));
   return 0;
 }
 int fsdp_fill_(fsdp_tensor* t, double value) {
@@ -525,7 +574,8 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
     if (!v) return -1;
     fsdp_tensor* e = fsdp_new_view(v, t->ndim, t->shape, (int64_t[FSDP_MAX_DIMS]){0}, 0);
     int rc = e ? fsdp_copy_strided(t, e) : -1;
-    fsdp_tensor_release(e); fsdp_tensor_release(v);
+    fsdp_tensor_release(e);
+    fsdp_tensor_release(v);
     if (rc) return rc;
   }
   fsdp_bump_version(t);
@@ -538,7 +588,10 @@ int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src) {
   fsdp_tensor* b = NULL;
   if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
     b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape
-    if (!b) { fsdp_errorf("copy_: cannot copy %s into %s", SH(src), SH(dst)); return -1; }
+    if (!b) {
+      fsdp_errorf("copy_: cannot copy %s into %s", SH(src), SH(dst));
+      return -1;
+    }
     s = b;
   }
   int rc = fsdp_copy_strided(dst, s);
@@ -573,8 +626,8 @@ int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor
   for (int i = 0; i < n; i++) {
     int ia = a->ndim - n + i, ib = b->ndim - n + i;
     int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
-    CHECK_INT(sa == sb || sa == 1 || sb == 1, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)",
-              op, SH(a), SH(b), i, (long long)sa, (long long)sb);
+    CHECK_INT(sa == sb || sa == 1 || sb == 1, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", op,
+              SH(a), SH(b), i, (long long)sa, (long long)sb);
     shape[i] = sa == 1 ? sb : sa;
   }
   *ndim = n;
@@ -587,7 +640,10 @@ void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape
   }
 }
 fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, const fsdp_tensor* like) {
-  if (fsdp_same_shape(grad, like)) { fsdp_tensor_retain(grad); return grad; }
+  if (fsdp_same_shape(grad, like)) {
+    fsdp_tensor_retain(grad);
+    return grad;
+  }
   int dims[FSDP_MAX_DIMS], nd = 0, lead = grad->ndim - like->ndim;
   for (int i = 0; i < grad->ndim; i++) {
     int il = i - lead;

@@ -19,61 +19,61 @@
 #include "internal.h"
 
 typedef struct unit_param {
-  fsdp_tensor* t;            // the user's parameter (owning ref)
+  fsdp_tensor* t;  // the user's parameter (owning ref)
   char* name;
   int ndim;
   int64_t shape[FSDP_MAX_DIMS];  // full shape
-  int64_t numel, chunk;      // chunk = ceil(numel / W)
-  int64_t start, len;        // this rank's piece
-  int group;                 // 0 trainable, 1 frozen
-  int64_t shard_off;         // offset of the chunk in the group's shard buffer (elements)
-  int64_t full_off;          // offset of the parameter in the group's full buffer
-  int rg_at_forward;         // requires_grad when the last forward ran (checked in backward)
-  fsdp_tensor* stash;        // the piece .grad from before this backward, added after reduction
-  int grad_is_local;         // .grad holds a full, unreduced gradient (no_sync)
-  int got_grad;              // got a gradient in this backward
+  int64_t numel, chunk;          // chunk = ceil(numel / W)
+  int64_t start, len;            // this rank's piece
+  int group;                     // 0 trainable, 1 frozen
+  int64_t shard_off;             // offset of the chunk in the group's shard buffer (elements)
+  int64_t full_off;              // offset of the parameter in the group's full buffer
+  int rg_at_forward;             // requires_grad when the last forward ran (checked in backward)
+  fsdp_tensor* stash;            // the piece .grad from before this backward, added after reduction
+  int grad_is_local;             // .grad holds a full, unreduced gradient (no_sync)
+  int got_grad;                  // got a gradient in this backward
 } unit_param;
 
 typedef struct unit_group {
   int64_t shard_numel, full_numel;
-  fsdp_storage* shard;       // PARAMS, always allocated
-  fsdp_storage* full;        // PARAMS; == shard when the unit needs no separate full buffer
-  fsdp_work* gather;         // all-gather in flight into gather_recv
+  fsdp_storage* shard;  // PARAMS, always allocated
+  fsdp_storage* full;   // PARAMS; == shard when the unit needs no separate full buffer
+  fsdp_work* gather;    // all-gather in flight into gather_recv
   fsdp_tensor *gather_send, *gather_recv;
 } unit_group;
 
 struct fsdp_unit {
   char* path;
   fsdp_unit_options opts;
-  int W, rank;               // layout world (1 for NO_SHARD) and this rank
-  int separate_full;         // gathered buffers are separate from the shards (W > 1 or low precision)
+  int W, rank;        // layout world (1 for NO_SHARD) and this rank
+  int separate_full;  // gathered buffers are separate from the shards (W > 1 or low precision)
   int n;
   unit_param* p;
   unit_group g[2];
-  int state;                 // fsdp_unit_phase
-  int gathered;              // full buffers hold the current values
-  int is_root;               // root of the current forward pass
-  int sync_grads;            // 0 inside no_sync
-  int order_index;           // position in the last forward order, -1 if not reached
-  int has_bw_node;           // mark_output gave an output of this forward pass a pre-backward node
+  int state;        // fsdp_unit_phase
+  int gathered;     // full buffers hold the current values
+  int is_root;      // root of the current forward pass
+  int sync_grads;   // 0 inside no_sync
+  int order_index;  // position in the last forward order, -1 if not reached
+  int has_bw_node;  // mark_output gave an output of this forward pass a pre-backward node
   // backward bookkeeping
-  int64_t pass;              // backward pass the counters below belong to
-  int expected, ready;       // trainable params that will get / got their gradient this pass
-  fsdp_work* reduce;         // reduce-scatter (or all-reduce) in flight
+  int64_t pass;         // backward pass the counters below belong to
+  int expected, ready;  // trainable params that will get / got their gradient this pass
+  fsdp_work* reduce;    // reduce-scatter (or all-reduce) in flight
   fsdp_tensor *reduce_send, *reduce_recv;
-  int reduced_pending;       // reduce issued; grads are assigned when it completes
+  int reduced_pending;  // reduce issued; grads are assigned when it completes
 };
 
 // shard.c
-int fsdp_shard_layout(fsdp_unit* u);                  // (re)builds buffers from the params' groups
-int fsdp_shard_gather_start(fsdp_unit* u);            // issues the all-gathers (no-op if gathered)
-int fsdp_shard_gather_finish(fsdp_unit* u);           // waits, copies out, params take full form
-int fsdp_shard_reshard(fsdp_unit* u, int writeback);  // frees full buffers, params take piece form
-int fsdp_shard_reduce_start(fsdp_unit* u);            // copy-in grads, issue reduce-scatter
-int fsdp_shard_reduce_finish(fsdp_unit* u);           // waits, assigns piece grads (+ stash)
-void fsdp_shard_set_form(fsdp_unit* u, int full);     // points every param at full or piece view
-int fsdp_shard_requires_relayout(const fsdp_unit* u); // a param's requires_grad moved it between groups
-int fsdp_shard_release_param(fsdp_unit* u, int i);    // param i becomes a standalone full tensor
+int fsdp_shard_layout(fsdp_unit* u);                   // (re)builds buffers from the params' groups
+int fsdp_shard_gather_start(fsdp_unit* u);             // issues the all-gathers (no-op if gathered)
+int fsdp_shard_gather_finish(fsdp_unit* u);            // waits, copies out, params take full form
+int fsdp_shard_reshard(fsdp_unit* u, int writeback);   // frees full buffers, params take piece form
+int fsdp_shard_reduce_start(fsdp_unit* u);             // copy-in grads, issue reduce-scatter
+int fsdp_shard_reduce_finish(fsdp_unit* u);            // waits, assigns piece grads (+ stash)
+void fsdp_shard_set_form(fsdp_unit* u, int full);      // points every param at full or piece view
+int fsdp_shard_requires_relayout(const fsdp_unit* u);  // a param's requires_grad moved it between groups
+int fsdp_shard_release_param(fsdp_unit* u, int i);     // param i becomes a standalone full tensor
 
 // sched.c
 extern fsdp_unit** fsdp_units;  // every unit, in creation order (the order collectives are issued in)

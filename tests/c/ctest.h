@@ -10,27 +10,29 @@
 
 static int ctest_pass, ctest_fail, ctest_cur_failed;
 #define TEST(name) static void name(void)
-#define RUN(name)                                                   \
-  do {                                                              \
-    ctest_cur_failed = 0;                                           \
-    name();                                                         \
-    if (ctest_cur_failed) { ctest_fail++; printf("FAIL %s\n", #name); } \
-    else ctest_pass++;                                              \
+#define RUN(name)                 \
+  do {                            \
+    ctest_cur_failed = 0;         \
+    name();                       \
+    if (ctest_cur_failed) {       \
+      ctest_fail++;               \
+      printf("FAIL %s\n", #name); \
+    } else ctest_pass++;          \
   } while (0)
-#define EXPECT(cond)                                                                    \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define EXPECT(cond)                                                                                   \
+  do {                                                                                                 \
+    if (!(cond)) {                                                                                     \
       printf("  %s:%d: expected %s (last error: %s)\n", __FILE__, __LINE__, #cond, fsdp_last_error()); \
-      ctest_cur_failed = 1;                                                             \
-    }                                                                                   \
+      ctest_cur_failed = 1;                                                                            \
+    }                                                                                                  \
   } while (0)
-#define EXPECT_NEAR(a, b, tol)                                                              \
-  do {                                                                                      \
-    double a_ = (a), b_ = (b);                                                              \
-    if (!(fabs(a_ - b_) <= (tol))) {                                                        \
-      printf("  %s:%d: %s = %.9g, expected %.9g\n", __FILE__, __LINE__, #a, a_, b_);        \
-      ctest_cur_failed = 1;                                                                 \
-    }                                                                                       \
+#define EXPECT_NEAR(a, b, tol)                                                       \
+  do {                                                                               \
+    double a_ = (a), b_ = (b);                                                       \
+    if (!(fabs(a_ - b_) <= (tol))) {                                                 \
+      printf("  %s:%d: %s = %.9g, expected %.9g\n", __FILE__, __LINE__, #a, a_, b_); \
+      ctest_cur_failed = 1;                                                          \
+    }                                                                                \
   } while (0)
 static int ctest_summary(const char* file) {
   printf("%s: %d passed, %d failed\n", file, ctest_pass, ctest_fail);

@@ -40,7 +40,7 @@ TEST(test_init_self) {
   EXPECT(fsdp_comm_rank() == 0);
   EXPECT(fsdp_comm_world_size() == 1);
   EXPECT(strcmp(fsdp_comm_backend_name(), "self") == 0);
-  EXPECT(fsdp_comm_init(NULL) == 0);  // idempotent
+  EXPECT(fsdp_comm_init(NULL) == 0);   // idempotent
   EXPECT(fsdp_comm_init("mpi") != 0);  // cannot switch
   EXPECT(strstr(fsdp_last_error(), "already initialized with backend 'self'") != NULL);
 }
@@ -127,8 +127,8 @@ TEST(test_async_out_of_order_and_noncontiguous) {
   fsdp_work* w = fsdp_all_gather(bt, at_, "t");
   EXPECT(w && fsdp_work_wait(w) == 0);
   fsdp_work_free(w);
-  EXPECT_NEAR(at(bt, 1), 4, 0);   // bt == at_
-  EXPECT_NEAR(at(b, 1), 2, 0);    // so b == a
+  EXPECT_NEAR(at(bt, 1), 4, 0);  // bt == at_
+  EXPECT_NEAR(at(b, 1), 2, 0);   // so b == a
   w = fsdp_all_reduce(at_, FSDP_REDUCE_SUM, "t");
   EXPECT(w && fsdp_work_wait(w) == 0);
   fsdp_work_free(w);

@@ -34,16 +34,21 @@ TEST(test_lifetime_and_memory) {
 
 static int n_events, last_event, grad_ready;
 static int count_events(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
-  (void)node; (void)ctx;
+  (void)node;
+  (void)ctx;
   n_events++;
   last_event = ev;
   if (ev == FSDP_EV_GRAD_READY && t) grad_ready++;
   return 0;
 }
 static int callback_ran;
-static int on_end(void* ctx) { callback_ran = *(int*)ctx; return 0; }
+static int on_end(void* ctx) {
+  callback_ran = *(int*)ctx;
+  return 0;
+}
 static int queue_on_begin(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
-  (void)node; (void)t;
+  (void)node;
+  (void)t;
   if (ev == FSDP_EV_BACKWARD_BEGIN) return fsdp_queue_callback(on_end, ctx);
   return 0;
 }
@@ -52,7 +57,7 @@ TEST(test_backward_events_and_callback) {
   double xv[3] = {1, 2, 3}, wv[3] = {4, 5, 6};
   fsdp_tensor* x = vec(3, xv, 1);
   fsdp_tensor* w = vec(3, wv, 1);
-  fsdp_tensor* y = fsdp_mul(x, w);       // (3)
+  fsdp_tensor* y = fsdp_mul(x, w);           // (3)
   fsdp_tensor* s = fsdp_sum(y, 0, NULL, 0);  // ()
   int magic = 42;
   int64_t l1 = fsdp_autograd_add_listener(FSDP_EV_BACKWARD_BEGIN | FSDP_EV_GRAD_READY | FSDP_EV_BACKWARD_END,
@@ -107,6 +112,9 @@ int main(void) {
   int64_t cur[FSDP_MEM_NCAT];
   fsdp_memory_stats(cur, NULL);
   for (int c = 0; c < FSDP_MEM_NCAT; c++)
-    if (cur[c] != 0) { printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]); ctest_fail++; }
+    if (cur[c] != 0) {
+      printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]);
+      ctest_fail++;
+    }
   return ctest_summary("test_core");
 }

@@ -52,10 +52,17 @@ static int contains(const char* s, const char* frag) { return strstr(s, frag) !=
 static int open_fails(const char* path, const char* frag) {
   fsdp_clear_error();
   fsdp_st_file* f = fsdp_st_open(path);
-  if (f) { fsdp_st_close(f); printf("  %s: opened, expected error '%s'\n", path, frag); return 0; }
+  if (f) {
+    fsdp_st_close(f);
+    printf("  %s: opened, expected error '%s'\n", path, frag);
+    return 0;
+  }
   const char* e = fsdp_last_error();
   if (getenv("VERBOSE")) printf("  %s\n", e);
-  if (!contains(e, path) || !contains(e, frag)) { printf("  error '%s' lacks '%s'\n", e, frag); return 0; }
+  if (!contains(e, path) || !contains(e, frag)) {
+    printf("  error '%s' lacks '%s'\n", e, frag);
+    return 0;
+  }
   return 1;
 }
 static int count_tmp_files(void) {
@@ -68,7 +75,10 @@ static int count_tmp_files(void) {
 }
 
 // the tensors of tests/data/mixed.safetensors, in the order the Python library writes them
-typedef struct { const char* names[7]; fsdp_tensor* t[7]; } mixed_set;
+typedef struct {
+  const char* names[7];
+  fsdp_tensor* t[7];
+} mixed_set;
 static void mixed_make(mixed_set* m) {
   double w[6] = {0.5, -1.25, 2.0, 3.75, -0.125, 100.0}, sc = 3.5;
   int64_t ids[5] = {0, -1, ((int64_t)1 << 40) + 3, ((int64_t)1 << 62) + 1, INT64_MIN}, step = 7;
@@ -214,19 +224,29 @@ TEST(test_hostile_files) {
     write_bytes(p, b, 40);
     EXPECT(open_fails(p, "exceeds the 100 MB limit"));
   }
-  struct { const char* header; size_t data; const char* frag; } cases[] = {
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, "bad header"},            // unclosed
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}}", 8, "after the closing"},   // junk
+  struct {
+    const char* header;
+    size_t data;
+    const char* frag;
+  } cases[] = {
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, "bad header"},           // unclosed
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}}", 8, "after the closing"},  // junk
       {"[1,2]", 0, "does not start with '{'"},
       {" {}", 0, "does not start with '{'"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.0],\"data_offsets\":[0,8]}}", 8, "only integers"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],}}", 8, "bad header"},          // trailing comma
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],}}", 8, "bad header"},  // trailing comma
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[true],\"data_offsets\":[0,8]}}", 8, "expected an integer"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[02],\"data_offsets\":[0,8]}}", 8, "leading zero"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8, "too large"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, "'a' appears twice"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 20, "gap"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+       "offsets\":[8,16]}}",
+       16, "'a' appears twice"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+       "offsets\":[4,12]}}",
+       12, "overlap"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+       "offsets\":[12,20]}}",
+       20, "gap"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16, "cover only 8"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[1000,1008]}}", 8, "gap"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "invalid data_offsets"},
@@ -256,7 +276,10 @@ TEST(test_hostile_files) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     write_st(p, cases[i].header, cases[i].data);
-    if (!open_fails(p, cases[i].frag)) { printf("  case %zu: %s\n", i, cases[i].header); ctest_cur_failed = 1; }
+    if (!open_fails(p, cases[i].frag)) {
+      printf("  case %zu: %s\n", i, cases[i].header);
+      ctest_cur_failed = 1;
+    }
   }
   // deep nesting does not recurse: it is just an error
   {
@@ -290,7 +313,12 @@ TEST(test_failed_save_keeps_file) {
   EXPECT(fsdp_st_save(p, 1, (const char*[]){"a"}, (fsdp_tensor*[]){a}, "{\"v\":\"1\"}") == 0);
   size_t n0 = 0, n1 = 0;
   char* before = read_bytes(p, &n0);
-  struct { int n; const char* names[2]; const char* meta; const char* frag; } bad[] = {
+  struct {
+    int n;
+    const char* names[2];
+    const char* meta;
+    const char* frag;
+  } bad[] = {
       {2, {"x", "x"}, NULL, "'x' appears twice"},
       {2, {"x", ""}, NULL, "empty name"},
       {1, {"__metadata__"}, NULL, "reserved"},
@@ -303,7 +331,10 @@ TEST(test_failed_save_keeps_file) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     fsdp_clear_error();
     EXPECT(fsdp_st_save(p, bad[i].n, bad[i].names, (fsdp_tensor*[]){a, b}, bad[i].meta) != 0);
-    if (!contains(fsdp_last_error(), bad[i].frag)) { printf("  save case %zu: %s\n", i, fsdp_last_error()); ctest_cur_failed = 1; }
+    if (!contains(fsdp_last_error(), bad[i].frag)) {
+      printf("  save case %zu: %s\n", i, fsdp_last_error());
+      ctest_cur_failed = 1;
+    }
   }
   EXPECT(fsdp_st_save("/nonexistent-dir-fsdp/x.safetensors", 1, (const char*[]){"a"}, (fsdp_tensor*[]){a}, NULL) != 0);
   EXPECT(contains(fsdp_last_error(), "/nonexistent-dir-fsdp/x.safetensors.tmp."));
@@ -330,7 +361,10 @@ TEST(test_failed_save_keeps_file) {
 
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/fsdp_test_io_XXXXXX");
-  if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
   RUN(test_roundtrip_all_dtypes);
   RUN(test_noncontiguous_is_written_contiguous);
   RUN(test_python_fixture);
