@@ -208,6 +208,7 @@ static int g_n_live_hooks, g_cap_live_hooks;
 
 int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ctx) {
   CHECK_INT(t->requires_grad, "register_hook: tensor of shape %s does not require grad", SH(t));
+  if (fsdp_grow(&g_live_hooks, &g_cap_live_hooks, g_n_live_hooks + 1, sizeof *g_live_hooks, "register_hook")) return -1;
   fsdp_hook* h = calloc(1, sizeof *h);
   CHECK_INT(h, "register_hook: out of memory");
   h->id = ++g_hook_id;
@@ -216,10 +217,6 @@ int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ct
   fsdp_hook** list = t->grad_fn ? &t->grad_fn->hooks : &t->hooks;
   while (*list) list = &(*list)->next;  // run in registration order
   *list = h;
-  if (g_n_live_hooks == g_cap_live_hooks) {
-    g_cap_live_hooks = g_cap_live_hooks ? 2 * g_cap_live_hooks : 16;
-    g_live_hooks = realloc(g_live_hooks, g_cap_live_hooks * sizeof *g_live_hooks);
-  }
   g_live_hooks[g_n_live_hooks++] = h;
   return h->id;
 }
@@ -306,10 +303,7 @@ static int g_n_callbacks, g_cap_callbacks;
 
 int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx) {
   CHECK_INT(g_backward_running, "queue_callback: only allowed while backward runs");
-  if (g_n_callbacks == g_cap_callbacks) {
-    g_cap_callbacks = g_cap_callbacks ? 2 * g_cap_callbacks : 8;
-    g_callbacks = realloc(g_callbacks, g_cap_callbacks * sizeof *g_callbacks);
-  }
+  if (fsdp_grow(&g_callbacks, &g_cap_callbacks, g_n_callbacks + 1, sizeof *g_callbacks, "queue_callback")) return -1;
   g_callbacks[g_n_callbacks++] = (callback){fn, ctx};
   return 0;
 }
@@ -319,16 +313,14 @@ typedef struct {
   fsdp_node** v;
   int n, cap;
 } node_vec;
-static void vec_push(node_vec* a, fsdp_node* n) {
-  if (a->n == a->cap) {
-    a->cap = a->cap ? 2 * a->cap : 64;
-    a->v = realloc(a->v, a->cap * sizeof *a->v);
-  }
+static int vec_push(node_vec* a, fsdp_node* n) {
+  if (fsdp_grow(&a->v, &a->cap, a->n + 1, sizeof *a->v, "backward")) return -1;
   a->v[a->n++] = n;
+  return 0;
 }
 // max-heap on seq: the most recently created ready node runs first
-static void heap_push(node_vec* h, fsdp_node* n) {
-  vec_push(h, n);
+static int heap_push(node_vec* h, fsdp_node* n) {
+  if (vec_push(h, n)) return -1;
   for (int i = h->n - 1; i > 0;) {
     int p = (i - 1) / 2;
     if (h->v[p]->seq >= h->v[i]->seq) break;
@@ -337,6 +329,7 @@ static void heap_push(node_vec* h, fsdp_node* n) {
     h->v[i] = t;
     i = p;
   }
+  return 0;
 }
 static fsdp_node* heap_pop(node_vec* h) {
   fsdp_node* top = h->v[0];
@@ -360,14 +353,16 @@ typedef struct {
 } leaf_vec;
 
 // step 1: nodes reachable from root, deps per node, pending contributions per leaf
-static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* leaves) {
+// (0, or -1 out of memory: what was listed is in nodes and leaves, for the caller's cleanup)
+static int collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* leaves) {
   node_vec stack = {0};
+  int rc = 0;
   root->visit = pass;
   root->deps = 0;
-  vec_push(&stack, root);
-  while (stack.n) {
+  rc = vec_push(&stack, root);
+  while (!rc && stack.n) {
     fsdp_node* n = stack.v[--stack.n];
-    vec_push(nodes, n);
+    if ((rc = vec_push(nodes, n))) break;
     for (int i = 0; i < n->n_inputs; i++) {
       fsdp_node* m = n->next[i].node;
       fsdp_tensor* l = n->next[i].leaf;
@@ -375,15 +370,12 @@ static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* le
         if (m->visit != pass) {
           m->visit = pass;
           m->deps = 0;
-          vec_push(&stack, m);
+          if ((rc = vec_push(&stack, m))) break;
         }
         m->deps++;
       } else if (l) {
         if (l->bw_pending == 0 && !l->bw_got) {
-          if (leaves->n == leaves->cap) {
-            leaves->cap = leaves->cap ? 2 * leaves->cap : 64;
-            leaves->v = realloc(leaves->v, leaves->cap * sizeof *leaves->v);
-          }
+          if ((rc = fsdp_grow(&leaves->v, &leaves->cap, leaves->n + 1, sizeof *leaves->v, "backward"))) break;
           leaves->v[leaves->n++] = l;
           l->bw_got = -1;  // marks "listed" until the pass starts
         }
@@ -393,6 +385,7 @@ static void collect(fsdp_node* root, int64_t pass, node_vec* nodes, leaf_vec* le
   }
   free(stack.v);
   for (int i = 0; i < leaves->n; i++) leaves->v[i]->bw_got = 0;
+  return rc;
 }
 
 // consumes the caller's reference to g (may be NULL: this producer sent no gradient)
@@ -438,7 +431,7 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
     }
     if (!rc && e.node) {
       if (grad_in[i]) rc = fsdp_grad_accumulate(&e.node->grad_acc, grad_in[i]);
-      if (--e.node->deps == 0) heap_push(ready, e.node);
+      if (--e.node->deps == 0 && !rc) rc = heap_push(ready, e.node);
     } else if (!rc && e.leaf) {
       rc = deliver_to_leaf(e.leaf, grad_in[i]);
       grad_in[i] = NULL;
@@ -475,19 +468,17 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   leaf_vec leaves = {0};
   int64_t pass = ++g_pass;
 
-  if (t->grad_fn) collect(t->grad_fn, pass, &nodes, &leaves);
-  else {
+  if (t->grad_fn) rc = collect(t->grad_fn, pass, &nodes, &leaves);
+  else if (!(rc = fsdp_grow(&leaves.v, &leaves.cap, 1, sizeof *leaves.v, "backward"))) {
     t->bw_pending = 1;
-    leaves.v = malloc(sizeof *leaves.v);
-    leaves.v[0] = t;
-    leaves.n = 1;
+    leaves.v[leaves.n++] = t;
   }
 
-  rc = emit(FSDP_EV_BACKWARD_BEGIN, NULL, NULL);
+  if (!rc) rc = emit(FSDP_EV_BACKWARD_BEGIN, NULL, NULL);
   if (!rc && t->grad_fn) {
     t->grad_fn->grad_acc = grad;
     grad = NULL;
-    heap_push(&ready, t->grad_fn);
+    rc = heap_push(&ready, t->grad_fn);
     while (!rc && ready.n) rc = run_node(heap_pop(&ready), &ready, retain_graph);
   } else if (!rc) {
     rc = deliver_to_leaf(t, grad);

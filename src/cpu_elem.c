@@ -146,8 +146,8 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
     char* o = (char*)dst + r * run * (int64_t)des;
     if (ddt == sdt && inner_stride == 1) memcpy(o, sp, run * des);
     else if (ddt == FSDP_F32 && sdt == FSDP_F32) {
-      float* of = (float*)o;
-      const float* sf = (const float*)sp;
+      float* of = (void*)o;
+      const float* sf = (const void*)sp;
       for (int64_t i = 0; i < run; i++) of[i] = sf[i * inner_stride];
     } else {
       for (int64_t i = 0; i < run; i++) store(o + i * des, ddt, load(sp + i * inner_stride * ses, sdt));

@@ -140,6 +140,7 @@ static void cpu_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
 static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                              const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
                              float beta, float* C, int64_t ldc, int64_t sc) {
+  if (batch <= 0) return;
   fsdp_gemm_args stack[64];
   fsdp_gemm_args* g = batch <= 64 ? stack : malloc(batch * sizeof(fsdp_gemm_args));
   if (!g) {  // no memory for the list: one at a time
@@ -147,10 +148,9 @@ static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N
       cpu_gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
     return;
   }
-  int n = (int)batch;
-  for (int b = 0; b < n; b++)
+  for (int64_t b = 0; b < batch; b++)
     g[b] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc};
-  cpu_gemm_many(n, g);
+  cpu_gemm_many((int)batch, g);
   if (g != stack) free(g);
 }
 

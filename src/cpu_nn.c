@@ -24,12 +24,14 @@
 // ---- softmax ---------------------------------------------------------------------------------------
 // one contiguous row of length n; returns the row's logsumexp
 static inline float softmax_row(float* y, const float* x, int64_t n, int log) {
+  if (n == 0) return -INFINITY;  // logsumexp of no values
   float mx = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : mx)
   for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
   if (log) {
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; i++) sum += fsdp_exp_nonpos(x[i] - mx);
+    // cppcheck-suppress invalidFunctionArg ; n >= 1 here, so the maximum's term makes sum >= 1
     float ls = logf(sum);
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mx) - ls;
   } else {
@@ -182,6 +184,7 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
         sum += fsdp_exp_nonpos(x[c] - mx);
         sx += x[c];
       }
+      // cppcheck-suppress invalidFunctionArg ; C >= 1 (the op rejects inputs without classes): sum >= 1
       float l = mx + logf(sum);
       lse[n] = l;
       total += (double)l - (double)keep * x[t] - (smoothing > 0.0f ? (double)spread * sx : 0.0);

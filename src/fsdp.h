@@ -141,8 +141,8 @@ fsdp_tensor* fsdp_randperm(int64_t n);                                          
 
 // ---- in-place (no autograd; bump the version counter) ---------------------------------------
 int fsdp_fill_(fsdp_tensor* t, double value);
-int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src);               // same numel, any dtypes, broadcast src
-int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha);  // t += alpha * other
+int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src);               // same numel, any dtypes, broadcast src
+int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha);  // t += alpha * other
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
 int fsdp_normal_(fsdp_tensor* t, double mean, double std);

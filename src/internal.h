@@ -34,6 +34,11 @@ void fsdp_errorf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 #define CHECK_NULL(cond, ...) CHECK(cond, NULL, __VA_ARGS__)
 #define CHECK_INT(cond, ...) CHECK(cond, -1, __VA_ARGS__)
 
+// ---- growable arrays ------------------------------------------------------------------------
+// makes the heap array *pv (type T**, *cap elements of `size` bytes) hold at least `need`
+// elements, doubling from 16; 0, or -1 with "<what>: out of memory" set (*pv and *cap unchanged)
+int fsdp_grow(void* pv, int* cap, int need, size_t size, const char* what);
+
 // a shape as "(2, 3)" in a rotating static buffer (good for a few uses in one message)
 const char* fsdp_shape_s(const fsdp_tensor* t);
 const char* fsdp_dims_s(int ndim, const int64_t* shape);
@@ -123,6 +128,9 @@ int fsdp_wrap_dim(const char* op, int dim, int ndim);
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
 // strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src);
+// one bf16 / f16 element to f32 (cpu_elem.c; tensor.c reads elements with them)
+float fsdp_bf16_to_f32(uint16_t h);
+float fsdp_f16_to_f32(uint16_t h);
 static inline void fsdp_bump_version(fsdp_tensor* t) { t->storage->version++; }
 // error unless t's dtype is one of the float dtypes we compute in (f32)
 int fsdp_check_f32(const char* op, const fsdp_tensor* t);
@@ -134,8 +142,8 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape);
 // strides of t viewed as `shape` (0 on broadcast dims); t's dims align to the right
 void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride);
-// sums grad (shape of a broadcast result) down to `like`'s shape; new ref
-fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, const fsdp_tensor* like);
+// sums grad (shape of a broadcast result) down to `shape` (reverse of broadcasting); new ref
+fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, int ndim, const int64_t* shape);
 
 // ---- random numbers ------------------------------------------------------------------------------
 uint64_t fsdp_rng_next(void);   // xoshiro256**

@@ -334,13 +334,7 @@ static void sl_free(strlist* l) {
   l->n = l->cap = 0;
 }
 static int sl_push(strlist* l, const char* s) {
-  if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 16;
-    char** v = realloc(l->v, cap * sizeof *v);
-    CHECK_INT(v, "safetensors: out of memory");
-    l->v = v;
-    l->cap = cap;
-  }
+  if (fsdp_grow(&l->v, &l->cap, l->n + 1, sizeof *l->v, "safetensors")) return -1;
   char* d = strdup(s);
   CHECK_INT(d, "safetensors: out of memory");
   l->v[l->n++] = d;
@@ -539,16 +533,7 @@ static int parse_header(fsdp_st_file* f, const char* text, size_t len, int64_t d
         if (j_metadata(&r, &meta)) goto done;
         have_meta = 1;
       } else {
-        if (f->n == f->cap) {
-          int cap = f->cap ? f->cap * 2 : 16;
-          st_entry* e = realloc(f->e, cap * sizeof *e);
-          if (!e) {
-            fsdp_errorf("safetensors: out of memory");
-            goto done;
-          }
-          f->e = e;
-          f->cap = cap;
-        }
+        if (fsdp_grow(&f->e, &f->cap, f->n + 1, sizeof *f->e, "safetensors")) goto done;
         st_entry* e = &f->e[f->n];
         memset(e, 0, sizeof *e);
         if (j_tensor_info(&r, key.p, e)) goto done;

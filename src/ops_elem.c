@@ -10,14 +10,6 @@
 
 #include <math.h>
 
-// sums g down to `shape` (reverse of broadcasting); new ref
-static fsdp_tensor* sum_to_shape(fsdp_tensor* g, int ndim, const int64_t* shape) {
-  fsdp_tensor like;  // only ndim and shape are read by fsdp_sum_to
-  like.ndim = ndim;
-  memcpy(like.shape, shape, ndim * sizeof(int64_t));
-  return fsdp_sum_to(g, &like);
-}
-
 typedef struct {
   int ndim;
   int64_t shape[FSDP_MAX_DIMS];
@@ -58,7 +50,7 @@ static void shape_of_input(const fsdp_node* n, int which, shape_rec* r) {
 static int reduce_grad(fsdp_node* n, int which, fsdp_tensor* g, fsdp_tensor** out) {
   shape_rec r;
   shape_of_input(n, which, &r);
-  *out = sum_to_shape(g, r.ndim, r.shape);
+  *out = fsdp_sum_to(g, r.ndim, r.shape);
   return *out ? 0 : -1;
 }
 
@@ -237,6 +229,7 @@ static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_
 
 // ops whose backward is another cheap op on the gradient need no saved tensors
 static int add_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  (void)n;
   fsdp_tensor_retain(g);
   gin[0] = g;
   return 0;
@@ -246,6 +239,7 @@ static int mul_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) 
   return gin[0] ? 0 : -1;
 }
 static int neg_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  (void)n;
   gin[0] = fsdp_neg(g);
   return gin[0] ? 0 : -1;
 }

@@ -101,6 +101,9 @@ static int class_loss_dims(const char* op, const fsdp_tensor* x, const fsdp_tens
             "%s: target must be an int64 tensor of class indices, got %s of shape %s "
             "(input %s)",
             op, DT(target), SH(target), SH(x));
+  int class_dim = x->ndim == 1 ? 0 : 1;  // 0-based
+  CHECK_INT(x->ndim < 1 || x->shape[class_dim] > 0, "%s: input of shape %s has no classes (dim %d has size 0)", op,
+            SH(x), class_dim + 1);
   if (x->ndim == 1) {
     CHECK_INT(target->ndim == 0, "%s: for an unbatched input of shape %s the target must be 0-dim, got shape %s", op,
               SH(x), SH(target));
@@ -632,7 +635,7 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
                    &dK);
     }
     if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
-    if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask))) goto done;
+    if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask->ndim, mask->shape))) goto done;
   }
   grad_in[0] = dq;
   grad_in[1] = dk;

@@ -32,14 +32,6 @@ static fsdp_tensor* contig_same_dtype(fsdp_tensor* t) {
   return r;
 }
 
-// sums g down to `shape` (reverse of broadcasting); new ref
-static fsdp_tensor* sum_to_shape(fsdp_tensor* g, int ndim, const int64_t* shape) {
-  fsdp_tensor like;  // only ndim and shape are read by fsdp_sum_to
-  like.ndim = ndim;
-  memcpy(like.shape, shape, ndim * sizeof(int64_t));
-  return fsdp_sum_to(g, &like);
-}
-
 static int64_t prod(const int64_t* s, int from, int to) {
   int64_t p = 1;
   for (int d = from; d < to; d++) p *= s[d];
@@ -75,6 +67,7 @@ fsdp_tensor* fsdp_detach(fsdp_tensor* a) {
 }
 
 static int identity_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  (void)n;
   fsdp_tensor_retain(g);
   gin[0] = g;
   return 0;
@@ -311,7 +304,7 @@ fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim) {
 
 // ---- expand -----------------------------------------------------------------------------------------------
 static int expand_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  gin[0] = sum_to_shape(g, (int)n->i[0], &n->i[1]);
+  gin[0] = fsdp_sum_to(g, (int)n->i[0], &n->i[1]);
   return gin[0] ? 0 : -1;
 }
 

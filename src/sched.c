@@ -88,14 +88,11 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   u->sync_grads = 1;
   u->order_index = -1;
   u->pass = -1;
-  if (fsdp_shard_layout(u)) {
+  if (fsdp_grow(&fsdp_units, &g_cap_units, fsdp_n_units + 1, sizeof *fsdp_units, "fsdp.wrap") ||
+      fsdp_shard_layout(u)) {  // empty buffers
     free(u->path);
     free(u);
     return NULL;
-  }  // empty buffers
-  if (fsdp_n_units == g_cap_units) {
-    g_cap_units = g_cap_units ? 2 * g_cap_units : 16;
-    fsdp_units = realloc(fsdp_units, g_cap_units * sizeof *fsdp_units);
   }
   fsdp_units[fsdp_n_units++] = u;
   fsdp_sched_install();
@@ -124,7 +121,7 @@ static void free_params(fsdp_unit* u) {
 }
 
 // lays out u with `n` standalone parameters (taking refs)
-static int adopt(fsdp_unit* u, int n, fsdp_tensor** ts, const char** names) {
+static int adopt(fsdp_unit* u, int n, fsdp_tensor** ts, const char* const* names) {
   u->p = calloc(n > 0 ? n : 1, sizeof *u->p);
   u->n = n;
   for (int i = 0; i < n; i++) {
@@ -163,26 +160,30 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     if (release_all(v)) return -1;
     // v keeps the parameters not moving to u
     int m = 0;
-    keep = realloc(keep, (v->n + 1) * sizeof *keep);
-    const char** knames = malloc((v->n + 1) * sizeof *knames);
+    fsdp_tensor** grown = realloc(keep, (v->n + 1) * sizeof *keep);
+    char** knames = malloc((v->n + 1) * sizeof *knames);  // copies: free_params(v) frees v's names
+    if (!grown || !knames) {
+      free(grown ? grown : keep);
+      free(knames);
+      fsdp_errorf("fsdp.wrap '%s': out of memory", u->path);
+      return -1;
+    }
+    keep = grown;
     for (int a = 0; a < v->n; a++) {
       int moving = 0;
       for (int b = 0; b < n; b++) moving |= ts[b] == v->p[a].t;
       if (!moving) {
-        knames[m] = v->p[a].name;
+        knames[m] = strdup(v->p[a].name);
         keep[m++] = v->p[a].t;
       }
     }
     for (int a = 0; a < m; a++) keep[a]->refcount++;
-    char** dup = malloc((m + 1) * sizeof *dup);
-    for (int a = 0; a < m; a++) dup[a] = strdup(knames[a]);
     free_params(v);
-    int rc = adopt(v, m, keep, (const char**)dup);
+    int rc = adopt(v, m, keep, (const char* const*)knames);
     for (int a = 0; a < m; a++) {
       fsdp_tensor_release(keep[a]);
-      free(dup[a]);
+      free(knames[a]);
     }
-    free(dup);
     free(knames);
     if (rc) {
       free(keep);
@@ -244,13 +245,11 @@ static int finalize_unit(fsdp_unit* u) {
   return rc;
 }
 
-static void order_push(fsdp_unit* u) {
-  if (g_order_n == g_order_cap) {
-    g_order_cap = g_order_cap ? 2 * g_order_cap : 16;
-    g_order = realloc(g_order, g_order_cap * sizeof *g_order);
-  }
+static int order_push(fsdp_unit* u) {
+  if (fsdp_grow(&g_order, &g_order_cap, g_order_n + 1, sizeof *g_order, "FSDP forward order")) return -1;
   u->order_index = g_order_n;
   g_order[g_order_n++] = u;
+  return 0;
 }
 
 int fsdp_unit_pre_forward(fsdp_unit* u) {
@@ -278,9 +277,9 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
     if (fsdp_shard_reshard(u, 0) || fsdp_shard_layout(u)) return -1;
   }
   for (int i = 0; i < u->n; i++) u->p[i].rg_at_forward = u->p[i].t->requires_grad;
+  if (u->order_index < 0 && order_push(u)) return -1;
   u->is_root = g_depth == 0;
   g_depth++;
-  if (u->order_index < 0) order_push(u);
   if (fsdp_shard_gather_finish(u)) {
     g_depth--;
     return -1;

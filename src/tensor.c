@@ -22,6 +22,21 @@ void fsdp_errorf(const char* fmt, ...) {
   memcpy(g_error, tmp, sizeof g_error);
 }
 
+// ---- growable arrays ------------------------------------------------------------------------------
+int fsdp_grow(void* pv, int* cap, int need, size_t size, const char* what) {
+  if (need <= *cap) return 0;
+  int64_t n = *cap > 0 ? *cap : 16;
+  while (n < need) n *= 2;
+  void* old;
+  memcpy(&old, pv, sizeof old);  // pv is a T**: read and write the pointer without type punning
+  CHECK_INT(n <= INT32_MAX, "%s: more than %d elements", what, INT32_MAX);
+  void* p = realloc(old, (size_t)n * size);
+  CHECK_INT(p, "%s: out of memory (%lld elements of %zu bytes)", what, (long long)n, size);
+  memcpy(pv, &p, sizeof p);
+  *cap = (int)n;
+  return 0;
+}
+
 const char* fsdp_dims_s(int ndim, const int64_t* shape) {
   static _Thread_local char bufs[8][160];
   static _Thread_local int k;
@@ -459,8 +474,6 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
 }
 
 // bf16/f16 conversions live in cpu_elem.c; this one is for slow paths (item, totable)
-float fsdp_bf16_to_f32(uint16_t h);
-float fsdp_f16_to_f32(uint16_t h);
 static double load_elem(const void* p, int dtype) {
   switch (dtype) {
     case FSDP_F32: return *(const float*)p;
@@ -581,10 +594,10 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
   fsdp_bump_version(t);
   return 0;
 }
-int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src) {
+int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {
   if (check_inplace("copy_", dst)) return -1;
   if (fsdp_check_same_device("copy_", dst, src)) return -1;
-  fsdp_tensor* s = (fsdp_tensor*)src;
+  fsdp_tensor* s = src;
   fsdp_tensor* b = NULL;
   if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
     b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape
@@ -599,12 +612,12 @@ int fsdp_copy_(fsdp_tensor* dst, const fsdp_tensor* src) {
   if (!rc) fsdp_bump_version(dst);
   return rc;
 }
-int fsdp_add_(fsdp_tensor* t, const fsdp_tensor* other, double alpha) {
+int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha) {
   if (check_inplace("add_", t)) return -1;
   if (fsdp_check_f32("add_", t) || fsdp_check_same_device("add_", t, other)) return -1;
   CHECK_INT(fsdp_same_shape(t, other), "add_: shapes %s and %s differ", SH(t), SH(other));
   CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
-  fsdp_tensor* o = fsdp_as_contig((fsdp_tensor*)other);
+  fsdp_tensor* o = fsdp_as_contig(other);
   if (!o) return -1;
   int64_t n = fsdp_tensor_numel(t);
   fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), n, fsdp_f32(o), n, 1, n, (float)alpha);
@@ -639,20 +652,20 @@ void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape
     stride[i] = (it < 0 || (t->shape[it] == 1 && shape[i] != 1)) ? 0 : t->stride[it];
   }
 }
-fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, const fsdp_tensor* like) {
-  if (fsdp_same_shape(grad, like)) {
+fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, int ndim, const int64_t* shape) {
+  if (grad->ndim == ndim && memcmp(grad->shape, shape, ndim * sizeof *shape) == 0) {
     fsdp_tensor_retain(grad);
     return grad;
   }
-  int dims[FSDP_MAX_DIMS], nd = 0, lead = grad->ndim - like->ndim;
+  int dims[FSDP_MAX_DIMS], nd = 0, lead = grad->ndim - ndim;
   for (int i = 0; i < grad->ndim; i++) {
     int il = i - lead;
-    if (il < 0 || (like->shape[il] == 1 && grad->shape[i] != 1)) dims[nd++] = i;
+    if (il < 0 || (shape[il] == 1 && grad->shape[i] != 1)) dims[nd++] = i;
   }
   int prev = fsdp_is_grad_enabled();
   fsdp_set_grad_enabled(0);
   fsdp_tensor* s = nd ? fsdp_sum(grad, nd, dims, 1) : (fsdp_tensor_retain(grad), grad);
-  fsdp_tensor* r = s ? fsdp_reshape(s, like->ndim, like->shape) : NULL;
+  fsdp_tensor* r = s ? fsdp_reshape(s, ndim, shape) : NULL;
   fsdp_set_grad_enabled(prev);
   fsdp_tensor_release(s);
   return r;
