@@ -1,22 +1,40 @@
 # fsdp -- build libfsdp.so, run tests, benchmarks and the demo.
-#   make            build libfsdp.so and lua/fsdp/cdef.lua
-#   make test       C unit tests + busted specs (what .ci/run calls)
-#   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
+#   make            build libfsdp.so, libfsdp_mpi.so (where mpicc exists) and lua/fsdp/cdef.lua
+#   make test       C unit tests + busted specs (what .ci/run calls); installs missing packages first
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
-#   make install PREFIX=/usr/local   (luarocks make uses LUADIR/LIBDIR/BINDIR instead)
+#   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
+#   make lint       cppcheck (warning, performance, portability) and the realloc check
+#   make format     clang-format the C sources; make format-check: fail on any difference
+#   make memcheck   C tests under valgrind; make asan-check: a training run under AddressSanitizer
+#   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
+#
+# Flags: OPT (default -O3 -march=native -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
+# last (so CFLAGS=-O0 wins; luarocks's CFLAGS arrive as LUAROCKS_CFLAGS and come first, so its -O2
+# yields to OPT), WERROR=1 (default under CI=true) makes warnings errors. The packages
+# are checked before anything compiles (tools/deps.sh); DEPS=skip skips that where they come from
+# elsewhere than Debian's packages.
 
 CC      ?= cc
 ARCH    ?= -march=native
-CFLAGS  ?= -O3 $(ARCH) -g
-CFLAGS  += -std=gnu11 -fPIC -Wall -Wextra -Wno-unused-parameter -fopenmp
+OPT     ?= -O3 $(ARCH) -g
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-qual -Wmissing-prototypes
+ifeq ($(CI),true)
+WERROR  ?= 1
+endif
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-LDLIBS  = $(BLAS_LIBS) -lm -fopenmp
+BASE_CFLAGS  = -std=gnu11 -fPIC -fopenmp $(WARN)
+ALL_CFLAGS   = $(LUAROCKS_CFLAGS) $(OPT) $(BASE_CFLAGS) $(BLAS_CFLAGS) $(CFLAGS)
+LDLIBS       = $(BLAS_LIBS) -lm -fopenmp
 
 PREFIX  ?= /usr/local
 LUADIR  ?= $(PREFIX)/share/lua/5.1
 LIBDIR  ?= $(PREFIX)/lib/lua/5.1
 BINDIR  ?= $(PREFIX)/bin
+EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 
 SRCS := $(filter-out src/comm_mpi.c,$(wildcard src/*.c))
 OBJS := $(SRCS:src/%.c=build/%.o)
@@ -26,17 +44,28 @@ BUSTED ?= $(shell command -v busted)
 
 all: libfsdp.so lua/fsdp/cdef.lua
 
-build/%.o: src/%.c $(HDRS) | build
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
+# the packages, before the first compiler call (an order-only prerequisite: never forces a rebuild)
+deps-build:
+	@bash tools/deps.sh --check build
+
+build/%.o: src/%.c $(HDRS) | build deps-build
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 # optimizer kernels: sqrtf without its errno branch (so the Adam loop vectorizes), and no FMA
 # contraction, so an element's update never depends on where it falls in the vector loop
-build/cpu_optim.o: CFLAGS += -fno-math-errno -ffp-contract=off
+build/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
 
 build:
 	mkdir -p build
 
-libfsdp.so: $(OBJS)
-	$(CC) -shared -o $@ $(OBJS) $(LDLIBS)
+# only the public API (the functions of src/fsdp.h's FFI section) is exported: a version script
+# made from that section hides every other symbol (tests/exports_spec.lua compares nm -D with it)
+FFI_NAMES = sed -n '/^\/\/ FFI-BEGIN/,/^\/\/ FFI-END/p' src/fsdp.h | sed -E 's/\(\*[A-Za-z0-9_]+\)//g' | \
+	grep -oE '\bfsdp_[A-Za-z0-9_]+ *\(' | sed -E 's/ *\($$//' | sort -u
+build/libfsdp.map: src/fsdp.h | build
+	{ echo '{ global:'; $(FFI_NAMES) | sed 's/$$/;/'; echo 'local: *; };'; } > $@
+
+libfsdp.so: $(OBJS) build/libfsdp.map
+	$(CC) -shared -o $@ $(OBJS) -Wl,--version-script=build/libfsdp.map $(LDFLAGS) $(LDLIBS)
 
 # the MPI backend: its own library, so libfsdp.so never depends on MPI (comm.c dlopen()s it);
 # built only where mpicc exists
@@ -44,8 +73,8 @@ MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 all: libfsdp_mpi.so
 endif
-libfsdp_mpi.so: src/comm_mpi.c src/comm.h
-	$(MPICC) $(CFLAGS) -shared -o $@ src/comm_mpi.c
+libfsdp_mpi.so: src/comm_mpi.c src/comm.h | deps-build
+	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/comm_mpi.c $(LDFLAGS)
 
 # the FFI part of the public header, as a Lua string (the single source of truth for ffi.cdef)
 lua/fsdp/cdef.lua: src/fsdp.h
@@ -53,30 +82,65 @@ lua/fsdp/cdef.lua: src/fsdp.h
 	  sed -n '\#^// FFI-BEGIN#,\#^// FFI-END#p' $< | grep -v '^// FFI-'; echo ']==]'; } > $@
 
 # ---- tests -----------------------------------------------------------------------------------
-CTESTS := $(patsubst tests/c/%.c,build/tests/%,$(wildcard tests/c/test_*.c))
-build/tests/%: tests/c/%.c libfsdp.so tests/c/ctest.h
+# The C tests link the objects themselves: they also reach internal functions libfsdp.so hides.
+CTEST_NAMES := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
+CTESTS := $(CTEST_NAMES:%=build/tests/%)
+build/tests/%: tests/c/%.c tests/c/ctest.h $(OBJS)
 	@mkdir -p build/tests
-	$(CC) $(CFLAGS) -Isrc $< -o $@ -L. -lfsdp -Wl,-rpath,'$$ORIGIN/../..' $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -Isrc $< -o $@ $(OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
-test: all $(CTESTS)
+# `make test` installs what is missing first (tools/deps.sh), then builds and runs everything in a
+# second make, which sees the installed tools (mpicc, busted) from its start
+test:
+	@bash tools/deps.sh test
+	@$(MAKE) --no-print-directory test-run
+
+test-run: all $(CTESTS)
 	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
 
-# the C tests under valgrind (leaks and invalid accesses are errors)
-memcheck: all $(CTESTS)
-	@for t in $(CTESTS); do echo "== valgrind $$t"; \
+# ---- guardrails (.ci/run runs them after make test) ---------------------------------------------
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+lint:
+	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability --std=c11 --inline-suppr \
+	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS) $(MPI_CFLAGS)) src tests/c bench/comm_bench.c
+	bash tools/check_realloc.sh src tests/c bench
+
+FORMAT_FILES = $(wildcard src/*.c src/*.h tests/c/*.c tests/c/*.h bench/*.c)
+format:
+	clang-format -i $(FORMAT_FILES)
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_FILES)
+
+# The C tests under valgrind (leaks and invalid accesses are errors). valgrind 3.19 cannot run
+# AVX-512 code, so this copy is built for x86-64-v3 (AVX2 + FMA, what valgrind emulates) into
+# build-memcheck/, while the normal build keeps -march=native.
+MC_OBJS := $(SRCS:src/%.c=build-memcheck/%.o)
+.SECONDARY: $(MC_OBJS)
+MC_CFLAGS = $(filter-out -march=% -mtune=%,$(ALL_CFLAGS)) -march=x86-64-v3
+build-memcheck/%.o: src/%.c $(HDRS) | deps-build
+	@mkdir -p build-memcheck
+	$(CC) $(MC_CFLAGS) -c $< -o $@
+build-memcheck/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
+build-memcheck/tests/%: tests/c/%.c tests/c/ctest.h $(MC_OBJS)
+	@mkdir -p build-memcheck/tests
+	$(CC) $(MC_CFLAGS) -Isrc $< -o $@ $(MC_OBJS) $(LDFLAGS) $(LDLIBS) -ldl
+memcheck: $(CTEST_NAMES:%=build-memcheck/tests/%)
+	@for t in $^; do echo "== valgrind $$t"; \
 	  OMP_NUM_THREADS=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 $$t || exit 1; done
 
-# libfsdp built with AddressSanitizer (build-asan/), then one short training run through LuaJIT
-# with the sanitizer preloaded: invalid accesses and leaks at exit are errors
+# libfsdp built with AddressSanitizer (build-asan/), with the normal build's ARCH, so the same
+# vector kernels run under the sanitizer, then one short training run through LuaJIT with the
+# sanitizer preloaded: invalid accesses and leaks at exit are errors
 ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
-asan-check: lua/fsdp/cdef.lua
+asan-check: lua/fsdp/cdef.lua build/libfsdp.map | deps-build
 	mkdir -p build-asan
-	$(CC) -O1 -g -fsanitize=address -fno-omit-frame-pointer -std=gnu11 -fPIC -fopenmp $(BLAS_CFLAGS) -shared \
-	  -o build-asan/libfsdp.so $(SRCS) $(LDLIBS)
+	$(CC) -O1 $(ARCH) -g -fsanitize=address -fno-omit-frame-pointer $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared \
+	  -o build-asan/libfsdp.so $(SRCS) -Wl,--version-script=build/libfsdp.map $(LDLIBS)
 	ASAN_OPTIONS=detect_leaks=1 LD_PRELOAD=$(ASAN_LIB) \
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
+# ---- benchmarks and the demo --------------------------------------------------------------------
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON))
 
@@ -85,17 +149,25 @@ bench: all
 bench-fsdp: all
 	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_speed.lua
 
-demo: all
+# no prerequisites: demo.sh installs the packages first, then builds
+demo:
 	bash examples/demo.sh
 
+# ---- install ------------------------------------------------------------------------------------
+# Lua modules, the libraries, the launchers and the examples; fsdp-examples-dir learns where the
+# examples went. Prints the LUA_PATH/LUA_CPATH lines when LUADIR/LIBDIR are not on LuaJIT's path.
 install: all
-	mkdir -p $(DESTDIR)$(LUADIR)/fsdp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
+	mkdir -p $(DESTDIR)$(LUADIR)/fsdp $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(EXAMPLESDIR)
 	cp -r lua/fsdp/* $(DESTDIR)$(LUADIR)/fsdp/
 	cp libfsdp.so $(DESTDIR)$(LIBDIR)/
 	if [ -f libfsdp_mpi.so ]; then cp libfsdp_mpi.so $(DESTDIR)$(LIBDIR)/; fi
-	if [ -d bin ]; then cp bin/* $(DESTDIR)$(BINDIR)/; fi
+	cp bin/fsdprun bin/fsdp-consolidate $(DESTDIR)$(BINDIR)/
+	sed 's|^installed=.*|installed="$(EXAMPLESDIR)"|' bin/fsdp-examples-dir > $(DESTDIR)$(BINDIR)/fsdp-examples-dir
+	chmod 755 $(DESTDIR)$(BINDIR)/fsdp-examples-dir
+	cp examples/*.lua examples/*.gp examples/*.py $(DESTDIR)$(EXAMPLESDIR)/
+	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all test memcheck asan-check bench bench-fsdp demo install clean
+.PHONY: all deps-build test test-run lint format format-check memcheck asan-check bench bench-fsdp demo install clean

@@ -1,27 +1,14 @@
 #!/usr/bin/env bash
 # `make demo`: install what is missing (Debian packages), build, then the main job:
 # FSDP pretraining of a conv net on Fashion-MNIST on 2 ranks, a checkpoint every epoch, and a
-# linear evaluation of the frozen trunk (examples/train.lua). About 10 minutes on 2 CPU cores.
+# linear evaluation of the frozen trunk (examples/train.lua). 2-6 minutes on 2 CPU cores, depending on the CPU.
 #
 #   bash examples/demo.sh [train.lua flags...]      e.g. --epochs 2, --ckpt DIR (see --help)
 #   DEMO_RANKS=4 bash examples/demo.sh              another number of ranks (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs="gcc make pkg-config luajit libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist gnuplot-nox"
-need=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
-if [ -n "$need" ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "make demo: missing Debian packages:$need" >&2
-    echo "install them with:  sudo apt-get install$need" >&2
-    exit 1
-  fi
-  echo "make demo: installing$need"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends $need
-fi
-
+bash tools/deps.sh demo   # installs what is missing (root), else names the apt-get line and exits 1
 make
 ranks="${DEMO_RANKS:-2}"
 echo "make demo: bin/fsdprun -n $ranks examples/train.lua $*"

@@ -11,6 +11,16 @@ local function header_ffi_section()
   return body
 end
 
+-- the names of the functions the FFI section declares (not the function-pointer typedefs)
+local function ffi_functions()
+  local body = header_ffi_section():gsub("%(%*[%w_]+%)", "")
+  local names, seen = {}, {}
+  for name in body:gmatch("([%w_]+)%s*%(") do
+    if name:match("^fsdp_") and not seen[name] then seen[name] = true; names[#names + 1] = name end
+  end
+  return names
+end
+
 describe("cdef", function()
   it("is exactly the FFI section of src/fsdp.h", function()
     local generated = require "fsdp.cdef"
@@ -24,10 +34,7 @@ describe("cdef", function()
   end)
 
   it("declares only functions that libfsdp.so exports", function()
-    local names = {}
-    for name in header_ffi_section():gmatch("([%w_]+)%s*%(") do
-      if name:match("^fsdp_") and not name:match("_fn$") then names[#names + 1] = name end
-    end
+    local names = ffi_functions()
     assert.is_true(#names > 100)
     local missing = {}
     for _, name in ipairs(names) do
@@ -35,6 +42,28 @@ describe("cdef", function()
       if not ok then missing[#missing + 1] = name end
     end
     assert.same({}, missing)
+  end)
+
+  -- internal functions and data tables stay inside the library (the version script made from the
+  -- FFI section): what `nm -D` lists as defined is exactly the FFI section's functions
+  it("libfsdp.so exports exactly the functions of the FFI section", function()
+    local lib = assert(package.searchpath("libfsdp", package.cpath), "libfsdp.so not in package.cpath")
+    local p = io.popen("nm -D --defined-only " .. lib .. " 2>&1")
+    local exported, extra = {}, {}
+    for line in p:lines() do
+      local kind, name = line:match("^%x*%s+(%a)%s+([%w_@.]+)$")
+      assert(kind, "unexpected nm output: " .. line)
+      exported[name] = true
+    end
+    p:close()
+    local declared = {}
+    for _, name in ipairs(ffi_functions()) do declared[name] = true end
+    local not_exported = {}
+    for name in pairs(declared) do if not exported[name] then not_exported[#not_exported + 1] = name end end
+    for name in pairs(exported) do if not declared[name] then extra[#extra + 1] = name end end
+    table.sort(not_exported); table.sort(extra)
+    assert.same({}, not_exported)
+    assert.same({}, extra)
   end)
 
   it("agrees with C on enum values", function()

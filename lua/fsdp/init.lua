@@ -22,19 +22,37 @@ local fsdp = {}
 -- kernels it calls (tests/jit_spec.lua keeps this honest).
 jit.off()
 
-ffi.cdef(require "fsdp.cdef")
+-- this file's directory; in a source checkout lua/fsdp, two levels below the checkout
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- a checkout that was never built (or an install that lost files) says what to run
+local function not_built(what)
+  local checkout = here .. "/../.."
+  if exists(checkout .. "/src/fsdp.h") then
+    local root = checkout:gsub("/lua/fsdp/%.%./%.%.$", "")
+    error(("fsdp is not built: %s is missing; run `make` in %s"):format(what, root), 0)
+  end
+  error(("fsdp is not installed completely: %s is missing; reinstall it (`luarocks make` or `make install`)"):format(what), 0)
+end
+
+local have_cdef, cdef = pcall(require, "fsdp.cdef")
+if not have_cdef then not_built("lua/fsdp/cdef.lua (generated from src/fsdp.h)") end
+ffi.cdef(cdef)
 
 -- find libfsdp.so: package.cpath first (luarocks tree or ./libfsdp.so), then beside this file
 -- in a source checkout (lua/fsdp/init.lua -> ../../libfsdp.so)
 local function find_library()
   local path = package.searchpath("libfsdp", package.cpath)
   if path then return path end
-  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
   for _, cand in ipairs { here .. "/../../libfsdp.so", here .. "/libfsdp.so" } do
-    local f = io.open(cand, "rb")
-    if f then f:close(); return cand end
+    if exists(cand) then return cand end
   end
-  error("fsdp: cannot find libfsdp.so in package.cpath (" .. package.cpath .. "); run `make` or `luarocks make`", 0)
+  not_built("libfsdp.so (not in package.cpath: " .. package.cpath .. ")")
 end
 
 -- Idle OpenMP threads must sleep, not spin: spinning threads take the cores OpenBLAS (and

@@ -36,6 +36,11 @@ local mask = fsdp.randn { 96, 96 }
 for _, t in ipairs { q, k, v, mask } do t:requires_grad_() end
 F.scaled_dot_product_attention(q, k, v, { causal = true, attn_mask = mask, dropout_p = 0.1 }):sum():backward()
 assert(q.grad and k.grad and v.grad and mask.grad)
+-- a 3x3 convolution with >= 16 channels takes the Winograd path (forward, input and weight gradients)
+local wx, ww = fsdp.randn { 2, 16, 10, 10 }, fsdp.randn { 16, 16, 3, 3 }
+for _, t in ipairs { wx, ww } do t:requires_grad_() end
+F.conv2d(wx, ww, nil, { padding = 1 }):sum():backward()
+assert(wx.grad and ww.grad)
 -- a wrapped model (world size 1) and a checkpoint round trip
 local w = models.mlp()
 fsdp.wrap(w)

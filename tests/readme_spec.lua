@@ -1,0 +1,104 @@
+-- The README cannot drift: every command in one of its ```sh blocks is run, either here or by
+-- .ci/run. A block whose commands all appear as lines of .ci/run (make demo, make test, the
+-- benchmarks, the guardrails) is CI's; any other block runs here, as one bash script from the
+-- checkout, and must exit 0. So that nothing outside a temporary directory is touched, the
+-- script sees HOME, /tmp and /usr/local replaced by directories of its own.
+local H = require "helpers"
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+
+-- the README's sh blocks: { first_line = n, commands = { "make demo", ... } }, comments dropped
+local function sh_blocks(text)
+  local blocks, cur, n = {}, nil, 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    if cur then
+      if line:match("^```") then blocks[#blocks + 1] = cur; cur = nil
+      else
+        local cmd = trim(line:gsub("%s+#%s.*$", ""))
+        if cmd ~= "" and not cmd:match("^#") then cur.commands[#cur.commands + 1] = cmd end
+      end
+    elseif line:match("^```sh%s*$") then
+      cur = { first_line = n + 1, commands = {} }
+    end
+  end
+  return blocks
+end
+
+local function ci_lines()
+  local set = {}
+  for line in read(H.root .. "/.ci/run"):gmatch("[^\n]+") do set[trim(line)] = true end
+  return set
+end
+
+local function mkdtemp()
+  local p = io.popen("mktemp -d /tmp/fsdp_readme.XXXXXX")
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+
+-- runs the block's commands as one bash script; returns exit status and output
+local function run_block(block, tmp)
+  local home, prefix, scratch = tmp .. "/home", tmp .. "/prefix", tmp .. "/tmp"
+  local lines = { "set -e", "unset LUA_PATH LUA_CPATH", ("export HOME=%q"):format(home),
+    ("mkdir -p %q %q"):format(home, scratch), ("cd %q"):format(H.root) }
+  for _, cmd in ipairs(block.commands) do
+    local c = cmd:gsub("([%s=])/tmp([%s/])", "%1" .. scratch .. "%2"):gsub("([%s=])/tmp$", "%1" .. scratch)
+      :gsub("/usr/local", prefix)
+    lines[#lines + 1] = ("echo %q"):format("+ " .. cmd)
+    lines[#lines + 1] = c
+  end
+  local script = tmp .. "/block.sh"
+  local f = assert(io.open(script, "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  local p = io.popen(("timeout -k 5 600 bash %q 2>&1; echo \"__rc=$?\""):format(script))
+  local out = p:read("*a")
+  p:close()
+  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
+end
+
+describe("README.md", function()
+  local blocks = sh_blocks(read(H.root .. "/README.md"))
+  local ci = ci_lines()
+
+  it("has sh blocks, each either CI's or this spec's", function()
+    assert.is_true(#blocks >= 5, "expected the README's sh blocks, found " .. #blocks)
+    for _, b in ipairs(blocks) do
+      local in_ci = 0
+      for _, cmd in ipairs(b.commands) do if ci[cmd] then in_ci = in_ci + 1 end end
+      assert(in_ci == 0 or in_ci == #b.commands, ("README.md:%d: the block mixes commands .ci/run runs with "
+        .. "commands it does not (%s); split it"):format(b.first_line, table.concat(b.commands, "; ")))
+    end
+  end)
+
+  it("names the two commands, and .ci/run runs them", function()
+    assert.is_true(ci["make test"] and ci["make demo"], ".ci/run must run `make test` and `make demo`")
+  end)
+
+  for _, b in ipairs(blocks) do
+    local all_ci = #b.commands > 0
+    for _, cmd in ipairs(b.commands) do all_ci = all_ci and ci[cmd] == true end
+    if not all_ci then
+      it(("runs the block at README.md:%d (%s)"):format(b.first_line, table.concat(b.commands, "; ")), function()
+        local tmp = mkdtemp()
+        local rc, out = run_block(b, tmp)
+        os.execute(("rm -rf %q"):format(tmp))
+        assert.are.equal(0, rc, ("README.md:%d failed:\n%s"):format(b.first_line, out))
+        -- make install into a prefix LuaJIT does not search prints the lines that make it search there
+        if table.concat(b.commands, "\n"):find("make install PREFIX=", 1, true) then
+          assert.truthy(out:find('export LUA_PATH="' .. tmp .. '/prefix/share/lua/5.1/?.lua', 1, true), out)
+          assert.truthy(out:find('export LUA_CPATH="' .. tmp .. '/prefix/lib/lua/5.1/?.so', 1, true), out)
+        end
+      end)
+    end
+  end
+end)
