@@ -253,8 +253,9 @@ static void run_work(fsdp_work* w) {
     case FSDP_COLL_FINALIZE: be->finalize(); break;
   }
   if (rc) {
-    snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %s", kind_names[w->kind], w->meta.tag,
-             (long long)w->meta.seq, err);
+    // the backend's message, cut where it would not fit beside the kind, tag and number
+    snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %.*s", kind_names[w->kind], w->meta.tag,
+             (long long)w->meta.seq, (int)(sizeof w->err - FSDP_COMM_TAGLEN - 64), err);
     set_broken(w->err);
     w->status = -1;
   }
