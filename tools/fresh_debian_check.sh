@@ -56,7 +56,10 @@ fresh_root() {
   mkdir -p "$root/mnt/src"
   mount --bind -o ro "$repo" "$root/mnt/src"
   mounts+=("$root/mnt/src")
+  # what an installed machine has: name servers, and its own host name in /etc/hosts (without
+  # it every mpirun waits ~5 s on DNS for the host name)
   cp /etc/resolv.conf "$root/etc/resolv.conf"
+  cp /etc/hosts "$root/etc/hosts"
 }
 
 # runs one scenario in a fresh chroot; the commands' output goes to tmp/fresh-NAME.log
