@@ -5,7 +5,7 @@
 #   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
 #   make lint       cppcheck (warning, performance, portability) and the realloc check
 #   make format     clang-format the C sources; make format-check: fail on any difference
-#   make memcheck   C tests under valgrind; make asan-check: a training run under AddressSanitizer
+#   make memcheck   C tests under valgrind; make asan-check: a training run under ASan + UBSan
 #   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
 #
 # Flags: OPT (default -O3 -march=native -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
@@ -129,15 +129,15 @@ memcheck: $(CTEST_NAMES:%=build-memcheck/tests/%)
 	@for t in $^; do echo "== valgrind $$t"; \
 	  OMP_NUM_THREADS=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 $$t || exit 1; done
 
-# libfsdp built with AddressSanitizer (build-asan/), with the normal build's ARCH, so the same
-# vector kernels run under the sanitizer, then one short training run through LuaJIT with the
-# sanitizer preloaded: invalid accesses and leaks at exit are errors
+# libfsdp built with AddressSanitizer and UndefinedBehaviorSanitizer (build-asan/), with the normal
+# build's ARCH, so the same vector kernels run under them, then one short training run through
+# LuaJIT with ASan preloaded: invalid accesses, undefined behaviour and leaks at exit are errors
 ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
 asan-check: lua/fsdp/cdef.lua build/libfsdp.map | deps-build
 	mkdir -p build-asan
-	$(CC) -O1 $(ARCH) -g -fsanitize=address -fno-omit-frame-pointer $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared \
+	$(CC) -O1 $(ARCH) -g -fsanitize=address,undefined -fno-omit-frame-pointer $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared \
 	  -o build-asan/libfsdp.so $(SRCS) -Wl,--version-script=build/libfsdp.map $(LDLIBS)
-	ASAN_OPTIONS=detect_leaks=1 LD_PRELOAD=$(ASAN_LIB) \
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD=$(ASAN_LIB) \
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
 # ---- benchmarks and the demo --------------------------------------------------------------------
