@@ -45,12 +45,6 @@ local function state_of(m)
   return sd
 end
 
-local function readfile(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
 
 describe("fsdp.save_sharded / fsdp.load_sharded across ranks", function()
   if not mpi then
@@ -61,7 +55,7 @@ describe("fsdp.save_sharded / fsdp.load_sharded across ranks", function()
   it("saves one file per rank and an atomic `latest`", function()
     local r = run_all()
     assert.equal(1, r.first.gen)
-    assert.equal("ckpt-1\nworld_size 2\n", readfile(DIR .. "/latest"))
+    assert.equal("ckpt-1\nworld_size 2\n", H.read_file(DIR .. "/latest"))
     for rank = 0, 1 do
       local t, meta = fsdp.load(("%s/ckpt-1/rank-%d-of-2.safetensors"):format(DIR, rank))
       assert.equal("2", meta.world_size)
@@ -167,7 +161,7 @@ describe("fsdp.save_sharded / fsdp.load_sharded across ranks", function()
     local r = run_all()
     assert.equal(137, r.crash_rc, r.crash_out)
     local cdir = base .. "/crash"
-    assert.equal("ckpt-1\nworld_size 2\n", readfile(cdir .. "/latest"))
+    assert.equal("ckpt-1\nworld_size 2\n", H.read_file(cdir .. "/latest"))
     assert.truthy(io.open(cdir .. "/ckpt-2/rank-1-of-2.safetensors"))  -- the new files were written
     local m = K.wrap(K.build(5))
     local o = K.optimizer(m)
@@ -176,7 +170,7 @@ describe("fsdp.save_sharded / fsdp.load_sharded across ranks", function()
     assert.equal(0, K.sd_diff(state_of(m), fsdp.load(OUT .. "/sd_gen1.safetensors")))
     -- the next save reuses generation 2 (clearing the leftovers) and removes generation 1
     assert.equal(2, fsdp.save_sharded(cdir, m, o, { step = 9 }))
-    assert.equal("ckpt-2\nworld_size 1\n", readfile(cdir .. "/latest"))
+    assert.equal("ckpt-2\nworld_size 1\n", H.read_file(cdir .. "/latest"))
     assert.is_nil(io.open(cdir .. "/ckpt-1/rank-0-of-2.safetensors"))
     assert.is_nil(io.open(cdir .. "/ckpt-2/rank-1-of-2.safetensors"))
     assert.same({ step = 9 }, fsdp.load_sharded(cdir, m, o))
@@ -254,7 +248,7 @@ describe("sharded checkpoints in one process", function()
       local copy = base .. "/trunc"
       assert(os.execute(("cp -r %q %q"):format(DIR, copy)) == 0)
       local file = copy .. "/ckpt-1/rank-1-of-2.safetensors"
-      local data = readfile(file)
+      local data = H.read_file(file)
       local f = assert(io.open(file, "wb"))
       f:write(data:sub(1, #data - 100))
       f:close()

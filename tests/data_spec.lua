@@ -9,12 +9,6 @@ local fm = require "fsdp.data.fashion_mnist"
 local tmp
 local function path(name) return tmp .. "/" .. name end
 
-local function read_bytes(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
 
 -- a synthetic Fashion-MNIST directory: n images whose pixel (i, r, c) is (7i + 3r + c) % 256
 local function pixel(i, r, c) return (7 * i + 3 * r + c) % 256 end
@@ -55,7 +49,7 @@ describe("idx reader", function()
       local p = path("img" .. ext)
       idx.write(p, idx.IMAGES_MAGIC, { 3, 2, 3 }, pix)
       if ext == ".gz" then  -- really gzipped: starts with the gzip magic
-        local s = read_bytes(p)
+        local s = H.read_file(p)
         assert.equal("\31\139", s:sub(1, 2))
       end
       local x = idx.read_images(p)
@@ -166,7 +160,7 @@ describe("idx reader", function()
     local px = {}
     for i = 1, 4 * 28 * 28 do px[i] = (i * 37) % 256 end
     idx.write(good, idx.IMAGES_MAGIC, { 4, 28, 28 }, px)
-    local s = read_bytes(good)
+    local s = H.read_file(good)
     -- cut the compressed stream in half: zlib reports it or the data comes up short
     local cut = path("cut.gz")
     idx.write_bytes(cut .. ".raw", s:sub(1, math.floor(#s / 2)))

@@ -6,6 +6,7 @@
 -- this spec fails and says so.
 local fsdp = require "fsdp"
 local fm = require "fsdp.data.fashion_mnist"
+local H = require "helpers"
 
 local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
 local fsdprun = root .. "/bin/fsdprun"
@@ -45,14 +46,7 @@ local function read_metrics(path)
   return out
 end
 
-local function mkdtemp()
-  local p = io.popen("mktemp -d /tmp/fsdp_examples.XXXXXX")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
-
-local tmp = mkdtemp()
+local tmp = H.mkdtemp("fsdp_examples")
 local data_dir = fm.find_dir(nil)
 local have_data = io.open(data_dir .. "/" .. fm.files.test.labels .. ".gz", "rb") or io.open(data_dir .. "/" .. fm.files.test.labels, "rb")
 if have_data then have_data:close() end

@@ -104,6 +104,23 @@ function H.assert_error(fn, ...)
   return err
 end
 
+-- ---- files ------------------------------------------------------------------------------------------
+-- the whole file, as bytes
+function H.read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- a new empty directory under /tmp (the caller removes it)
+function H.mkdtemp(prefix)
+  local p = io.popen(("mktemp -d /tmp/%s.XXXXXX"):format(prefix or "fsdp_test"))
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+
 -- ---- running multi-rank scripts ------------------------------------------------------------------
 local function abspath(p)
   local f = io.popen(("cd %q && pwd"):format(p))

@@ -5,13 +5,6 @@
 -- script sees HOME, /tmp and /usr/local replaced by directories of its own.
 local H = require "helpers"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
 local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
 
 -- the README's sh blocks: { first_line = n, commands = { "make demo", ... } }, comments dropped
@@ -34,15 +27,8 @@ end
 
 local function ci_lines()
   local set = {}
-  for line in read(H.root .. "/.ci/run"):gmatch("[^\n]+") do set[trim(line)] = true end
+  for line in H.read_file(H.root .. "/.ci/run"):gmatch("[^\n]+") do set[trim(line)] = true end
   return set
-end
-
-local function mkdtemp()
-  local p = io.popen("mktemp -d /tmp/fsdp_readme.XXXXXX")
-  local d = p:read("*l")
-  p:close()
-  return d
 end
 
 -- runs the block's commands as one bash script; returns exit status and output
@@ -67,7 +53,7 @@ local function run_block(block, tmp)
 end
 
 describe("README.md", function()
-  local blocks = sh_blocks(read(H.root .. "/README.md"))
+  local blocks = sh_blocks(H.read_file(H.root .. "/README.md"))
   local ci = ci_lines()
 
   it("has sh blocks, each either CI's or this spec's", function()
@@ -89,7 +75,7 @@ describe("README.md", function()
     for _, cmd in ipairs(b.commands) do all_ci = all_ci and ci[cmd] == true end
     if not all_ci then
       it(("runs the block at README.md:%d (%s)"):format(b.first_line, table.concat(b.commands, "; ")), function()
-        local tmp = mkdtemp()
+        local tmp = H.mkdtemp("fsdp_readme")
         local rc, out = run_block(b, tmp)
         os.execute(("rm -rf %q"):format(tmp))
         assert.are.equal(0, rc, ("README.md:%d failed:\n%s"):format(b.first_line, out))

@@ -36,9 +36,7 @@ end
 
 -- a copy of the checkout's sources without what make generates: lua/, examples/, src/fsdp.h
 local function unbuilt_copy()
-  local p = io.popen("mktemp -d /tmp/fsdp_unbuilt.XXXXXX")
-  local dir = p:read("*l")
-  p:close()
+  local dir = H.mkdtemp("fsdp_unbuilt")
   assert(os.execute(("mkdir -p %q/src && cp -r %q/lua %q/examples %q/ && cp %q/src/fsdp.h %q/src/ && rm -f %q/lua/fsdp/cdef.lua")
     :format(dir, H.root, H.root, dir, H.root, dir, dir)) == 0)
   return dir
@@ -89,9 +87,7 @@ end)
 -- (nothing installed), id (uid 1000) and apt-get (records that it ran) come first on PATH
 describe("tools/deps.sh without root on a machine without the packages", function()
   local function fake_bin()
-    local p = io.popen("mktemp -d /tmp/fsdp_deps.XXXXXX")
-    local dir = p:read("*l")
-    p:close()
+    local dir = H.mkdtemp("fsdp_deps")
     local fakes = {
       ["dpkg-query"] = "exit 1",
       id = 'if [ "$1" = -u ]; then echo 1000; else echo "uid=1000"; fi',
