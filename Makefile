@@ -36,8 +36,10 @@ LIBDIR  ?= $(PREFIX)/lib/lua/5.1
 BINDIR  ?= $(PREFIX)/bin
 EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 
+# BUILD: where objects and C tests go (make memcheck builds its own copy in build-memcheck)
+BUILD ?= build
 SRCS := $(filter-out src/comm_mpi.c,$(wildcard src/*.c))
-OBJS := $(SRCS:src/%.c=build/%.o)
+OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
 HDRS := $(wildcard src/*.h)
 LUAJIT ?= luajit
 BUSTED ?= $(shell command -v busted)
@@ -48,24 +50,26 @@ all: libfsdp.so lua/fsdp/cdef.lua
 deps-build:
 	@bash tools/deps.sh --check build
 
-build/%.o: src/%.c $(HDRS) | build deps-build
+$(BUILD)/%.o: src/%.c $(HDRS) | $(BUILD) deps-build
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 # optimizer kernels: sqrtf without its errno branch (so the Adam loop vectorizes), and no FMA
 # contraction, so an element's update never depends on where it falls in the vector loop
-build/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
+$(BUILD)/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
 
-build:
-	mkdir -p build
+$(BUILD):
+	mkdir -p $(BUILD)
 
-# only the public API (the functions of src/fsdp.h's FFI section) is exported: a version script
-# made from that section hides every other symbol (tests/exports_spec.lua compares nm -D with it)
-FFI_NAMES = sed -n '/^\/\/ FFI-BEGIN/,/^\/\/ FFI-END/p' src/fsdp.h | sed -E 's/\(\*[A-Za-z0-9_]+\)//g' | \
-	grep -oE '\bfsdp_[A-Za-z0-9_]+ *\(' | sed -E 's/ *\($$//' | sort -u
-build/libfsdp.map: src/fsdp.h | build
-	{ echo '{ global:'; $(FFI_NAMES) | sed 's/$$/;/'; echo 'local: *; };'; } > $@
+# the FFI section of the public header: the single source of truth for ffi.cdef and the exports
+FFI_SECTION = sed -n '/^\/\/ FFI-BEGIN/,/^\/\/ FFI-END/p' src/fsdp.h
 
-libfsdp.so: $(OBJS) build/libfsdp.map
-	$(CC) -shared -o $@ $(OBJS) -Wl,--version-script=build/libfsdp.map $(LDFLAGS) $(LDLIBS)
+# only the public API (the functions of the FFI section) is exported: a version script made from
+# that section hides every other symbol (tests/cdef_spec.lua compares nm -D with it)
+$(BUILD)/libfsdp.map: src/fsdp.h | $(BUILD)
+	{ echo '{ global:'; $(FFI_SECTION) | sed -E 's/\(\*[A-Za-z0-9_]+\)//g' | grep -oE '\bfsdp_[A-Za-z0-9_]+ *\(' | \
+	  sed -E 's/ *\($$/;/' | sort -u; echo 'local: *; };'; } > $@
+
+libfsdp.so: $(OBJS) $(BUILD)/libfsdp.map
+	$(CC) -shared -o $@ $(OBJS) -Wl,--version-script=$(BUILD)/libfsdp.map $(LDFLAGS) $(LDLIBS)
 
 # the MPI backend: its own library, so libfsdp.so never depends on MPI (comm.c dlopen()s it);
 # built only where mpicc exists
@@ -76,17 +80,17 @@ endif
 libfsdp_mpi.so: src/comm_mpi.c src/comm.h | deps-build
 	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/comm_mpi.c $(LDFLAGS)
 
-# the FFI part of the public header, as a Lua string (the single source of truth for ffi.cdef)
+# the FFI section as a Lua string, for ffi.cdef
 lua/fsdp/cdef.lua: src/fsdp.h
 	{ echo '-- generated from src/fsdp.h by make; do not edit'; echo 'return [==['; \
-	  sed -n '\#^// FFI-BEGIN#,\#^// FFI-END#p' $< | grep -v '^// FFI-'; echo ']==]'; } > $@
+	  $(FFI_SECTION) | grep -v '^// FFI-'; echo ']==]'; } > $@
 
 # ---- tests -----------------------------------------------------------------------------------
 # The C tests link the objects themselves: they also reach internal functions libfsdp.so hides.
 CTEST_NAMES := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
-CTESTS := $(CTEST_NAMES:%=build/tests/%)
-build/tests/%: tests/c/%.c tests/c/ctest.h $(OBJS)
-	@mkdir -p build/tests
+CTESTS := $(CTEST_NAMES:%=$(BUILD)/tests/%)
+$(BUILD)/tests/%: tests/c/%.c tests/c/ctest.h $(OBJS)
+	@mkdir -p $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -Isrc $< -o $@ $(OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
 # `make test` installs what is missing first (tools/deps.sh), then builds and runs everything in a
@@ -113,30 +117,22 @@ format-check:
 	clang-format --dry-run --Werror $(FORMAT_FILES)
 
 # The C tests under valgrind (leaks and invalid accesses are errors). valgrind 3.19 cannot run
-# AVX-512 code, so this copy is built for x86-64-v3 (AVX2 + FMA, what valgrind emulates) into
-# build-memcheck/, while the normal build keeps -march=native.
-MC_OBJS := $(SRCS:src/%.c=build-memcheck/%.o)
-.SECONDARY: $(MC_OBJS)
-MC_CFLAGS = $(filter-out -march=% -mtune=%,$(ALL_CFLAGS)) -march=x86-64-v3
-build-memcheck/%.o: src/%.c $(HDRS) | deps-build
-	@mkdir -p build-memcheck
-	$(CC) $(MC_CFLAGS) -c $< -o $@
-build-memcheck/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
-build-memcheck/tests/%: tests/c/%.c tests/c/ctest.h $(MC_OBJS)
-	@mkdir -p build-memcheck/tests
-	$(CC) $(MC_CFLAGS) -Isrc $< -o $@ $(MC_OBJS) $(LDFLAGS) $(LDLIBS) -ldl
-memcheck: $(CTEST_NAMES:%=build-memcheck/tests/%)
-	@for t in $^; do echo "== valgrind $$t"; \
+# AVX-512 code, so they are built again for x86-64-v3 (AVX2 + FMA, what valgrind emulates) in
+# build-memcheck/ by a second make, while the normal build keeps -march=native.
+memcheck:
+	@$(MAKE) --no-print-directory BUILD=build-memcheck ARCH=-march=x86-64-v3 memcheck-run
+memcheck-run: $(CTESTS)
+	@for t in $(CTESTS); do echo "== valgrind $$t"; \
 	  OMP_NUM_THREADS=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 $$t || exit 1; done
 
 # libfsdp built with AddressSanitizer and UndefinedBehaviorSanitizer (build-asan/), with the normal
 # build's ARCH, so the same vector kernels run under them, then one short training run through
 # LuaJIT with ASan preloaded: invalid accesses, undefined behaviour and leaks at exit are errors
 ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
-asan-check: lua/fsdp/cdef.lua build/libfsdp.map | deps-build
+asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	mkdir -p build-asan
 	$(CC) -O1 $(ARCH) -g -fsanitize=address,undefined -fno-omit-frame-pointer $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared \
-	  -o build-asan/libfsdp.so $(SRCS) -Wl,--version-script=build/libfsdp.map $(LDLIBS)
+	  -o build-asan/libfsdp.so $(SRCS) -Wl,--version-script=$(BUILD)/libfsdp.map $(LDLIBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD=$(ASAN_LIB) \
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
@@ -170,4 +166,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run lint format format-check memcheck asan-check bench bench-fsdp demo install clean
+.PHONY: all deps-build test test-run lint format format-check memcheck memcheck-run asan-check bench bench-fsdp demo install clean

@@ -152,6 +152,7 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   // take every parameter home: ours and those another unit owns become standalone first
   if (release_all(u)) return -1;
   fsdp_tensor** keep = NULL;
+  int keep_cap = 0;
   for (int i = 0; i < n; i++) {
     fsdp_unit* v = ts[i]->unit;
     if (!v || v == u) continue;
@@ -160,15 +161,14 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     if (release_all(v)) return -1;
     // v keeps the parameters not moving to u
     int m = 0;
-    fsdp_tensor** grown = realloc(keep, (v->n + 1) * sizeof *keep);
-    char** knames = malloc((v->n + 1) * sizeof *knames);  // copies: free_params(v) frees v's names
-    if (!grown || !knames) {
-      free(grown ? grown : keep);
-      free(knames);
+    // knames are copies: free_params(v) frees v's names
+    char** knames =
+        fsdp_grow(&keep, &keep_cap, v->n + 1, sizeof *keep, "fsdp.wrap") ? NULL : malloc((v->n + 1) * sizeof *knames);
+    if (!knames) {
+      free(keep);
       fsdp_errorf("fsdp.wrap '%s': out of memory", u->path);
       return -1;
     }
-    keep = grown;
     for (int a = 0; a < v->n; a++) {
       int moving = 0;
       for (int b = 0; b < n; b++) moving |= ts[b] == v->p[a].t;

@@ -46,10 +46,7 @@ local function run_block(block, tmp)
   local f = assert(io.open(script, "w"))
   f:write(table.concat(lines, "\n"), "\n")
   f:close()
-  local p = io.popen(("timeout -k 5 600 bash %q 2>&1; echo \"__rc=$?\""):format(script))
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
+  return H.sh(("bash %q"):format(script), nil, 600)
 end
 
 describe("README.md", function()

@@ -14,7 +14,8 @@
 #   test    + busted and luarocks (`make test`)
 #   ci      + the guardrail tools and git (`.ci/run`: lint, format check, valgrind)
 #
-# On a machine without dpkg (not Debian) nothing is checked: the Makefile's errors speak then.
+# On a machine without dpkg (not Debian), or with DEPS=skip, nothing is checked: the compiler's
+# errors speak then.
 set -euo pipefail
 
 build="gcc make pkg-config luajit libopenblas-dev libopenmpi-dev openmpi-bin"
@@ -37,6 +38,8 @@ case "$set_name" in
 esac
 
 if [ "$mode" = list ]; then echo "$pkgs"; exit 0; fi
+# DEPS=skip (e.g. `make DEPS=skip`): the libraries come from elsewhere than Debian's packages
+[ "${DEPS:-}" = skip ] && exit 0
 command -v dpkg-query >/dev/null 2>&1 || exit 0
 
 missing=""

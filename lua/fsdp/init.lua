@@ -22,8 +22,9 @@ local fsdp = {}
 -- kernels it calls (tests/jit_spec.lua keeps this honest).
 jit.off()
 
--- this file's directory; in a source checkout lua/fsdp, two levels below the checkout
+-- this file's directory, and the checkout it sits in when it is a source checkout (lua/fsdp)
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local checkout = here:match("^(.*)/lua/fsdp$") or (here .. "/../..")
 local function exists(path)
   local f = io.open(path, "rb")
   if f then f:close() end
@@ -32,10 +33,8 @@ end
 
 -- a checkout that was never built (or an install that lost files) says what to run
 local function not_built(what)
-  local checkout = here .. "/../.."
   if exists(checkout .. "/src/fsdp.h") then
-    local root = checkout:gsub("/lua/fsdp/%.%./%.%.$", "")
-    error(("fsdp is not built: %s is missing; run `make` in %s"):format(what, root), 0)
+    error(("fsdp is not built: %s is missing; run `make` in %s"):format(what, checkout), 0)
   end
   error(("fsdp is not installed completely: %s is missing; reinstall it (`luarocks make` or `make install`)"):format(what), 0)
 end
@@ -45,11 +44,11 @@ if not have_cdef then not_built("lua/fsdp/cdef.lua (generated from src/fsdp.h)")
 ffi.cdef(cdef)
 
 -- find libfsdp.so: package.cpath first (luarocks tree or ./libfsdp.so), then beside this file
--- in a source checkout (lua/fsdp/init.lua -> ../../libfsdp.so)
+-- in a source checkout
 local function find_library()
   local path = package.searchpath("libfsdp", package.cpath)
   if path then return path end
-  for _, cand in ipairs { here .. "/../../libfsdp.so", here .. "/libfsdp.so" } do
+  for _, cand in ipairs { checkout .. "/libfsdp.so", here .. "/libfsdp.so" } do
     if exists(cand) then return cand end
   end
   not_built("libfsdp.so (not in package.cpath: " .. package.cpath .. ")")
