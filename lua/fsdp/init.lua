@@ -146,6 +146,17 @@ function fsdp._shape(...)
   return n, arr
 end
 
+-- ---- devices -------------------------------------------------------------------------------------
+-- device names users pass; fsdp.backends() lists those whose backend is loaded and usable
+fsdp._devices = { cpu = 0, cuda = 1 }
+function fsdp.backends() return { "cpu" } end
+function fsdp._to_device(t, device)
+  local d = fsdp._devices[device]
+  if d == nil then error(("to: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 3) end
+  if C.fsdp_tensor_device(t) == d then return t end
+  error(("to: device %q is not available in this build (backends: %s)"):format(device, table.concat(fsdp.backends(), ", ")), 3)
+end
+
 -- ---- tensors --------------------------------------------------------------------------------------
 local Tensor = require "fsdp.tensor"
 Tensor._init(fsdp)

@@ -277,7 +277,22 @@ function methods.narrow(t, d, start, len)
   return wrap(C.fsdp_narrow(t, dim(d, t:dim()), start - 1, len))
 end
 function methods.index_select(t, d, index) return wrap(C.fsdp_index_select(t, dim(d, t:dim()), index)) end
-function methods.to(t, dtype) return wrap(C.fsdp_to_dtype(t, dtype_of(dtype))) end
+-- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
+-- itself when x is already there (as PyTorch does)
+function methods.to(t, what)
+  local device, dtype
+  if type(what) == "table" then
+    device, dtype = what.device, what.dtype
+  elseif fsdp._devices[what] then
+    device = what
+  else
+    dtype = what
+  end
+  if device ~= nil then t = fsdp._to_device(t, device) end
+  if dtype ~= nil then t = wrap(C.fsdp_to_dtype(t, dtype_of(dtype))) end
+  return t
+end
+function methods.cpu(t) return t:to("cpu") end
 function methods.float(t) return t:to("float32") end
 function methods.long(t) return t:to("int64") end
 function methods.bfloat16(t) return t:to("bfloat16") end
