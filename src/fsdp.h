@@ -80,9 +80,9 @@ void fsdp_memory_stats(int64_t* current, int64_t* peak);
 void fsdp_memory_reset_peaks(void);
 // returns the allocator's cached free blocks to the system
 void fsdp_memory_empty_cache(void);
-// bytes of activations allocated since the last call to fsdp_memory_gc_done(); the Lua layer
-// uses it to decide when to run its garbage collector.
-int64_t fsdp_memory_gc_pressure(void);
+// the counter of activation bytes allocated since the last call to fsdp_memory_gc_done(); the Lua
+// layer reads it (a load, not a call, on every new tensor) to decide when to run its collector.
+const int64_t* fsdp_memory_gc_pressure(void);
 void fsdp_memory_gc_done(void);
 
 // ---- random numbers (one global generator, identical on every machine) --------------------

@@ -143,7 +143,7 @@ void fsdp_memory_stats(int64_t* current, int64_t* peak) {
   }
 }
 void fsdp_memory_reset_peaks(void) { memcpy(g_mem_peak, g_mem_cur, sizeof g_mem_peak); }
-int64_t fsdp_memory_gc_pressure(void) { return g_gc_pressure; }
+const int64_t* fsdp_memory_gc_pressure(void) { return &g_gc_pressure; }
 void fsdp_memory_gc_done(void) { g_gc_pressure = 0; }
 int fsdp_default_mem_category(void) { return g_default_cat; }
 void fsdp_set_default_mem_category(int cat) { g_default_cat = cat; }

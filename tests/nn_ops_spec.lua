@@ -9,19 +9,19 @@ local C, wrap = fsdp.C, fsdp._wrap
 local NONE = -100  -- PyTorch's default ignore_index
 
 -- ---- thin callers -------------------------------------------------------------------------------
-local function softmax(x, d) return wrap(C.fsdp_softmax(x, fsdp._dim(d, math.max(x:dim(), 1)))) end
-local function log_softmax(x, d) return wrap(C.fsdp_log_softmax(x, fsdp._dim(d, math.max(x:dim(), 1)))) end
+local function softmax(x, d) return wrap(C.fsdp_softmax(x.p, fsdp._dim(d, math.max(x:dim(), 1)))) end
+local function log_softmax(x, d) return wrap(C.fsdp_log_softmax(x.p, fsdp._dim(d, math.max(x:dim(), 1)))) end
 local function cross_entropy(x, t, ignore, smoothing)
-  return wrap(C.fsdp_cross_entropy(x, t, ignore or NONE, smoothing or 0))
+  return wrap(C.fsdp_cross_entropy(x.p, t.p, ignore or NONE, smoothing or 0))
 end
-local function nll_loss(x, t, ignore) return wrap(C.fsdp_nll_loss(x, t, ignore or NONE)) end
-local function mse_loss(a, b) return wrap(C.fsdp_mse_loss(a, b)) end
-local function layer_norm(x, k, w, b, eps) return wrap(C.fsdp_layer_norm(x, k, w, b, eps or 1e-5)) end
-local function embedding(w, idx, pad) return wrap(C.fsdp_embedding(w, idx, pad or -1)) end
-local function dropout(x, p, training) return wrap(C.fsdp_dropout(x, p, training == false and 0 or 1)) end
+local function nll_loss(x, t, ignore) return wrap(C.fsdp_nll_loss(x.p, t.p, ignore or NONE)) end
+local function mse_loss(a, b) return wrap(C.fsdp_mse_loss(a.p, b.p)) end
+local function layer_norm(x, k, w, b, eps) return wrap(C.fsdp_layer_norm(x.p, k, fsdp._p(w), fsdp._p(b), eps or 1e-5)) end
+local function embedding(w, idx, pad) return wrap(C.fsdp_embedding(w.p, idx.p, pad or -1)) end
+local function dropout(x, p, training) return wrap(C.fsdp_dropout(x.p, p, training == false and 0 or 1)) end
 local function sdpa(q, k, v, o)
   o = o or {}
-  return wrap(C.fsdp_scaled_dot_product_attention(q, k, v, o.mask, o.causal and 1 or 0, o.dropout_p or 0,
+  return wrap(C.fsdp_scaled_dot_product_attention(q.p, k.p, v.p, fsdp._p(o.mask), o.causal and 1 or 0, o.dropout_p or 0,
     o.scale or 0))
 end
 

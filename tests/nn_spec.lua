@@ -55,7 +55,7 @@ describe("nn.Module registration", function()
     local before = fsdp.memory_stats().params.current
     local lin = nn.Linear(10, 7)
     assert.equal(before + (10 * 7 + 7) * 4, fsdp.memory_stats().params.current)
-    assert.equal(C.FSDP_MEM_PARAMS, C.fsdp_tensor_mem_category(lin.weight))
+    assert.equal(C.FSDP_MEM_PARAMS, C.fsdp_tensor_mem_category(lin.weight.p))
   end)
 
   it("deduplicates shared parameters in named_parameters but keeps both state_dict keys", function()
@@ -151,7 +151,7 @@ describe("nn.Module state_dict", function()
     table.sort(keys)
     assert.same({ "0.bias", "0.weight", "2.alpha.weight", "2.running", "2.scale", "2.zeta.bias", "2.zeta.weight" }, keys)
     assert.is_false(sd["0.weight"].requires_grad)
-    assert.is_true(C.fsdp_tensor_same_storage(sd["0.weight"], m:get(1).weight) ~= 0)
+    assert.is_true(C.fsdp_tensor_same_storage(sd["0.weight"].p, m:get(1).weight.p) ~= 0)
   end)
 
   it("round trips into a fresh model, which then computes the same outputs", function()

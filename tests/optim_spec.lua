@@ -365,8 +365,8 @@ describe("optimizer state_dict", function()
       -- the loaded state is a copy: the two optimizers do not share buffers
       local k1 = c.cls == "SGD" and "momentum_buffer" or "exp_avg"
       local s1, s2 = opt:state_of(a)[k1], opt2:state_of(a2)[k1]
-      assert.is_false(C.fsdp_tensor_same_storage(s1, s2) ~= 0)
-      assert.equal(C.FSDP_MEM_OPTIM, C.fsdp_tensor_mem_category(s2))
+      assert.is_false(C.fsdp_tensor_same_storage(s1.p, s2.p) ~= 0)
+      assert.equal(C.FSDP_MEM_OPTIM, C.fsdp_tensor_mem_category(s2.p))
     end)
   end
 
@@ -439,10 +439,10 @@ describe("optimizer errors", function()
   it("the C kernels check shapes, dtypes and layout, naming the op and shapes; then keep working", function()
     local p = fsdp.zeros { 2, 2 }
     local function sgd(param, grad, buf, momentum, first)
-      fsdp._check(C.fsdp_sgd_step(param, grad, buf, 0.1, momentum or 0, 0, 0, 0, first or 0, 0))
+      fsdp._check(C.fsdp_sgd_step(param.p, grad.p, fsdp._p(buf), 0.1, momentum or 0, 0, 0, 0, first or 0, 0))
     end
     local function adam(param, grad, m, v, vmax, ams, step)
-      fsdp._check(C.fsdp_adam_step(param, grad, m, v, vmax, step or 1, 0.1, 0.9, 0.999, 1e-8, 0, 0, ams or 0, 0))
+      fsdp._check(C.fsdp_adam_step(param.p, grad.p, m.p, v.p, fsdp._p(vmax), step or 1, 0.1, 0.9, 0.999, 1e-8, 0, 0, ams or 0, 0))
     end
     H.assert_error(function() sgd(p, fsdp.zeros { 3 }) end, "sgd_step", "(3)", "(2, 2)")
     H.assert_error(function() sgd(p, fsdp.zeros({ 2, 2 }, { dtype = "int64" })) end, "sgd_step", "grad", "int64")

@@ -18,12 +18,12 @@ local hook_cb = ffi.cast("fsdp_grad_hook_fn", function(grad, ctx, err)
   local fn = hooks[tonumber(ffi.cast("intptr_t", ctx))]
   if not fn then return nil end
   C.fsdp_tensor_retain(grad)
-  local ok, r = pcall(fn, ffi.gc(grad, C.fsdp_tensor_release))
+  local ok, r = pcall(fn, fsdp._wrap(grad))
   if not ok then set_error("tensor hook: " .. tostring(r)); err[0] = 1; return nil end
   if r == nil then return nil end
   if not fsdp.is_tensor(r) then set_error("tensor hook: must return a tensor or nil"); err[0] = 1; return nil end
-  C.fsdp_tensor_retain(r)
-  return r
+  C.fsdp_tensor_retain(r.p)
+  return r.p
 end)
 
 -- t:register_hook(fn): fn(grad) runs when t's gradient is computed; returning a tensor replaces it.
@@ -31,7 +31,7 @@ end)
 function autograd.register_hook(t, fn)
   next_ctx = next_ctx + 1
   local ctx = next_ctx
-  local id = C.fsdp_tensor_register_hook(t, hook_cb, ffi.cast("void*", ctx))
+  local id = C.fsdp_tensor_register_hook(t.p, hook_cb, ffi.cast("void*", ctx))
   if id < 0 then fsdp._raise(2) end
   hooks[ctx] = fn
   return { remove = function() C.fsdp_remove_hook(id); hooks[ctx] = nil end }
@@ -48,7 +48,7 @@ local listener_cb = ffi.cast("fsdp_listener_fn", function(ev, node, tensor, ctx)
   local fn = listeners[tonumber(ffi.cast("intptr_t", ctx))]
   if not fn then return 0 end
   local t = nil
-  if tensor ~= nil then C.fsdp_tensor_retain(tensor); t = ffi.gc(tensor, C.fsdp_tensor_release) end
+  if tensor ~= nil then C.fsdp_tensor_retain(tensor); t = fsdp._wrap(tensor) end
   local ok, e = pcall(fn, event_names[ev], node ~= nil and ffi.string(C.fsdp_node_name(node)) or nil, t)
   if not ok then set_error("autograd listener: " .. tostring(e)); return 1 end
   return 0

@@ -258,7 +258,7 @@ local function rank_file(dir, gen, r, n) return ("%s/rank-%d-of-%d.safetensors")
 
 -- ---- what a model holds: its tensors and their layout --------------------------------------------
 local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
-local function ptr_key(p) return tonumber(ffi.cast("intptr_t", p)) end
+local ptr_key = fsdp._addr  -- a raw C pointer as a number
 
 -- list of {name, t, kind, shape, numel, chunk, start, length} for every parameter (named_parameters
 -- order) and persistent buffer of `model`, under the current layout
@@ -272,7 +272,7 @@ local function model_entries(model, what)
   local shp = ffi.new("int64_t[?]", 8)
   for name, p in model:named_parameters() do
     local e = { name = name, t = p, kind = "param" }
-    local u = C.fsdp_param_unit(p)
+    local u = C.fsdp_param_unit(p.p)
     if u == nil then
       e.shape, e.numel = p:shape(), p:numel()
       e.chunk, e.start, e.length = e.numel, 0, e.numel
@@ -284,13 +284,13 @@ local function model_entries(model, what)
         for i = 0, C.fsdp_unit_num_params(u) - 1 do map[ptr_key(C.fsdp_unit_param(u, i))] = i end
         unit_maps[uk] = map
       end
-      local i = map[ptr_key(p)]
+      local i = map[fsdp._key(p)]
       if not i then
         error(("%s: parameter %q claims FSDP unit '%s' but is not among its parameters")
           :format(what, name, ffi.string(C.fsdp_unit_path(u))), 0)
       end
       fsdp._check(C.fsdp_unit_param_layout(u, i, numel, chunk, start, length))
-      local nd = C.fsdp_param_full_shape(p, shp)
+      local nd = C.fsdp_param_full_shape(p.p, shp)
       e.shape = {}
       for d = 0, nd - 1 do e.shape[d + 1] = tonumber(shp[d]) end
       e.numel, e.chunk, e.start, e.length = tonumber(numel[0]), tonumber(chunk[0]), tonumber(start[0]), tonumber(length[0])
@@ -385,13 +385,13 @@ function M.save_sharded(dir, model, optimizer, extra)
       error(what .. ": optimizer must be an fsdp.optim optimizer", 2)
     end
     local name_of = {}
-    for _, e in ipairs(entries) do if e.kind == "param" then name_of[ptr_key(e.t)] = e.name end end
+    for _, e in ipairs(entries) do if e.kind == "param" then name_of[fsdp._key(e.t)] = e.name end end
     local groups, state = {}, {}
     for gi, g in ipairs(optimizer.param_groups) do
       local pg = { params = {} }
       for k, v in pairs(g) do if k ~= "params" then pg[k] = v end end
       for i, p in ipairs(g.params) do
-        local name = name_of[ptr_key(p)]
+        local name = name_of[fsdp._key(p)]
         if not name then
           error(("%s: parameter %d of the optimizer's group %d is not a parameter of the model"):format(what, i, gi), 2)
         end
@@ -597,14 +597,14 @@ function M.load_sharded(dir, model, optimizer)
       error(("%s: the checkpoint '%s' has %d parameter groups, the optimizer %d"):format(what, ck.path, #o.groups, #optimizer.param_groups), 2)
     end
     local name_of = {}
-    for _, e in ipairs(entries) do if e.kind == "param" then name_of[ptr_key(e.t)] = e.name end end
+    for _, e in ipairs(entries) do if e.kind == "param" then name_of[fsdp._key(e.t)] = e.name end end
     opt_sd = { state = {}, param_groups = {} }
     local idx = 0
     for gi, g in ipairs(optimizer.param_groups) do
       local saved = o.groups[gi]
       local names = {}
       for i, p in ipairs(g.params) do
-        names[i] = name_of[ptr_key(p)] or error(("%s: parameter %d of the optimizer's group %d is not a parameter of the model"):format(what, i, gi), 2)
+        names[i] = name_of[fsdp._key(p)] or error(("%s: parameter %d of the optimizer's group %d is not a parameter of the model"):format(what, i, gi), 2)
       end
       if table.concat(names, ",") ~= table.concat(saved.params or {}, ",") then
         error(("%s: parameter group %d of the checkpoint '%s' holds {%s}, the optimizer's {%s}")

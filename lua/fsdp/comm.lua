@@ -87,14 +87,14 @@ function comm.all_reduce(t, op, opts)
   need_tensor("all_reduce", "tensor", t)
   local o = reduce_op("all_reduce", op)
   init_once()
-  return submit("all_reduce", C.fsdp_all_reduce(t, o, opts and opts.tag or "all_reduce"), t, opts)
+  return submit("all_reduce", C.fsdp_all_reduce(t.p, o, opts and opts.tag or "all_reduce"), t, opts)
 end
 
 function comm.broadcast(t, root, opts)
   if type(root) == "table" then root, opts = nil, root end
   need_tensor("broadcast", "tensor", t)
   init_once()
-  return submit("broadcast", C.fsdp_broadcast(t, root or 0, opts and opts.tag or "broadcast"), t, opts)
+  return submit("broadcast", C.fsdp_broadcast(t.p, root or 0, opts and opts.tag or "broadcast"), t, opts)
 end
 
 function comm.all_gather(out, inp, opts)
@@ -110,7 +110,7 @@ function comm.all_gather(out, inp, opts)
   need_tensor("all_gather", "out", out)
   need_tensor("all_gather", "input", inp)
   init_once()
-  return submit("all_gather", C.fsdp_all_gather(out, inp, opts and opts.tag or "all_gather"), out, opts)
+  return submit("all_gather", C.fsdp_all_gather(out.p, inp.p, opts and opts.tag or "all_gather"), out, opts)
 end
 
 function comm.reduce_scatter(out, inp, op, opts)
@@ -119,7 +119,7 @@ function comm.reduce_scatter(out, inp, op, opts)
   need_tensor("reduce_scatter", "input", inp)
   local o = reduce_op("reduce_scatter", op)
   init_once()
-  return submit("reduce_scatter", C.fsdp_reduce_scatter(out, inp, o, opts and opts.tag or "reduce_scatter"), out, opts)
+  return submit("reduce_scatter", C.fsdp_reduce_scatter(out.p, inp.p, o, opts and opts.tag or "reduce_scatter"), out, opts)
 end
 
 function comm.barrier_async(opts)

@@ -3,24 +3,15 @@
 -- This file loads libfsdp.so, feeds ffi.cdef from the public header (lua/fsdp/cdef.lua is
 -- generated from src/fsdp.h by make), and holds the few helpers every other Lua file uses:
 --   fsdp.C          the library namespace
---   fsdp._wrap(p)   turns a new C tensor reference into a garbage-collected cdata, or raises
---                   the C error as a Lua error
+--   fsdp._wrap(p)   turns a new C tensor reference into a garbage-collected tensor handle, or
+--                   raises the C error as a Lua error (a NULL result)
+--   fsdp._p(t)      the C pointer of an optional tensor (t.p, or NULL for nil)
 --   fsdp._check(rc) raises the C error when a status is non-zero
 --   fsdp._dim(d, n) Lua's 1-based (or negative) dim -> C's 0-based dim
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
 local ffi = require "ffi"
-local jit = require "jit"
 
 local fsdp = {}
-
--- LuaJIT 2.1's trace recorder (Debian's build and OpenResty's alike) treats `cdata pointer +/-
--- number` as pointer arithmetic even when the pointee is an incomplete struct, where the
--- interpreter correctly falls back to the metatype's __add/__sub (lj_crecord.c, crec_arith_ptr
--- has no size check). A tensor is such a pointer, so a compiled `x + 1` in a hot loop yields a
--- bogus pointer or crashes. Until tensors are handles of another kind, fsdp runs LuaJIT with
--- the JIT compiler off: the interpreter still runs the Lua glue in microseconds next to the C
--- kernels it calls (tests/jit_spec.lua keeps this honest).
-jit.off()
 
 -- this file's directory, and the checkout it sits in when it is a source checkout (lua/fsdp)
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -75,35 +66,68 @@ function fsdp._check(rc)
   return rc
 end
 
--- Every new tensor reference passes through here. It also keeps the Lua GC informed about C
--- memory: once enough activation bytes were allocated since the last collection, collect.
+-- _wrap keeps the Lua GC informed about C memory: once enough activation bytes were allocated
+-- since the last collection, collect.
 local gc_floor = 256 * 1024 * 1024
 local cur = ffi.new("int64_t[6]")
+local pressure = C.fsdp_memory_gc_pressure()
 local function gc_if_needed()
-  local pressure = tonumber(C.fsdp_memory_gc_pressure())
-  if pressure > gc_floor then
+  if pressure[0] > gc_floor then
     C.fsdp_memory_stats(cur, nil)
-    if pressure > tonumber(cur[3]) then  -- more allocated than is alive: garbage is likely
+    if pressure[0] > cur[3] then  -- more allocated than is alive: garbage is likely
       collectgarbage("collect")
       C.fsdp_memory_gc_done()
     end
   end
 end
 
-local release = C.fsdp_tensor_release
+-- ---- tensor handles ---------------------------------------------------------------------------------
+-- A tensor in Lua is a handle: a small struct that owns one reference to a C tensor, as ljsyscall
+-- holds a file descriptor. Arithmetic on a struct goes through its metatype (__add, __mul, ...)
+-- both in the interpreter and in compiled traces; on a bare `fsdp_tensor*`, LuaJIT's trace
+-- recorder would compile `x + 1` as pointer arithmetic. Every C call passes `t.p`.
+--
+-- The metatype's finalizer (fsdp/tensor.lua) releases the reference when the handle is collected.
+-- (LuaJIT aborts a trace it is recording when any finalizer runs; a loop that makes tensors then
+-- compiles a few hundred iterations later rather than at once. A registry swept once per GC
+-- cycle avoided that but made every op's trace bigger, and loops of 16 ops never compiled.)
+ffi.cdef "typedef struct fsdp_tensor_handle { fsdp_tensor* p; } fsdp_tensor_handle;"
+local handle_ct = ffi.typeof("fsdp_tensor_handle")
+fsdp._handle_ct = handle_ct
+
+-- Every new tensor reference passes through here. (`local t = ...; return t` on purpose: LuaJIT's
+-- recorder counts tail calls of C functions and constructors against its loop-unroll limit, and
+-- a loop body with many tensor ops would then never compile.)
 function fsdp._wrap(p)
   if p == nil then raise(2) end
   gc_if_needed()
-  return ffi.gc(p, release)
+  local t = handle_ct(p)
+  return t
 end
 
 -- Drops a reference now instead of at the next garbage collection: for short-lived handles to
 -- big storage (the gradients an optimizer step reads), so memory does not wait for the Lua GC.
 -- t must not be used afterwards.
 function fsdp._release(t)
-  ffi.gc(t, nil)
-  release(t)
+  local p = t.p
+  if p == nil then return end
+  t.p = nil
+  C.fsdp_tensor_release(p)
 end
+
+-- the C pointer of an optional tensor argument (nil stays NULL)
+function fsdp._p(t)
+  if t == nil then return nil end
+  return t.p
+end
+
+-- the identity of a tensor as a number: two handles of the same C tensor have the same key
+function fsdp._addr(p)
+  local n = tonumber(ffi.cast("intptr_t", p))
+  return n
+end
+function fsdp._key(t) return (fsdp._addr(t.p)) end
+
 
 -- ---- dims, shapes and dtypes --------------------------------------------------------------------
 function fsdp._dim(d, ndim)
@@ -153,7 +177,7 @@ function fsdp.backends() return { "cpu" } end
 function fsdp._to_device(t, device)
   local d = fsdp._devices[device]
   if d == nil then error(("to: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 3) end
-  if C.fsdp_tensor_device(t) == d then return t end
+  if C.fsdp_tensor_device(t.p) == d then return t end
   error(("to: device %q is not available in this build (backends: %s)"):format(device, table.concat(fsdp.backends(), ", ")), 3)
 end
 
@@ -163,12 +187,12 @@ Tensor._init(fsdp)
 fsdp.Tensor = Tensor
 local wrap, shape = fsdp._wrap, fsdp._shape
 
-function fsdp.is_tensor(x) return Tensor.is(x) end
+function fsdp.is_tensor(x) return (Tensor.is(x)) end
 
 -- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5)
 function fsdp.tensor(data, dtype)
   local dt = fsdp._dtype(dtype)
-  if Tensor.is(data) then return data:to(dtype or data.dtype):clone() end
+  if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
   local dims, flat = {}, {}
   if type(data) == "number" then
     flat[1] = data
@@ -190,7 +214,7 @@ function fsdp.tensor(data, dtype)
   local n, arr = shape(dims)
   local vals = ffi.new("double[?]", math.max(#flat, 1))
   for i = 1, #flat do vals[i - 1] = flat[i] end
-  return wrap(C.fsdp_from_doubles(n, arr, dt, vals))
+  return (wrap(C.fsdp_from_doubles(n, arr, dt, vals)))
 end
 
 -- creation functions accept a shape table or sizes, then an optional options table {dtype=}
@@ -207,38 +231,38 @@ end
 function fsdp.empty(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), 0))
+  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), 0)))
 end
 function fsdp.full(size, value, opts)
   local n, arr = shape(size)
-  return wrap(C.fsdp_full(n, arr, value, fsdp._dtype(type(opts) == "table" and opts.dtype or opts), 0))
+  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(type(opts) == "table" and opts.dtype or opts), 0)))
 end
 function fsdp.zeros(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), 0))
+  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), 0)))
 end
 function fsdp.ones(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), 0))
+  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), 0)))
 end
-function fsdp.zeros_like(t) return fsdp.zeros(t:shape(), { dtype = t.dtype }) end
-function fsdp.ones_like(t) return fsdp.ones(t:shape(), { dtype = t.dtype }) end
+function fsdp.zeros_like(t) return (fsdp.zeros(t:shape(), { dtype = t.dtype })) end
+function fsdp.ones_like(t) return (fsdp.ones(t:shape(), { dtype = t.dtype })) end
 function fsdp.randn(...)
   local n, arr = shape(...)
-  return wrap(C.fsdp_randn(n, arr, 0, 1))
+  return (wrap(C.fsdp_randn(n, arr, 0, 1)))
 end
 function fsdp.rand(...)
   local n, arr = shape(...)
-  return wrap(C.fsdp_rand(n, arr, 0, 1))
+  return (wrap(C.fsdp_rand(n, arr, 0, 1)))
 end
 -- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
   local n, arr = shape(size)
-  return wrap(C.fsdp_randint(lo, hi, n, arr))
+  return (wrap(C.fsdp_randint(lo, hi, n, arr)))
 end
-function fsdp.randperm(n) return wrap(C.fsdp_randperm(n)) end
+function fsdp.randperm(n) return (wrap(C.fsdp_randperm(n))) end
 -- fsdp.arange(n), fsdp.arange(start, stop[, step][, dtype]); float32 unless all arguments are integers
 function fsdp.arange(a, b, c, dtype)
   if type(b) == "string" then dtype, b = b, nil elseif type(c) == "string" then dtype, c = c, nil end
@@ -247,15 +271,15 @@ function fsdp.arange(a, b, c, dtype)
     local ints = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
     dtype = ints and "int64" or "float32"
   end
-  return wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype)))
+  return (wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype))))
 end
 function fsdp.cat(list, dim)
   local n = #list
   local arr = ffi.new("fsdp_tensor*[?]", n)
-  for i = 1, n do arr[i - 1] = list[i] end
+  for i = 1, n do arr[i - 1] = list[i].p end
   dim = dim or 1
   local nd = n > 0 and list[1]:dim() or 1
-  return wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd)))
+  return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd))))
 end
 
 -- ---- process, seeds, grad mode, memory -----------------------------------------------------------

@@ -140,7 +140,7 @@ function M.save(path, tensors, metadata)
   local ctensors = ffi.new("fsdp_tensor*[?]", math.max(n, 1))
   for i, name in ipairs(names) do
     cnames[i - 1] = name          -- the Lua strings stay alive in `names` during the call
-    ctensors[i - 1] = tensors[name]
+    ctensors[i - 1] = tensors[name].p  -- and the tensors in `tensors`
   end
   if C.fsdp_st_save(path, n, cnames, ctensors, meta) ~= 0 then fsdp._raise(2) end
 end

@@ -37,7 +37,7 @@ local function own_params(m)
   for name, p in m:named_parameters() do
     local inside = false
     for _, pre in ipairs(nested) do if name:sub(1, #pre) == pre then inside = true; break end end
-    local key = tostring(ffi.cast("void*", p))
+    local key = fsdp._key(p)
     if not inside and not seen[key] then
       seen[key] = true
       ps[#ps + 1] = p
@@ -121,7 +121,7 @@ function W.wrap(module, opts)
   local ps, names = own_params(module)
   local arr = ffi.new("fsdp_tensor*[?]", math.max(#ps, 1))
   local carr = ffi.new("const char*[?]", math.max(#ps, 1))
-  for i, p in ipairs(ps) do arr[i - 1] = p; carr[i - 1] = names[i] end
+  for i, p in ipairs(ps) do arr[i - 1] = p.p; carr[i - 1] = names[i] end
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
   u.param_names = names
   rawset(module, "_fsdp_unit", u)
@@ -150,7 +150,7 @@ end
 local function pack(...) return { n = select("#", ...), ... } end
 
 local function mark(u, v)
-  if fsdp.is_tensor(v) then return wrap_t(C.fsdp_unit_mark_output(u.c, v)) end
+  if fsdp.is_tensor(v) then return wrap_t(C.fsdp_unit_mark_output(u.c, v.p)) end
   if type(v) == "table" and getmetatable(v) == nil then
     local r = {}
     for k, x in pairs(v) do r[k] = mark(u, x) end
@@ -260,7 +260,7 @@ function W.clip_grad_norm(model, max_norm, norm_type)
     if g then
       grads[#grads + 1] = g
       local sq = fsdp.no_grad(function() return (g * g):sum():item() end)
-      local unit = C.fsdp_param_unit(p)
+      local unit = C.fsdp_param_unit(p.p)
       local replicated = unit == nil or C.fsdp_unit_world_size(unit) == 1
       local_sq = local_sq + (replicated and sq / world or sq)
     end

@@ -51,10 +51,10 @@ local function same_ptr(a, b) return ffi.cast("void*", a) == ffi.cast("void*", b
 
 -- [start, start + len) of p's flattened full tensor that this rank holds as p
 local function piece_range(p)
-  local u = C.fsdp_param_unit(p)
+  local u = C.fsdp_param_unit(p.p)
   if u == nil then return 0, p:numel(), p:numel() end
   for i = 0, C.fsdp_unit_num_params(u) - 1 do
-    if same_ptr(C.fsdp_unit_param(u, i), p) then
+    if same_ptr(C.fsdp_unit_param(u, i), p.p) then
       local n, c, s, l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
       assert(C.fsdp_unit_param_layout(u, i, n, c, s, l) == 0)
       return tonumber(s[0]), tonumber(l[0]), tonumber(n[0])

@@ -7,7 +7,7 @@
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
-local wrap, dim = fsdp._wrap, fsdp._dim
+local wrap, dim, p_of = fsdp._wrap, fsdp._dim, fsdp._p
 local is_tensor = fsdp.is_tensor
 
 local F = {}
@@ -59,7 +59,7 @@ end
 
 -- ---- linear and convolution ------------------------------------------------------------------------
 -- x (*, in), w (out, in), b (out) or nil
-function F.linear(x, w, b) return wrap(C.fsdp_linear(x, w, b)) end
+function F.linear(x, w, b) return (wrap(C.fsdp_linear(x.p, w.p, p_of(b)))) end
 
 -- padding may be an int, a pair, "valid" (0) or "same" (stride 1, symmetric padding)
 local function conv_padding(o, w)
@@ -92,23 +92,23 @@ function F.conv2d(x, w, b, ...)
   local stride = pair("conv2d", "stride", o.stride, 1)
   local padding = pair("conv2d", "padding", conv_padding(o, w), 0)
   local dilation = pair("conv2d", "dilation", o.dilation, 1)
-  return wrap(C.fsdp_conv2d(x, w, b, stride, padding, dilation, o.groups or 1))
+  return (wrap(C.fsdp_conv2d(x.p, w.p, p_of(b), stride, padding, dilation, o.groups or 1)))
 end
 
 -- ---- activations --------------------------------------------------------------------------------------
-function F.relu(x) return wrap(C.fsdp_relu(x)) end
-function F.tanh(x) return wrap(C.fsdp_tanh(x)) end
-function F.sigmoid(x) return wrap(C.fsdp_sigmoid(x)) end
+function F.relu(x) return (wrap(C.fsdp_relu(x.p))) end
+function F.tanh(x) return (wrap(C.fsdp_tanh(x.p))) end
+function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(x.p))) end
 -- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
 function F.gelu(x, opts)
   local approx = type(opts) == "table" and opts.approximate or opts or "none"
   if approx ~= "none" and approx ~= "tanh" then
     error(("gelu: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(approx)), 2)
   end
-  return wrap(C.fsdp_gelu(x, approx == "tanh" and 1 or 0))
+  return (wrap(C.fsdp_gelu(x.p, approx == "tanh" and 1 or 0)))
 end
-function F.softmax(x, d) return wrap(C.fsdp_softmax(x, dim(d, x:dim()))) end
-function F.log_softmax(x, d) return wrap(C.fsdp_log_softmax(x, dim(d, x:dim()))) end
+function F.softmax(x, d) return (wrap(C.fsdp_softmax(x.p, dim(d, x:dim())))) end
+function F.log_softmax(x, d) return (wrap(C.fsdp_log_softmax(x.p, dim(d, x:dim())))) end
 
 -- ---- losses (mean reduction) ---------------------------------------------------------------------------
 -- logits (N, C) or (N, C, d1, ...), target int64 (N) or (N, d1, ...) with 0-based class indices
@@ -116,16 +116,16 @@ function F.cross_entropy(logits, target, opts)
   local o = opts or {}
   check_reduction("cross_entropy", o)
   local ignore = o.ignore_index or -100
-  return wrap(C.fsdp_cross_entropy(logits, target, ignore, o.label_smoothing or 0))
+  return (wrap(C.fsdp_cross_entropy(logits.p, target.p, ignore, o.label_smoothing or 0)))
 end
 function F.nll_loss(logp, target, opts)
   local o = opts or {}
   check_reduction("nll_loss", o)
-  return wrap(C.fsdp_nll_loss(logp, target, o.ignore_index or -100))
+  return (wrap(C.fsdp_nll_loss(logp.p, target.p, o.ignore_index or -100)))
 end
 function F.mse_loss(a, b, opts)
   check_reduction("mse_loss", opts or {})
-  return wrap(C.fsdp_mse_loss(a, b))
+  return (wrap(C.fsdp_mse_loss(a.p, b.p)))
 end
 
 -- ---- normalization, embedding, dropout -------------------------------------------------------------------
@@ -144,7 +144,7 @@ function F.layer_norm(x, normalized_shape, w, b, eps)
   if not ok then
     error(("layer_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
   end
-  return wrap(C.fsdp_layer_norm(x, k, w, b, eps or 1e-5))
+  return (wrap(C.fsdp_layer_norm(x.p, k, p_of(w), p_of(b), eps or 1e-5)))
 end
 
 -- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
@@ -160,7 +160,7 @@ function F.embedding(idx, weight, opts)
       error(("embedding: padding_idx %d out of range for %d embeddings"):format(pad, V), 2)
     end
   end
-  return wrap(C.fsdp_embedding(weight, idx, pad))
+  return (wrap(C.fsdp_embedding(weight.p, idx.p, pad)))
 end
 
 -- F.dropout(x, p = 0.5, training = true)
@@ -168,7 +168,7 @@ function F.dropout(x, p, training)
   if is_opts(p) then training, p = p.training, p.p end
   p = p or 0.5
   if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
-  return wrap(C.fsdp_dropout(x, p, training == false and 0 or 1))
+  return (wrap(C.fsdp_dropout(x.p, p, training == false and 0 or 1)))
 end
 
 -- ---- pooling and shape ------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ function F.max_pool2d(x, kernel_size, ...)
   local s = pair("max_pool2d", "stride", o.stride or kernel_size)
   local p = pair("max_pool2d", "padding", o.padding, 0)
   local d = pair("max_pool2d", "dilation", o.dilation, 1)
-  return wrap(C.fsdp_max_pool2d(x, k, s, p, d, o.ceil_mode and 1 or 0))
+  return (wrap(C.fsdp_max_pool2d(x.p, k, s, p, d, o.ceil_mode and 1 or 0)))
 end
 
 -- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
@@ -190,19 +190,19 @@ function F.avg_pool2d(x, kernel_size, ...)
   local k = pair("avg_pool2d", "kernel_size", kernel_size)
   local s = pair("avg_pool2d", "stride", o.stride or kernel_size)
   local p = pair("avg_pool2d", "padding", o.padding, 0)
-  return wrap(C.fsdp_avg_pool2d(x, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1))
+  return (wrap(C.fsdp_avg_pool2d(x.p, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1)))
 end
 
 -- output_size: an int or {h, w}
 function F.adaptive_avg_pool2d(x, output_size)
   local _, hw = pair("adaptive_avg_pool2d", "output_size", output_size)
-  return wrap(C.fsdp_adaptive_avg_pool2d(x, hw[1], hw[2]))
+  return (wrap(C.fsdp_adaptive_avg_pool2d(x.p, hw[1], hw[2])))
 end
 
 -- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
 function F.flatten(x, start_dim, end_dim)
   local nd = x:dim()
-  return wrap(C.fsdp_flatten(x, dim(start_dim or 1, nd), dim(end_dim or -1, nd)))
+  return (wrap(C.fsdp_flatten(x.p, dim(start_dim or 1, nd), dim(end_dim or -1, nd))))
 end
 
 -- ---- attention --------------------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ function F.scaled_dot_product_attention(q, k, v, ...)
   if o.attn_mask ~= nil and not is_tensor(o.attn_mask) then
     error("scaled_dot_product_attention: attn_mask must be a float tensor (additive mask)", 2)
   end
-  return wrap(C.fsdp_scaled_dot_product_attention(q, k, v, o.attn_mask, causal and 1 or 0, o.dropout_p or 0,
-    o.scale or 0))
+  return (wrap(C.fsdp_scaled_dot_product_attention(q.p, k.p, v.p, p_of(o.attn_mask), causal and 1 or 0,
+    o.dropout_p or 0, o.scale or 0)))
 end
 
 return F

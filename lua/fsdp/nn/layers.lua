@@ -26,7 +26,7 @@ local function pybool(b) return b and "True" or "False" end
 -- matching bias init
 local function uniform_param(shape, fan_in)
   local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
-  return Parameter(init.uniform_(fsdp.empty(shape), -bound, bound))
+  return (Parameter(init.uniform_(fsdp.empty(shape), -bound, bound)))
 end
 
 -- ---- Linear -----------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ function Linear:__init(in_features, out_features, ...)
     self:register_parameter("bias", nil)
   end
 end
-function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+function Linear:forward(x) return (F.linear(x, self.weight, self.bias)) end
 function Linear:extra_repr()
   return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features, self.out_features, pybool(self.bias ~= nil))
 end
@@ -83,8 +83,8 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, ...)
   end
 end
 function Conv2d:forward(x)
-  return F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-    dilation = self.dilation, groups = self.groups })
+  return (F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+    dilation = self.dilation, groups = self.groups }))
 end
 function Conv2d:extra_repr()
   local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
@@ -101,7 +101,7 @@ end
 -- ---- activations and other parameter-free layers -----------------------------------------------------------
 local function simple(name, fn)
   local cls = Module:extend(name)
-  cls.forward = function(_, x) return fn(x) end
+  cls.forward = function(_, x) return (fn(x)) end
   L[name] = cls
   return cls
 end
@@ -119,7 +119,7 @@ function GELU:__init(...)
     error(("GELU: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(self.approximate)), 2)
   end
 end
-function GELU:forward(x) return F.gelu(x, self.approximate) end
+function GELU:forward(x) return (F.gelu(x, self.approximate)) end
 function GELU:extra_repr() return ("approximate='%s'"):format(self.approximate) end
 
 -- nn.Softmax(dim), nn.LogSoftmax(dim): dim is 1-based
@@ -130,7 +130,7 @@ for _, name in ipairs { "Softmax", "LogSoftmax" } do
     if d == nil then error(name .. ": dim is required (1-based, negative from the end)", 3) end
     self.dim = d
   end
-  function cls:forward(x) return fn(x, self.dim) end
+  function cls:forward(x) return (fn(x, self.dim)) end
   function cls:extra_repr() return "dim=" .. self.dim end
   L[name] = cls
 end
@@ -142,7 +142,7 @@ function Flatten:__init(...)
   local o = args_of({ "start_dim", "end_dim" }, ...)
   self.start_dim, self.end_dim = o.start_dim or 2, o.end_dim or -1
 end
-function Flatten:forward(x) return F.flatten(x, self.start_dim, self.end_dim) end
+function Flatten:forward(x) return (F.flatten(x, self.start_dim, self.end_dim)) end
 function Flatten:extra_repr() return ("start_dim=%d, end_dim=%d"):format(self.start_dim, self.end_dim) end
 
 -- nn.Dropout(p = 0.5): active in training mode only
@@ -156,7 +156,7 @@ function Dropout:__init(...)
   end
   self.p = p
 end
-function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function Dropout:forward(x) return (F.dropout(x, self.p, self.training)) end
 function Dropout:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
 
 -- ---- pooling ---------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ function MaxPool2d:__init(kernel_size, ...)
   self.padding, self.dilation, self.ceil_mode = o.padding or 0, o.dilation or 1, o.ceil_mode and true or false
 end
 function MaxPool2d:forward(x)
-  return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+  return (F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode))
 end
 local function size_str(v) return type(v) == "table" and pair_str(v) or tostring(v) end
 function MaxPool2d:extra_repr()
@@ -188,7 +188,7 @@ function AvgPool2d:__init(kernel_size, ...)
   self.ceil_mode, self.count_include_pad = o.ceil_mode and true or false, o.count_include_pad ~= false
 end
 function AvgPool2d:forward(x)
-  return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+  return (F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad))
 end
 function AvgPool2d:extra_repr()
   return ("kernel_size=%s, stride=%s, padding=%s"):format(size_str(self.kernel_size), size_str(self.stride),
@@ -199,7 +199,7 @@ end
 local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
 L.AdaptiveAvgPool2d = AdaptiveAvgPool2d
 function AdaptiveAvgPool2d:__init(output_size) self.output_size = output_size end
-function AdaptiveAvgPool2d:forward(x) return F.adaptive_avg_pool2d(x, self.output_size) end
+function AdaptiveAvgPool2d:forward(x) return (F.adaptive_avg_pool2d(x, self.output_size)) end
 function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. size_str(self.output_size) end
 
 -- ---- normalization and embedding ----------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ function LayerNorm:__init(normalized_shape, ...)
     self:register_parameter("bias", nil)
   end
 end
-function LayerNorm:forward(x) return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) end
+function LayerNorm:forward(x) return (F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)) end
 function LayerNorm:extra_repr()
   local ns = self.normalized_shape
   return ("(%s%s), eps=%s, elementwise_affine=%s"):format(table.concat(ns, ", "), #ns == 1 and "," or "",
@@ -249,7 +249,7 @@ function Embedding:__init(num_embeddings, embedding_dim, ...)
   if pad then fsdp.no_grad(function() w:narrow(1, pad + 1, 1):fill_(0) end) end
   self.weight = Parameter(w)
 end
-function Embedding:forward(idx) return F.embedding(idx, self.weight, self.padding_idx) end
+function Embedding:forward(idx) return (F.embedding(idx, self.weight, self.padding_idx)) end
 function Embedding:extra_repr()
   local s = ("%d, %d"):format(self.num_embeddings, self.embedding_dim)
   if self.padding_idx then s = s .. ", padding_idx=" .. self.padding_idx end
@@ -269,7 +269,7 @@ function CrossEntropyLoss:__init(opts)
   self.ignore_index, self.label_smoothing = opts.ignore_index or -100, opts.label_smoothing or 0
 end
 function CrossEntropyLoss:forward(logits, target)
-  return F.cross_entropy(logits, target, { ignore_index = self.ignore_index, label_smoothing = self.label_smoothing })
+  return (F.cross_entropy(logits, target, { ignore_index = self.ignore_index, label_smoothing = self.label_smoothing }))
 end
 
 local NLLLoss = Module:extend("NLLLoss")
@@ -281,7 +281,7 @@ function NLLLoss:__init(opts)
   end
   self.ignore_index = opts.ignore_index or -100
 end
-function NLLLoss:forward(logp, target) return F.nll_loss(logp, target, { ignore_index = self.ignore_index }) end
+function NLLLoss:forward(logp, target) return (F.nll_loss(logp, target, { ignore_index = self.ignore_index })) end
 
 local MSELoss = Module:extend("MSELoss")
 L.MSELoss = MSELoss
@@ -290,7 +290,7 @@ function MSELoss:__init(opts)
     error(("MSELoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
   end
 end
-function MSELoss:forward(a, b) return F.mse_loss(a, b) end
+function MSELoss:forward(a, b) return (F.mse_loss(a, b)) end
 
 -- ---- containers ----------------------------------------------------------------------------------------------------------
 -- the modules given as arguments, or as one list
@@ -360,13 +360,13 @@ end
 -- ModuleList:extend(list) appends; the class method Module.extend(cls, name) still makes subclasses
 local list_extend = ModuleList.extend
 ModuleList.extend = function(self, arg)
-  if type(arg) == "string" then return Module.extend(self, arg) end
-  return list_extend(self, arg)
+  if type(arg) == "string" then return (Module.extend(self, arg)) end
+  return (list_extend(self, arg))
 end
 local seq_extend = Sequential.extend
 Sequential.extend = function(self, arg)
-  if type(arg) == "string" then return Module.extend(self, arg) end
-  return seq_extend(self, arg)
+  if type(arg) == "string" then return (Module.extend(self, arg)) end
+  return (seq_extend(self, arg))
 end
 
 return L

@@ -26,8 +26,8 @@ local function is_module(x)
 end
 Module.is_module = is_module
 
--- the identity of a tensor handle (two cdata wrapping the same C tensor are the same parameter)
-local function tensor_key(t) return tonumber(ffi.cast("intptr_t", t)) end
+-- the identity of a tensor (two handles of the same C tensor are the same parameter)
+local tensor_key = fsdp._key
 
 -- an ordered name -> value table: names in insertion order; a name may map to nil (e.g. a
 -- Linear without bias registers "bias" = nil, as PyTorch does)
@@ -68,7 +68,7 @@ local function instance_index(self, k)
 end
 
 local function register_tensor_param(t)
-  C.fsdp_tensor_set_mem_category(t, C.FSDP_MEM_PARAMS)
+  C.fsdp_tensor_set_mem_category(t.p, C.FSDP_MEM_PARAMS)
 end
 
 local function instance_newindex(self, k, v)

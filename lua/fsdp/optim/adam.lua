@@ -43,7 +43,7 @@ function Adam:_update(g, p, grad, st)
   if m == nil then m, v = self._new_state(p, true), self._new_state(p, true) end
   if g.amsgrad and vmax == nil then vmax = self._new_state(p, true) end
   local step = (st.step or 0) + 1
-  fsdp._check(C.fsdp_adam_step(p, grad, m, v, g.amsgrad and vmax or nil, step, g.lr, g.betas[1], g.betas[2],
+  fsdp._check(C.fsdp_adam_step(p.p, grad.p, m.p, v.p, g.amsgrad and vmax.p or nil, step, g.lr, g.betas[1], g.betas[2],
     g.eps, g.weight_decay, self.decoupled and 1 or 0, g.amsgrad and 1 or 0, g.maximize and 1 or 0))
   st.step, st.exp_avg, st.exp_avg_sq = step, m, v
   if vmax ~= nil then st.max_exp_avg_sq = vmax end

@@ -17,7 +17,7 @@ local is_tensor = fsdp.is_tensor
 local optim = {}
 package.loaded["fsdp.optim"] = optim  -- sgd.lua and adam.lua require this module for the base class
 
-local function tensor_key(t) return tonumber(ffi.cast("intptr_t", t)) end
+local tensor_key = fsdp._key
 
 local function copy_value(v)
   if type(v) == "table" and not is_tensor(v) then
@@ -53,11 +53,11 @@ end
 -- a new optimizer-state tensor shaped like p, counted in the OPTIM memory category
 function Optimizer._new_state(p, zero)
   local n, shape = fsdp._shape(p:shape())
-  local dev = C.fsdp_tensor_device(p)
+  local dev = C.fsdp_tensor_device(p.p)
   local t
   if zero then t = fsdp._wrap(C.fsdp_full(n, shape, 0, C.FSDP_F32, dev))
   else t = fsdp._wrap(C.fsdp_empty(n, shape, C.FSDP_F32, dev)) end
-  C.fsdp_tensor_set_mem_category(t, C.FSDP_MEM_OPTIM)
+  C.fsdp_tensor_set_mem_category(t.p, C.FSDP_MEM_OPTIM)
   return t
 end
 

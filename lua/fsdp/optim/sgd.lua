@@ -34,7 +34,7 @@ function SGD:_update(g, p, grad, st)
   if g.momentum ~= 0 and buf == nil then
     buf, first = self._new_state(p, false), 1  -- the kernel initializes it from the gradient
   end
-  fsdp._check(C.fsdp_sgd_step(p, grad, buf, g.lr, g.momentum, g.dampening, g.weight_decay,
+  fsdp._check(C.fsdp_sgd_step(p.p, grad.p, fsdp._p(buf), g.lr, g.momentum, g.dampening, g.weight_decay,
     g.nesterov and 1 or 0, first, g.maximize and 1 or 0))
   if buf ~= nil then st.momentum_buffer = buf end
 end
