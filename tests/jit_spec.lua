@@ -129,7 +129,8 @@ describe("tensor code in hot loops with the JIT on", function()
   end)
 
   it("keeps tail calls out of the tensor and functional hot paths (tools/tailcalls.lua)", function()
-    local rc, list = H.sh(("luajit {R}/tools/tailcalls.lua {R}/lua/fsdp/tensor.lua {R}/lua/fsdp/nn/functional.lua"):gsub("{R}", H.root))
+    local cmd = ("luajit {R}/tools/tailcalls.lua {R}/lua/fsdp/tensor.lua {R}/lua/fsdp/nn/functional.lua"):gsub("{R}", H.root)
+    local rc, list = H.sh(cmd)
     assert.equal(0, rc, "tail calls count against LuaJIT's loop-unroll limit; write return (f(...)):\n" .. list)
   end)
 
