@@ -139,6 +139,7 @@ asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 # ---- benchmarks and the demo --------------------------------------------------------------------
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON))
+	$(LUAJIT) bench/jit_loop.lua
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".

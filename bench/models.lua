@@ -7,16 +7,29 @@ local F = nn.functional
 
 local M = {}
 
-M.order = { "mlp", "conv", "transformer" }
+M.order = { "mlp", "conv", "transformer", "small" }
 M.describe = {
   mlp = "MLP 784-1024-1024-10, batch 256, SGD momentum",
   conv = "ConvNet 1-32-64 3x3 on 28x28, batch 64, Adam",
   transformer = "Transformer d256 h4 L2 T128 V1000, batch 16, AdamW",
+  small = "24 x (Linear 32-32, LayerNorm, ReLU), batch 16, SGD momentum (per-op overhead)",
 }
 
 function M.mlp()
   return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
     nn.Linear(1024, 10))
+end
+
+-- many small layers: the step time is mostly per-op overhead (Lua's, or Python's for torch)
+function M.small()
+  local layers = {}
+  for _ = 1, 24 do
+    layers[#layers + 1] = nn.Linear(32, 32)
+    layers[#layers + 1] = nn.LayerNorm(32)
+    layers[#layers + 1] = nn.ReLU()
+  end
+  layers[#layers + 1] = nn.Linear(32, 10)
+  return nn.Sequential(unpack(layers))
 end
 
 function M.convnet()
@@ -122,8 +135,13 @@ function M.case(name)
     opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.01 })
     local x, y = fsdp.randint(0, vocab, { B, T }), fsdp.randint(0, vocab, { B, T })
     loss_fn = function() return F.cross_entropy(model(x):view(B * T, vocab), y:view(B * T)) end
+  elseif name == "small" then
+    model = M.small()
+    opt = optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+    local x, y = fsdp.randn(16, 32), fsdp.randint(0, 10, { 16 })
+    loss_fn = function() return F.cross_entropy(model(x), y) end
   else
-    error(("bench/models.lua: unknown model %q (mlp, conv, transformer)"):format(tostring(name)), 2)
+    error(("bench/models.lua: unknown model %q (mlp, conv, transformer, small)"):format(tostring(name)), 2)
   end
   return model, opt, loss_fn
 end

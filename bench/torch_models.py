@@ -5,7 +5,7 @@ Times one training step (zero_grad + forward + loss + backward + optimizer step)
 data and prints one JSON object per model on stdout:
     {"model": "mlp", "ms": 12.3, "times": [...], "threads": 2, "torch": "1.13.0"}
 
-    /usr/bin/python3 bench/torch_models.py [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer]
+    /usr/bin/python3 bench/torch_models.py [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer,small]
 
 bench/run.lua starts it and puts the numbers beside ours. Keep the models here and in
 bench/models.lua identical (sizes, layer order, optimizer settings).
@@ -26,6 +26,15 @@ import torch.nn.functional as F
 def mlp():
     return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                          nn.Linear(1024, 10))
+
+
+def small():
+    # many small layers: 24 x (Linear(32, 32), LayerNorm(32), ReLU), then Linear(32, 10);
+    # the step time is mostly per-op overhead (Python's or Lua's), not arithmetic
+    layers = []
+    for _ in range(24):
+        layers += [nn.Linear(32, 32), nn.LayerNorm(32), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(32, 10))
 
 
 def convnet():
@@ -108,8 +117,13 @@ def case(name):
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
         x, y = torch.randint(0, vocab, (B, T)), torch.randint(0, vocab, (B, T))
         loss_fn = lambda: F.cross_entropy(model(x).view(B * T, vocab), y.view(B * T))
+    elif name == "small":
+        model = small()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+        loss_fn = lambda: F.cross_entropy(model(x), y)
     else:
-        raise SystemExit(f"torch_models.py: unknown model {name!r} (mlp, conv, transformer)")
+        raise SystemExit(f"torch_models.py: unknown model {name!r} (mlp, conv, transformer, small)")
     return model, opt, loss_fn
 
 
@@ -138,7 +152,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--models", default="mlp,conv,transformer")
+    ap.add_argument("--models", default="mlp,conv,transformer,small")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     for name in a.models.split(","):
