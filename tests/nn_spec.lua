@@ -105,6 +105,23 @@ describe("nn.Module registration", function()
     assert.same({ 3, 3 }, p:tolist())
   end)
 
+  it("registers an nn.Parameter assigned in __init, frozen ones too; a plain tensor stays a field", function()
+    local Frozen = nn.Module:extend("Frozen")
+    function Frozen:__init()
+      self.w = nn.Parameter(fsdp.ones { 2, 3 })
+      self.frozen = nn.Parameter(fsdp.full({ 3 }, 2), false)
+      self.plain = fsdp.zeros { 4 }  -- no grad, not a Parameter: neither parameter nor buffer
+    end
+    local m = Frozen()
+    assert.same({ "w", "frozen" }, names_of(m:named_parameters()))
+    assert.is_false(m.frozen.requires_grad)
+    local keys = {}
+    for k in pairs(m:state_dict()) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.same({ "frozen", "w" }, keys)
+    assert.same({ 0, 0, 0, 0 }, m.plain:tolist())
+  end)
+
   it("zero_grad drops every gradient; apply visits children before parents", function()
     local model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1)))
     model(fsdp.randn { 3, 2 }):sum():backward()

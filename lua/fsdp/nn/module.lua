@@ -3,7 +3,8 @@
 --   local Block = nn.Module:extend("Block")   -- a class; Block(...) makes an instance, calls __init
 --   function Block:__init(cin, cout)
 --     self.conv = nn.Conv2d(cin, cout, 3)     -- assigning a Module registers a child, in order
---     self.scale = nn.Parameter(fsdp.ones{1}) -- assigning a leaf that requires grad: a parameter
+--     self.scale = nn.Parameter(fsdp.ones{1}) -- assigning an nn.Parameter (or any leaf that
+--                                             -- requires grad) registers a parameter
 --   end
 --   function Block:forward(x) return self.conv(x) * self.scale end
 --
@@ -44,11 +45,23 @@ local function oremove(o, name)
 end
 local function ohas(o, name) return o.has[name] == true end
 
--- nn.Parameter(t): marks t as trainable (requires_grad) and returns it
+local function register_tensor_param(t)
+  C.fsdp_tensor_set_mem_category(t.p, C.FSDP_MEM_PARAMS)
+end
+
+-- whether t was made by nn.Parameter (or registered as a parameter of some module): its storage
+-- counts as parameters
+local function is_parameter(t)
+  return C.fsdp_tensor_mem_category(t.p) == C.FSDP_MEM_PARAMS
+end
+
+-- nn.Parameter(t[, requires_grad = true]): t as a parameter, as in PyTorch: `self.w =
+-- nn.Parameter(t)` registers it, trainable or frozen (requires_grad = false)
 function Module.Parameter(t, requires_grad)
   assert(is_tensor(t), "nn.Parameter: expected a tensor")
   if not t.is_leaf then t = t:detach() end  -- nn.Parameter(fsdp.randn{3} * 0.1) is a new leaf
   t.requires_grad = requires_grad ~= false
+  register_tensor_param(t)
   return t
 end
 
@@ -65,10 +78,6 @@ local function instance_index(self, k)
     if v ~= nil then return v end
   end
   return getmetatable(self).__class_index[k]
-end
-
-local function register_tensor_param(t)
-  C.fsdp_tensor_set_mem_category(t.p, C.FSDP_MEM_PARAMS)
 end
 
 local function instance_newindex(self, k, v)
@@ -94,7 +103,7 @@ local function instance_newindex(self, k, v)
       error(("cannot assign %s to child module %q of %s (expected a Module or nil)"):format(type(v), k, self.__name), 2)
     end
     oremove(mods, k)
-  elseif is_tensor(v) and v.requires_grad and v.is_leaf then
+  elseif is_tensor(v) and v.is_leaf and (v.requires_grad or is_parameter(v)) then
     oset(params, k, v)
     register_tensor_param(v)
   else
