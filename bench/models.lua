@@ -12,7 +12,7 @@ M.describe = {
   mlp = "MLP 784-1024-1024-10, batch 256, SGD momentum",
   conv = "ConvNet 1-32-64 3x3 on 28x28, batch 64, Adam",
   transformer = "Transformer d256 h4 L2 T128 V1000, batch 16, AdamW",
-  small = "24 x (Linear 32-32, LayerNorm, ReLU), batch 16, SGD momentum (per-op overhead)",
+  small = "24 x (Linear 32-32, LayerNorm, ReLU), batch 16, SGD",
 }
 
 function M.mlp()
