@@ -26,7 +26,7 @@ WARN    += -Werror
 endif
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-BASE_CFLAGS  = -std=gnu11 -fPIC -fopenmp $(WARN)
+BASE_CFLAGS  = -std=gnu11 -fPIC -fopenmp -Isrc $(WARN)
 ALL_CFLAGS   = $(LUAROCKS_CFLAGS) $(OPT) $(BASE_CFLAGS) $(BLAS_CFLAGS) $(CFLAGS)
 LDLIBS       = $(BLAS_LIBS) -lm -fopenmp
 
@@ -38,9 +38,10 @@ EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 
 # BUILD: where objects and C tests go (make memcheck builds its own copy in build-memcheck)
 BUILD ?= build
-SRCS := $(filter-out src/comm_mpi.c,$(wildcard src/*.c))
+# src/ is layered (README, "Layout"; make layers checks it): core, backend/cpu, ops, dist, io
+SRCS := $(filter-out src/dist/comm_mpi.c,$(wildcard src/*/*.c src/*/*/*.c))
 OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
-HDRS := $(wildcard src/*.h)
+HDRS := $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 LUAJIT ?= luajit
 BUSTED ?= $(shell command -v busted)
 
@@ -51,10 +52,11 @@ deps-build:
 	@bash tools/deps.sh --check build
 
 $(BUILD)/%.o: src/%.c $(HDRS) | $(BUILD) deps-build
+	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 # optimizer kernels: sqrtf without its errno branch (so the Adam loop vectorizes), and no FMA
 # contraction, so an element's update never depends on where it falls in the vector loop
-$(BUILD)/cpu_optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
+$(BUILD)/backend/cpu/optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -77,8 +79,8 @@ MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 all: libfsdp_mpi.so
 endif
-libfsdp_mpi.so: src/comm_mpi.c src/comm.h | deps-build
-	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/comm_mpi.c $(LDFLAGS)
+libfsdp_mpi.so: src/dist/comm_mpi.c src/dist/comm.h | deps-build
+	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/dist/comm_mpi.c $(LDFLAGS)
 
 # the FFI section as a Lua string, for ffi.cdef
 lua/fsdp/cdef.lua: src/fsdp.h
@@ -91,7 +93,7 @@ CTEST_NAMES := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
 CTESTS := $(CTEST_NAMES:%=$(BUILD)/tests/%)
 $(BUILD)/tests/%: tests/c/%.c tests/c/ctest.h $(OBJS)
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(ALL_CFLAGS) -Isrc $< -o $@ $(OBJS) $(LDFLAGS) $(LDLIBS) -ldl
+	$(CC) $(ALL_CFLAGS) $< -o $@ $(OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
 # `make test` installs what is missing first (tools/deps.sh), then builds and runs everything in a
 # second make, which sees the installed tools (mpicc, busted) from its start
@@ -110,7 +112,7 @@ lint:
 	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS)) src tests/c bench/comm_bench.c
 	bash tools/check_realloc.sh src tests/c bench
 
-FORMAT_FILES = $(wildcard src/*.c src/*.h tests/c/*.c tests/c/*.h bench/*.c)
+FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
 format:
 	clang-format -i $(FORMAT_FILES)
 format-check:

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "ctest.h"
-#include "internal.h"  // fsdp_new_view: a strided view without depending on the shape ops
+#include "core/core.h"  // fsdp_new_view: a strided view without depending on the shape ops
 
 static char g_dir[256];
 

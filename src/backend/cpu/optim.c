@@ -8,7 +8,7 @@
  * (no FMA contraction: the vector body and the scalar tail round alike, so an element's update
  * does not depend on its position, e.g. on how parameters are sharded).
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <math.h>
 

@@ -12,8 +12,8 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-#include "internal.h"
-#include "fastmath.h"
+#include "core/core.h"
+#include "backend/cpu/fastmath.h"
 
 #include <math.h>
 #include <omp.h>

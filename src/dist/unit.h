@@ -16,7 +16,7 @@
 #ifndef FSDP_UNIT_H
 #define FSDP_UNIT_H
 
-#include "internal.h"
+#include "core/core.h"
 
 typedef struct unit_param {
   fsdp_tensor* t;  // the user's parameter (owning ref)

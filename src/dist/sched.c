@@ -21,7 +21,7 @@
  * Collectives are issued in the same order on every rank: forward order, engine order, then
  * unit creation order in the catch-all.
  */
-#include "unit.h"
+#include "dist/unit.h"
 
 fsdp_unit** fsdp_units;
 int fsdp_n_units;

@@ -3,7 +3,7 @@
  * OpenBLAS, convolution (im2col + GEMM, or Winograd F(2x2, 3x3) for 3x3 same-size convolutions
  * with enough channels) and pooling loops.
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <cblas.h>
 #include <dlfcn.h>

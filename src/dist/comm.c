@@ -21,8 +21,8 @@
  * and MPI_Finalize could wait forever for a rank stuck elsewhere) and joins the thread.
  */
 #define _GNU_SOURCE  // dladdr, RTLD_NODELETE
-#include "internal.h"
-#include "comm.h"
+#include "core/core.h"
+#include "dist/comm.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -6,7 +6,7 @@
  * Lua optimizers call them under no_grad. Every tensor written gets its version bumped so
  * autograd notices a parameter saved for a backward that has since been stepped.
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <math.h>
 

@@ -14,7 +14,7 @@
  * the full reduction of chunk r. Algorithm 1 is MPI_Reduce_scatter_block, kept for comparison
  * (bench/comm.lua measures both).
  */
-#include "comm.h"
+#include "dist/comm.h"
 
 #include <mpi.h>
 #include <sched.h>

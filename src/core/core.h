@@ -217,10 +217,10 @@ int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);
 int fsdp_grad_exclusive(const fsdp_tensor* t);
 
 // ---- device backends ---------------------------------------------------------------------------------
-#include "kernels_elem.h"
-#include "kernels_linalg.h"
-#include "kernels_nn.h"
-#include "kernels_optim.h"
+#include "core/kernels_elem.h"
+#include "core/kernels_linalg.h"
+#include "core/kernels_nn.h"
+#include "core/kernels_optim.h"
 
 typedef struct fsdp_backend {
   const char* name;

@@ -13,7 +13,7 @@
  *   4. run queued callbacks (they may queue more), then emit BACKWARD_END.
  * Grad mode is off while the engine runs (no double backward).
  */
-#include "internal.h"
+#include "core/core.h"
 
 static int g_grad_enabled = 1;
 static int64_t g_seq, g_pass;

@@ -2,7 +2,7 @@
  * tensor.c -- errors, the counting allocator, the RNG, storage and tensor lifetime, views,
  * creation, in-place fills/copies, broadcasting helpers and the device backend table.
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <math.h>
 #include <omp.h>

@@ -19,7 +19,7 @@
  * and the problem; nothing is allocated beyond the header (<= 100 MB) before it is validated.
  * Assumes a little-endian host (x86-64, aarch64), like the format itself.
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
  * copy-out into the full buffers, reshard, gradient copy-in with reduce-scatter, and the two
  * forms a parameter tensor takes (see unit.h for the picture).
  */
-#include "unit.h"
+#include "dist/unit.h"
 
 static const int64_t ONE = 1;
 

@@ -7,8 +7,8 @@
 // keeps exp/tanh/GELU loops scalar.
 #pragma GCC optimize("no-math-errno", "no-trapping-math")
 
-#include "internal.h"
-#include "fastmath.h"
+#include "core/core.h"
+#include "backend/cpu/fastmath.h"
 
 #include <math.h>
 

@@ -6,7 +6,7 @@
  * unary ops and reductions work on a contiguous float32 version of the input.
  * Backward of a broadcasting op sums the gradient back to each input's shape (fsdp_sum_to).
  */
-#include "internal.h"
+#include "core/core.h"
 
 #include <math.h>
 
