@@ -3,6 +3,7 @@
 #   make test       C unit tests + busted specs (what .ci/run calls); installs missing packages first
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
 #   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
+#   make layers     the layers of src/: no include or call crosses them the wrong way
 #   make lint       cppcheck (warning, performance, portability) and the realloc check
 #   make format     clang-format the C sources; make format-check: fail on any difference
 #   make memcheck   C tests under valgrind; make asan-check: a training run under ASan + UBSan
@@ -106,6 +107,11 @@ test-run: all $(CTESTS)
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
 
 # ---- guardrails (.ci/run runs them after make test) ---------------------------------------------
+# the layers of src/ (core <- backend/cpu, ops <- dist; io): includes and calls that cross them
+# the wrong way are errors; prints the folder graph (tools/layers.lua; --dot for graphviz)
+layers: $(OBJS)
+	$(LUAJIT) tools/layers.lua $(BUILD)
+
 # (mpi.h stays unread: through it cppcheck would parse OpenMPI's C++ bindings as C)
 lint:
 	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability --std=c11 --language=c --inline-suppr \
@@ -169,4 +175,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run lint format format-check memcheck memcheck-run asan-check bench bench-fsdp demo install clean
+.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check bench bench-fsdp demo install clean

@@ -74,8 +74,8 @@ fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
              "freed after the first backward; pass retain_graph = true to keep them)",
              n->name);
   fsdp_tensor* t = n->saved[k];
-  // a saved view of an FSDP unit's gathered parameters: gather again if the unit resharded
-  if (t && !t->storage->data && t->storage->unit && fsdp_unit_materialize(t->storage->unit)) return NULL;
+  // a saved view of bytes an owner dropped (an FSDP unit resharded): bring them back first
+  if (t && fsdp_storage_materialize(t->storage)) return NULL;
   CHECK_NULL(!t || t->storage->version == n->saved_version[k],
              "%s: a tensor of shape %s needed for gradient computation was modified by an in-place operation "
              "(version %lld, expected %lld)",
@@ -155,6 +155,24 @@ int fsdp_grad_exclusive(const fsdp_tensor* t) {
   return t->refcount == 1 && t->storage->refcount == 1 && fsdp_tensor_is_contiguous(t) && t->dtype == FSDP_F32;
 }
 #define exclusively_owned fsdp_grad_exclusive
+
+// a + b (one shape) as a new contiguous f32 tensor: the sum of two gradients when the first is
+// held elsewhere. No autograd, and no op: the engine adds with the device's kernels itself.
+static fsdp_tensor* grad_sum(fsdp_tensor* a, fsdp_tensor* b) {
+  CHECK_NULL(fsdp_same_shape(a, b), "backward: gradients of shapes %s and %s for one tensor", SH(a), SH(b));
+  fsdp_tensor* s = fsdp_new(a->ndim, a->shape, FSDP_F32, fsdp_device_of(a));
+  fsdp_tensor* bc = s ? fsdp_as_contig(b) : NULL;
+  if (!bc || fsdp_copy_strided(s, a)) {
+    fsdp_tensor_release(bc);
+    fsdp_tensor_release(s);
+    return NULL;
+  }
+  int64_t n = fsdp_tensor_numel(s);
+  fsdp_backend_of(s)->elem->axpy(fsdp_f32(s), n, fsdp_f32(bc), n, 1, n, 1.0f);
+  fsdp_tensor_release(bc);
+  return s;
+}
+
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
   if (!*acc) {
     g->refcount++;
@@ -169,7 +187,7 @@ int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
     fsdp_tensor_release(gc);
     return 0;
   }
-  fsdp_tensor* s = fsdp_add(*acc, g);
+  fsdp_tensor* s = grad_sum(*acc, g);
   if (!s) return -1;
   fsdp_tensor_release(*acc);
   *acc = s;
@@ -181,7 +199,7 @@ static int leaf_accumulate(fsdp_tensor* leaf, fsdp_tensor* g) {
   CHECK_INT(fsdp_same_shape(leaf, g), "backward: gradient of shape %s for a leaf of shape %s", SH(g), SH(leaf));
   if (leaf->grad) {
     if (!exclusively_owned(leaf->grad)) {  // the user holds it; PyTorch also replaces it then
-      fsdp_tensor* s = fsdp_add(leaf->grad, g);
+      fsdp_tensor* s = grad_sum(leaf->grad, g);
       if (!s) return -1;
       fsdp_tensor_set_mem_category(s, FSDP_MEM_GRADS);
       fsdp_tensor_release(leaf->grad);
@@ -457,8 +475,9 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
               "backward: grad can be implicitly created only for one-element outputs "
               "(got shape %s)",
               SH(t));
-    grad = fsdp_full(t->ndim, t->shape, 1.0, FSDP_F32, fsdp_device_of(t));
+    grad = fsdp_new(t->ndim, t->shape, FSDP_F32, fsdp_device_of(t));
     if (!grad) return -1;
+    fsdp_backend_of(grad)->elem->fill(fsdp_ptr(grad), FSDP_F32, 1, 1.0);
   }
   int prev_mode = g_grad_enabled, rc = 0;
   g_grad_enabled = 0;

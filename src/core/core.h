@@ -15,6 +15,7 @@
 #define FSDP_INTERNAL_H
 
 #include "fsdp.h"
+#include "core/dtype.h"
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -60,10 +61,17 @@ typedef struct fsdp_storage {
   size_t nbytes;
   void* data;
   int64_t version;  // bumped by in-place writes; autograd checks saved tensors against it
-  // set on an FSDP unit's gathered buffer: data is NULL while the unit is resharded, and a
-  // saved tensor found that way during backward is re-gathered on demand (fsdp_unit_materialize)
-  struct fsdp_unit* unit;
+  // the subsystem above core that manages this storage's bytes, or NULL. Its data may be absent
+  // (dist: an FSDP unit's gathered buffer while the unit is resharded); the engine then asks the
+  // materialize hook to bring it back before a backward node reads it.
+  void* owner;
 } fsdp_storage;
+// the hook that brings back an owned storage's data: 0, or -1 with the error set. One hook for
+// the process, installed by the owner's subsystem (dist/sched.c).
+typedef int (*fsdp_materialize_fn)(void* owner);
+void fsdp_set_materialize_hook(fsdp_materialize_fn fn);
+// t's bytes, brought back through the hook when an owner dropped them: 0, or -1 (error set)
+int fsdp_storage_materialize(fsdp_storage* s);
 // frees / re-allocates a storage's bytes while keeping the struct (and every view of it) alive
 void fsdp_storage_drop_data(fsdp_storage* s);
 int fsdp_storage_ensure_data(fsdp_storage* s);
@@ -97,9 +105,10 @@ struct fsdp_tensor {
   fsdp_hook* hooks;    // leaf hooks (non-leaf hooks live on grad_fn)
   // engine scratch (leaves): contributions still to come in this backward, and whether any came
   int bw_pending, bw_got;
-  // FSDP: the unit owning this parameter and its index there (NULL for ordinary tensors)
-  struct fsdp_unit* unit;
-  int unit_index;
+  // the subsystem above core that owns this tensor as a parameter (dist: its FSDP unit) and the
+  // parameter's index there; NULL for ordinary tensors. Core never reads them.
+  void* owner;
+  int owner_index;
 };
 
 static inline int fsdp_device_of(const fsdp_tensor* t) { return t->storage->device; }
@@ -128,22 +137,11 @@ int fsdp_wrap_dim(const char* op, int dim, int ndim);
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
 // strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src);
-// one bf16 / f16 element to f32 (cpu_elem.c; tensor.c reads elements with them)
-float fsdp_bf16_to_f32(uint16_t h);
-float fsdp_f16_to_f32(uint16_t h);
 static inline void fsdp_bump_version(fsdp_tensor* t) { t->storage->version++; }
 // error unless t's dtype is one of the float dtypes we compute in (f32)
 int fsdp_check_f32(const char* op, const fsdp_tensor* t);
 // error unless a and b are on the same device
 int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b);
-
-// ---- broadcasting -----------------------------------------------------------------------------
-// computes the broadcast shape of a and b; returns -1 with an error naming op if incompatible
-int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape);
-// strides of t viewed as `shape` (0 on broadcast dims); t's dims align to the right
-void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride);
-// sums grad (shape of a broadcast result) down to `shape` (reverse of broadcasting); new ref
-fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, int ndim, const int64_t* shape);
 
 // ---- random numbers ------------------------------------------------------------------------------
 uint64_t fsdp_rng_next(void);   // xoshiro256**
@@ -206,37 +204,58 @@ void fsdp_node_release(fsdp_node* n);
 
 // id of the current (or last) backward pass
 int64_t fsdp_autograd_pass(void);
-// FSDP's catch-all: gathers a unit whose resharded buffer a backward node needs (sched.c)
-int fsdp_unit_materialize(struct fsdp_unit* u);
-// FSDP engine hooks, installed once by sched.c
-void fsdp_sched_install(void);
 
 // accumulate `g` into *acc (consumes nothing; *acc gets a new ref or is summed in place)
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);
 // 1 when gradient sum t may be added to in place (contiguous f32, held by nobody else)
 int fsdp_grad_exclusive(const fsdp_tensor* t);
 
-// ---- device backends ---------------------------------------------------------------------------------
+// ---- device backends: the device interface ---------------------------------------------------------
+// Every device has one backend table: its memory, copies and ordering, and its kernels, one table
+// per op family (core/kernels_*.h). Backends register themselves (backend/cpu/backend.c when
+// libfsdp.so loads; an optional backend, a shared library, when it is loaded), and registration
+// checks that the table is complete, so code that holds a tensor of a device can call any entry
+// of that device's table without a check. Core never names a backend; nothing calls a kernel but
+// through this table.
 #include "core/kernels_elem.h"
 #include "core/kernels_linalg.h"
 #include "core/kernels_nn.h"
 #include "core/kernels_optim.h"
 
+typedef enum { FSDP_COPY_H2D = 0, FSDP_COPY_D2H, FSDP_COPY_D2D, FSDP_COPY_H2H } fsdp_copy_kind;
+
 typedef struct fsdp_backend {
-  const char* name;
+  const char* name;  // "cpu", "cuda": the name users pass as a device
+  // memory: raw device blocks, 64-byte aligned, NULL when out of memory (core's fsdp_alloc counts
+  // the categories and caches freed blocks on top of these)
+  void* (*alloc)(size_t nbytes);
+  void (*free)(void* p, size_t nbytes);
+  void (*memset)(void* p, int byte, size_t nbytes);
+  // nbytes from src to dst; kind says which side is host memory
+  void (*copy)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind);
+  // ordering: waits for all queued work; streams and events (no-ops where work is synchronous)
+  int (*synchronize)(void);
+  void* (*stream_new)(void);
+  void (*stream_free)(void* stream);
+  void* (*event_new)(void);
+  void (*event_free)(void* event);
+  void (*event_record)(void* event, void* stream);  // event completes when stream's work so far has
+  void (*stream_wait)(void* stream, void* event);   // stream's later work waits for event
+  // kernels
   const fsdp_elem_kernels* elem;
   const fsdp_linalg_kernels* linalg;
   const fsdp_nn_kernels* nn;
   const fsdp_optim_kernels* optim;
 } fsdp_backend;
 
-extern const fsdp_elem_kernels fsdp_cpu_elem_kernels;
-extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
-extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
-extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
-
-// the kernel table of a tensor's device (errors if the device has no backend loaded)
-const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t);
+// registers the table of `device`; -1 (error naming the backend and the missing entry) when an
+// entry is NULL, or when the device already has a backend
+int fsdp_backend_register(int device, const fsdp_backend* b);
+// the table of a device, or NULL with "device <name> has no backend loaded" set
 const fsdp_backend* fsdp_backend_for(int device);
+// the table of t's device (a tensor exists only on a device whose backend is registered)
+const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t);
+// the name users know a device by ("cpu", "cuda"), for messages
+const char* fsdp_device_name(int device);
 
 #endif

@@ -5,7 +5,6 @@
 #include "core/core.h"
 
 #include <math.h>
-#include <omp.h>
 
 // ---- errors ------------------------------------------------------------------------------------
 static _Thread_local char g_error[2048];
@@ -52,14 +51,6 @@ const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen) {
   return buf;
 }
 
-// one knob for both thread pools: our OpenMP kernels and OpenBLAS's GEMMs
-void openblas_set_num_threads(int n);
-void fsdp_set_num_threads(int n) {
-  if (n < 1) n = 1;
-  omp_set_num_threads(n);
-  openblas_set_num_threads(n);
-}
-int fsdp_get_num_threads(void) { return omp_get_max_threads(); }
 const char* fsdp_version(void) { return "0.1.0"; }
 
 // ---- memory: every byte goes through here, counted per category --------------------------------
@@ -80,13 +71,15 @@ static void mem_count(int cat, int64_t delta) {
 #define FSDP_CACHE_SLOTS 256
 static struct {
   void* p;
+  int device;
   size_t size;
 } g_cache[FSDP_CACHE_SLOTS];
 static int g_cache_n;
 static size_t g_cache_bytes;
 
+static const fsdp_backend* g_backends[FSDP_NDEVICES];
 static void cache_evict(int i) {
-  free(g_cache[i].p);
+  g_backends[g_cache[i].device]->free(g_cache[i].p, g_cache[i].size);
   g_cache_bytes -= g_cache[i].size;
   g_cache[i] = g_cache[--g_cache_n];
 }
@@ -95,39 +88,41 @@ void fsdp_memory_empty_cache(void) {
 }
 
 void* fsdp_alloc(size_t nbytes, int device, int cat) {
-  CHECK_NULL(device == FSDP_CPU, "alloc: device %d has no allocator in this build", device);
+  const fsdp_backend* b = fsdp_backend_for(device);
+  if (!b) return NULL;
   size_t padded = (nbytes + 63) & ~(size_t)63;
   if (!padded) padded = 64;
   void* p = NULL;
   if (padded >= FSDP_CACHE_MIN)
     for (int i = g_cache_n - 1; i >= 0; i--)
-      if (g_cache[i].size == padded) {
+      if (g_cache[i].size == padded && g_cache[i].device == device) {
         p = g_cache[i].p;
         g_cache_bytes -= padded;
         g_cache[i] = g_cache[--g_cache_n];
         break;
       }
-  if (!p) p = aligned_alloc(64, padded);
+  if (!p) p = b->alloc(padded);
   if (!p && g_cache_n) {
     fsdp_memory_empty_cache();
-    p = aligned_alloc(64, padded);
+    p = b->alloc(padded);
   }
-  CHECK_NULL(p, "alloc: out of memory allocating %zu bytes", nbytes);
+  CHECK_NULL(p, "alloc: out of memory allocating %zu bytes on %s", nbytes, b->name);
   mem_count(cat, (int64_t)nbytes);
   if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
   return p;
 }
 void fsdp_free(void* p, size_t nbytes, int device, int cat) {
-  (void)device;
   if (!p) return;
   mem_count(cat, -(int64_t)nbytes);
   size_t padded = (nbytes + 63) & ~(size_t)63;
+  if (!padded) padded = 64;
   if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) {
-    free(p);
+    g_backends[device]->free(p, padded);
     return;
   }
   while (g_cache_n && (g_cache_n == FSDP_CACHE_SLOTS || g_cache_bytes + padded > FSDP_CACHE_MAX)) cache_evict(0);
   g_cache[g_cache_n].p = p;
+  g_cache[g_cache_n].device = device;
   g_cache[g_cache_n].size = padded;
   g_cache_n++;
   g_cache_bytes += padded;
@@ -191,14 +186,61 @@ const char* fsdp_dtype_name(int dtype) {
   return dtype >= 0 && dtype < FSDP_NDTYPES ? names[dtype] : "unknown";
 }
 
-// ---- backends -------------------------------------------------------------------------------------
-static const fsdp_backend g_cpu_backend = {"cpu", &fsdp_cpu_elem_kernels, &fsdp_cpu_linalg_kernels,
-                                           &fsdp_cpu_nn_kernels, &fsdp_cpu_optim_kernels};
-const fsdp_backend* fsdp_backend_for(int device) {
-  CHECK_NULL(device == FSDP_CPU, "device %d has no backend in this build (only cpu)", device);
-  return &g_cpu_backend;
+// ---- backends: the registry (g_backends is declared above, with the allocator) ----------------------
+static const char* const g_device_names[FSDP_NDEVICES] = {"cpu", "cuda"};
+
+const char* fsdp_device_name(int device) {
+  return device >= 0 && device < FSDP_NDEVICES ? g_device_names[device] : "unknown";
 }
-const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return fsdp_backend_for(fsdp_device_of(t)); }
+
+// whether the n function pointers of a table starting at `table` are all set; *missing gets the
+// index of the first that is not
+typedef void (*fsdp_any_fn)(void);
+static int table_complete(const void* table, size_t nbytes, int* missing) {
+  for (size_t i = 0; i < nbytes / sizeof(fsdp_any_fn); i++) {
+    fsdp_any_fn f;
+    memcpy(&f, (const char*)table + i * sizeof f, sizeof f);
+    if (!f) {
+      *missing = (int)i;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+int fsdp_backend_register(int device, const fsdp_backend* b) {
+  CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "backend %s: unknown device %d", b->name, device);
+  CHECK_INT(!g_backends[device], "backend %s: device %s already has the backend %s", b->name, fsdp_device_name(device),
+            g_backends[device]->name);
+  // the device functions (everything between name and the first kernel table), then each table
+  int missing = 0;
+  size_t first = offsetof(fsdp_backend, alloc), end = offsetof(fsdp_backend, elem);
+  CHECK_INT(table_complete((const char*)b + first, end - first, &missing),
+            "backend %s: device function %d (counting from alloc) is missing", b->name, missing);
+  const struct {
+    const char* family;
+    const void* table;
+    size_t size;
+  } tables[] = {{"elem", b->elem, sizeof *b->elem},
+                {"linalg", b->linalg, sizeof *b->linalg},
+                {"nn", b->nn, sizeof *b->nn},
+                {"optim", b->optim, sizeof *b->optim}};
+  for (size_t i = 0; i < sizeof tables / sizeof *tables; i++) {
+    CHECK_INT(tables[i].table, "backend %s: no %s kernel table", b->name, tables[i].family);
+    CHECK_INT(table_complete(tables[i].table, tables[i].size, &missing),
+              "backend %s: %s kernel %d (in core/kernels_%s.h order) is missing", b->name, tables[i].family, missing,
+              tables[i].family);
+  }
+  g_backends[device] = b;
+  return 0;
+}
+
+const fsdp_backend* fsdp_backend_for(int device) {
+  CHECK_NULL(device >= 0 && device < FSDP_NDEVICES && g_backends[device], "device %s has no backend loaded",
+             fsdp_device_name(device));
+  return g_backends[device];
+}
+const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return g_backends[fsdp_device_of(t)]; }
 
 // ---- storage and tensor lifetime ------------------------------------------------------------------
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat) {
@@ -232,6 +274,12 @@ void fsdp_storage_release(fsdp_storage* s) {
     fsdp_storage_drop_data(s);
     free(s);
   }
+}
+static fsdp_materialize_fn g_materialize;
+void fsdp_set_materialize_hook(fsdp_materialize_fn fn) { g_materialize = fn; }
+int fsdp_storage_materialize(fsdp_storage* s) {
+  if (s->data || !s->owner || !g_materialize) return 0;
+  return g_materialize(s->owner);
 }
 int fsdp_check_data(const char* op, const fsdp_tensor* t) {
   CHECK_INT(t->storage->data || t->storage->nbytes == 0,
@@ -456,7 +504,6 @@ int fsdp_tensor_item(const fsdp_tensor* t, double* out) {
             (long long)fsdp_tensor_numel(t));
   return fsdp_tensor_to_doubles(t, out);
 }
-static double load_elem(const void* p, int dtype);
 int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
   int64_t n = fsdp_tensor_numel(t), idx[FSDP_MAX_DIMS] = {0};
   size_t es = fsdp_dtype_size(t->dtype);
@@ -464,209 +511,11 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
   for (int64_t i = 0; i < n; i++) {
     int64_t off = 0;
     for (int j = 0; j < t->ndim; j++) off += idx[j] * t->stride[j];
-    out[i] = load_elem(base + off * es, t->dtype);
+    out[i] = fsdp_load_elem(base + off * es, t->dtype);
     for (int j = t->ndim - 1; j >= 0; j--) {
       if (++idx[j] < t->shape[j]) break;
       idx[j] = 0;
     }
   }
   return 0;
-}
-
-// bf16/f16 conversions live in cpu_elem.c; this one is for slow paths (item, totable)
-static double load_elem(const void* p, int dtype) {
-  switch (dtype) {
-    case FSDP_F32: return *(const float*)p;
-    case FSDP_I64: return (double)*(const int64_t*)p;
-    case FSDP_BF16: return fsdp_bf16_to_f32(*(const uint16_t*)p);
-    default: return fsdp_f16_to_f32(*(const uint16_t*)p);
-  }
-}
-
-// ---- creation -----------------------------------------------------------------------------------------
-fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device) {
-  return fsdp_new(ndim, shape, dtype, device);
-}
-fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device) {
-  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, device);
-  if (t) fsdp_backend_of(t)->elem->fill(t->storage->data, dtype, fsdp_tensor_numel(t), value);
-  return t;
-}
-fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const double* values) {
-  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
-  if (!t) return NULL;
-  int64_t n = fsdp_tensor_numel(t);
-  // element by element through the fill kernel's conversion (tensors built from Lua tables are small)
-  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
-  size_t es = fsdp_dtype_size(dtype);
-  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, values[i]);
-  return t;
-}
-fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data) {
-  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
-  if (t) memcpy(t->storage->data, data, t->storage->nbytes);
-  return t;
-}
-fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
-  CHECK_NULL(step != 0, "arange: step must be non-zero");
-  double len = ceil((end - start) / step);
-  int64_t n = len > 0 ? (int64_t)len : 0;
-  fsdp_tensor* t = fsdp_new(1, &n, dtype, FSDP_CPU);
-  if (!t) return NULL;
-  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
-  size_t es = fsdp_dtype_size(dtype);
-  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, start + i * step);
-  return t;
-}
-int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
-  if (fsdp_check_f32("uniform_", t)) return -1;
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "uniform_: tensor of shape %s is not contiguous", SH(t));
-  float* p = fsdp_f32(t);
-  int64_t n = fsdp_tensor_numel(t);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
-  fsdp_bump_version(t);
-  return 0;
-}
-int fsdp_normal_(fsdp_tensor* t, double mean, double std) {
-  if (fsdp_check_f32("normal_", t)) return -1;
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "normal_: tensor of shape %s is not contiguous", SH(t));
-  float* p = fsdp_f32(t);
-  int64_t n = fsdp_tensor_numel(t);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(mean + std * fsdp_rng_normal());
-  fsdp_bump_version(t);
-  return 0;
-}
-fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi) {
-  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
-  if (t) fsdp_uniform_(t, lo, hi);
-  return t;
-}
-fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std) {
-  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
-  if (t) fsdp_normal_(t, mean, std);
-  return t;
-}
-fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape) {
-  CHECK_NULL(hi > lo, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
-  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_I64, FSDP_CPU);
-  if (!t) return NULL;
-  int64_t *p = fsdp_i64(t), n = fsdp_tensor_numel(t);
-  uint64_t range = (uint64_t)(hi - lo);
-  for (int64_t i = 0; i < n; i++) p[i] = lo + (int64_t)(fsdp_rng_next() % range);
-  return t;
-}
-fsdp_tensor* fsdp_randperm(int64_t n) {
-  CHECK_NULL(n >= 0, "randperm: negative n %lld", (long long)n);
-  fsdp_tensor* t = fsdp_new(1, &n, FSDP_I64, FSDP_CPU);
-  if (!t) return NULL;
-  int64_t* p = fsdp_i64(t);
-  for (int64_t i = 0; i < n; i++) p[i] = i;
-  for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
-    int64_t j = (int64_t)(fsdp_rng_next() % (uint64_t)(i + 1)), tmp = p[i];
-    p[i] = p[j];
-    p[j] = tmp;
-  }
-  return t;
-}
-
-// ---- in-place writes (no autograd) ---------------------------------------------------------------------
-static int check_inplace(const char* op, const fsdp_tensor* t) {
-  CHECK_INT(!(fsdp_is_grad_enabled() && t->requires_grad && !t->grad_fn),
-            "%s: a leaf tensor of shape %s that requires grad is used in an in-place operation "
-            "(wrap it in fsdp.no_grad)",
-            op, SH(t));
-  return 0;
-}
-int fsdp_fill_(fsdp_tensor* t, double value) {
-  if (check_inplace("fill_", t)) return -1;
-  if (fsdp_tensor_is_contiguous(t)) {
-    fsdp_backend_of(t)->elem->fill(fsdp_ptr(t), t->dtype, fsdp_tensor_numel(t), value);
-  } else {
-    int64_t one = 1;
-    fsdp_tensor* v = fsdp_full(1, &one, value, t->dtype, fsdp_device_of(t));
-    if (!v) return -1;
-    fsdp_tensor* e = fsdp_new_view(v, t->ndim, t->shape, (int64_t[FSDP_MAX_DIMS]){0}, 0);
-    int rc = e ? fsdp_copy_strided(t, e) : -1;
-    fsdp_tensor_release(e);
-    fsdp_tensor_release(v);
-    if (rc) return rc;
-  }
-  fsdp_bump_version(t);
-  return 0;
-}
-int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {
-  if (check_inplace("copy_", dst)) return -1;
-  if (fsdp_check_same_device("copy_", dst, src)) return -1;
-  fsdp_tensor* s = src;
-  fsdp_tensor* b = NULL;
-  if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
-    b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape
-    if (!b) {
-      fsdp_errorf("copy_: cannot copy %s into %s", SH(src), SH(dst));
-      return -1;
-    }
-    s = b;
-  }
-  int rc = fsdp_copy_strided(dst, s);
-  fsdp_tensor_release(b);
-  if (!rc) fsdp_bump_version(dst);
-  return rc;
-}
-int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha) {
-  if (check_inplace("add_", t)) return -1;
-  if (fsdp_check_f32("add_", t) || fsdp_check_same_device("add_", t, other)) return -1;
-  CHECK_INT(fsdp_same_shape(t, other), "add_: shapes %s and %s differ", SH(t), SH(other));
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
-  fsdp_tensor* o = fsdp_as_contig(other);
-  if (!o) return -1;
-  int64_t n = fsdp_tensor_numel(t);
-  fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), n, fsdp_f32(o), n, 1, n, (float)alpha);
-  fsdp_tensor_release(o);
-  fsdp_bump_version(t);
-  return 0;
-}
-int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
-  if (check_inplace("mul_", t) || fsdp_check_f32("mul_", t)) return -1;
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "mul_: tensor of shape %s is not contiguous", SH(t));
-  fsdp_backend_of(t)->elem->scale(fsdp_f32(t), fsdp_tensor_numel(t), (float)s);
-  fsdp_bump_version(t);
-  return 0;
-}
-
-// ---- broadcasting -----------------------------------------------------------------------------------------
-int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape) {
-  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
-  for (int i = 0; i < n; i++) {
-    int ia = a->ndim - n + i, ib = b->ndim - n + i;
-    int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
-    CHECK_INT(sa == sb || sa == 1 || sb == 1, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", op,
-              SH(a), SH(b), i, (long long)sa, (long long)sb);
-    shape[i] = sa == 1 ? sb : sa;
-  }
-  *ndim = n;
-  return 0;
-}
-void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape, int64_t* stride) {
-  for (int i = 0; i < ndim; i++) {
-    int it = t->ndim - ndim + i;
-    stride[i] = (it < 0 || (t->shape[it] == 1 && shape[i] != 1)) ? 0 : t->stride[it];
-  }
-}
-fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, int ndim, const int64_t* shape) {
-  if (grad->ndim == ndim && memcmp(grad->shape, shape, ndim * sizeof *shape) == 0) {
-    fsdp_tensor_retain(grad);
-    return grad;
-  }
-  int dims[FSDP_MAX_DIMS], nd = 0, lead = grad->ndim - ndim;
-  for (int i = 0; i < grad->ndim; i++) {
-    int il = i - lead;
-    if (il < 0 || (shape[il] == 1 && grad->shape[i] != 1)) dims[nd++] = i;
-  }
-  int prev = fsdp_is_grad_enabled();
-  fsdp_set_grad_enabled(0);
-  fsdp_tensor* s = nd ? fsdp_sum(grad, nd, dims, 1) : (fsdp_tensor_retain(grad), grad);
-  fsdp_tensor* r = s ? fsdp_reshape(s, ndim, shape) : NULL;
-  fsdp_set_grad_enabled(prev);
-  fsdp_tensor_release(s);
-  return r;
 }

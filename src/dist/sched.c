@@ -17,7 +17,7 @@
  *
  * Nothing here assumes a hook fires: a frozen unit, a unit whose output does not reach the loss,
  * a unit run twice, a unit whose inputs need no grad all end up in the end-of-backward catch-all,
- * and a backward node that needs a resharded buffer re-gathers it (fsdp_unit_materialize).
+ * and a backward node that needs a resharded buffer re-gathers it (materialize, core's hook).
  * Collectives are issued in the same order on every rank: forward order, engine order, then
  * unit creation order in the catch-all.
  */
@@ -32,6 +32,7 @@ static int g_order_n, g_order_cap;
 static fsdp_unit** g_prev_order;  // ... and in the previous pass (forward prefetch)
 static int g_prev_order_n, g_prev_cap;
 static int g_installed;
+static void sched_install(void);
 static int64_t g_finished_pass = -1;
 
 static const char* state_names[] = {"IDLE", "FORWARD", "FORWARD_DONE", "BACKWARD", "BACKWARD_DONE"};
@@ -46,14 +47,14 @@ int fsdp_unit_state(const fsdp_unit* u) { return u->state; }
 int fsdp_unit_num_params(const fsdp_unit* u) { return u->n; }
 fsdp_tensor* fsdp_unit_param(fsdp_unit* u, int i) { return i >= 0 && i < u->n ? u->p[i].t : NULL; }
 int fsdp_unit_world_size(const fsdp_unit* u) { return u->W; }
-fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->unit; }
+fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->owner; }
 
 int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {
-  if (!t->unit) {
+  if (!t->owner) {
     memcpy(shape, t->shape, t->ndim * sizeof(int64_t));
     return t->ndim;
   }
-  const unit_param* p = &t->unit->p[t->unit_index];
+  const unit_param* p = &((fsdp_unit*)t->owner)->p[t->owner_index];
   memcpy(shape, p->shape, p->ndim * sizeof(int64_t));
   return p->ndim;
 }
@@ -95,7 +96,7 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
     return NULL;
   }
   fsdp_units[fsdp_n_units++] = u;
-  fsdp_sched_install();
+  sched_install();
   return u;
 }
 
@@ -154,7 +155,7 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   fsdp_tensor** keep = NULL;
   int keep_cap = 0;
   for (int i = 0; i < n; i++) {
-    fsdp_unit* v = ts[i]->unit;
+    fsdp_unit* v = ts[i]->owner;
     if (!v || v == u) continue;
     CHECK_INT(v->state == FSDP_UNIT_IDLE, "fsdp.wrap '%s': parameter '%s' belongs to unit '%s', which is busy (%s)",
               u->path, names ? names[i] : "?", v->path, state_names[v->state]);
@@ -346,7 +347,9 @@ static int pre_backward(fsdp_unit* u) {
   return 0;
 }
 
-int fsdp_unit_materialize(fsdp_unit* u) {
+// core's materialize hook: a backward node needs a saved view of a resharded unit's buffer
+static int materialize(void* owner) {
+  fsdp_unit* u = owner;
   CHECK_INT(fsdp_is_backward_running(),
             "FSDP unit '%s': its parameters are resharded; a tensor that views them "
             "was kept past the forward pass",
@@ -416,11 +419,11 @@ static void start_pass(fsdp_unit* u, int64_t pass) {
 }
 
 static int on_grad_ready(fsdp_tensor* t) {
-  fsdp_unit* u = t->unit;
+  fsdp_unit* u = t->owner;
   if (!u) return 0;
   int64_t pass = fsdp_autograd_pass();
   if (u->pass != pass) start_pass(u, pass);
-  unit_param* p = &u->p[t->unit_index];
+  unit_param* p = &u->p[t->owner_index];
   CHECK_INT(p->t->requires_grad == p->rg_at_forward,
             "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward", u->path, p->name);
   if (p->group != 0) return 0;
@@ -463,9 +466,11 @@ static int listener(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
   return 0;
 }
 
-void fsdp_sched_install(void) {
+// installs the engine listener and core's materialize hook, once (the first unit does it)
+static void sched_install(void) {
   if (g_installed) return;
   g_installed = 1;
+  fsdp_set_materialize_hook(materialize);
   fsdp_autograd_add_listener(FSDP_EV_BACKWARD_BEGIN | FSDP_EV_GRAD_READY | FSDP_EV_BACKWARD_END, listener, NULL);
 }
 

@@ -92,7 +92,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
     if (u->separate_full) {
       g->full = fsdp_storage_new_empty((size_t)g->full_numel * 4, FSDP_CPU, FSDP_MEM_PARAMS);
       if (!g->full) return -1;
-      g->full->unit = u;
+      g->full->owner = u;
     } else {
       g->full = g->shard;
       g->shard->refcount++;
@@ -101,7 +101,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
     fsdp_storage* dst = u->g[p->group].shard;
-    if (p->t->unit == u) {  // moved between groups or re-laid out: the chunk travels as is
+    if (p->t->owner == u) {  // moved between groups or re-laid out: the chunk travels as is
       copy_run(dst, FSDP_F32, p->shard_off, old[old_group[i]].shard, FSDP_F32, old_off[i], p->chunk);
     } else {  // standalone: cut this rank's piece out of the full values
       fsdp_tensor* full = fsdp_as_contig(p->t);
@@ -109,9 +109,9 @@ int fsdp_shard_layout(fsdp_unit* u) {
       copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len);
       zero_run(dst, FSDP_F32, p->shard_off + p->len, p->chunk - p->len);
       fsdp_tensor_release(full);
-      p->t->unit = u;
+      p->t->owner = u;
     }
-    p->t->unit_index = i;
+    p->t->owner_index = i;
   }
   u->gathered = !u->separate_full;
   fsdp_shard_set_form(u, 0);
@@ -136,8 +136,8 @@ int fsdp_shard_release_param(fsdp_unit* u, int i) {
   memcpy(t->shape, p->shape, sizeof t->shape);
   fsdp_contiguous_strides(t->ndim, t->shape, t->stride);
   t->offset = 0;
-  t->unit = NULL;
-  t->unit_index = 0;
+  t->owner = NULL;
+  t->owner_index = 0;
   return 0;
 }
 

@@ -4,7 +4,7 @@
  * (im2col + GEMM or Winograd for convolution -- the CPU kernels choose, FSDP_CONV_ALGO=im2col|winograd
  * forces one -- window loops for pooling).
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 // the node keeps the geometry in its int slots: N C H W OH OW kh kw sh sw ph pw dh dw groups
 static void geom_save(fsdp_node* n, const fsdp_conv_geom* g) {

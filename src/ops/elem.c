@@ -6,7 +6,7 @@
  * unary ops and reductions work on a contiguous float32 version of the input.
  * Backward of a broadcasting op sums the gradient back to each input's shape (fsdp_sum_to).
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 #include <math.h>
 

@@ -8,7 +8,7 @@
  * GEMM of (B*T, C) @ (C, D)), and broadcast batch dims are reduced by accumulating GEMMs
  * (beta = 1) instead of materializing the broadcast.
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 // ---- helpers ----------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@
  * the linalg table's gemm_batched for attention). Semantics follow PyTorch (losses: mean
  * reduction over the non-ignored targets).
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 #include <math.h>
 

@@ -6,7 +6,7 @@
  * Lua optimizers call them under no_grad. Every tensor written gets its version bumped so
  * autograd notices a parameter saved for a backward that has since been stepped.
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 #include <math.h>
 

@@ -9,7 +9,7 @@
  *   cat -> narrow per input                                index_select -> index_add into zeros
  * They work on any dtype; only the ops that compute (index_select's backward) need float32.
  */
-#include "core/core.h"
+#include "ops/ops.h"
 
 // ---- helpers ------------------------------------------------------------------------------------
 // node->i layout shared by the "reshape back" family: i[0] = ndim, i[1..ndim] = input shape

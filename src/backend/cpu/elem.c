@@ -1,5 +1,5 @@
 /*
- * cpu_elem.c -- CPU kernels for copies/casts, fills, axpy and the elementwise/reduction family.
+ * backend/cpu/elem.c -- CPU kernels for copies/casts, fills, axpy and the elementwise/reduction family.
  */
 // no errno from sqrtf/logf and no FP-trap semantics, so math loops vectorise (we never read errno
 // or FP exception flags). It must come before the includes: GCC does not inline a function (here
@@ -8,82 +8,13 @@
 #pragma GCC optimize("no-math-errno", "no-trapping-math")
 
 #include "core/core.h"
+#include "backend/cpu/cpu.h"
 #include "backend/cpu/fastmath.h"
 
 #include <math.h>
 
-// ---- bf16 / f16 conversions (round to nearest even) --------------------------------------------
-float fsdp_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-float fsdp_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) u = sign;
-    else {  // subnormal: normalise
-      int e = -1;
-      do {
-        e++;
-        man <<= 1;
-      } while (!(man & 0x400));
-      u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
-  else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000;
-  int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
-  uint32_t man = u & 0x7fffff;
-  if (((u >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-  if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00);  // overflow -> inf
-  if (exp <= 0) {                                     // subnormal or zero
-    if (exp < -10) return (uint16_t)sign;
-    man |= 0x800000;
-    int shift = 14 - exp;
-    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) half++;
-    return (uint16_t)(sign | half);
-  }
-  uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;  // may carry into exp: still correct
-  return (uint16_t)half;
-}
-
 #define PAR_MIN 32768       // below this many elements a loop stays on one thread
 #define PAR_MIN_HEAVY 4096  // the same for transcendental loops (several ns per element)
-
-static inline double load(const void* p, int dt) {
-  switch (dt) {
-    case FSDP_F32: return *(const float*)p;
-    case FSDP_I64: return (double)*(const int64_t*)p;
-    case FSDP_BF16: return fsdp_bf16_to_f32(*(const uint16_t*)p);
-    default: return fsdp_f16_to_f32(*(const uint16_t*)p);
-  }
-}
-static inline void store(void* p, int dt, double v) {
-  switch (dt) {
-    case FSDP_F32: *(float*)p = (float)v; break;
-    case FSDP_I64: *(int64_t*)p = (int64_t)v; break;
-    case FSDP_BF16: *(uint16_t*)p = f32_to_bf16((float)v); break;
-    default: *(uint16_t*)p = f32_to_f16((float)v); break;
-  }
-}
 
 // contiguous runs of the same dtype are memcpy'd; everything else goes element by element
 // f32 copy whose innermost source dim is strided (a transpose or permute): 32x32 tiles over the
@@ -150,7 +81,8 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
       const float* sf = (const void*)sp;
       for (int64_t i = 0; i < run; i++) of[i] = sf[i * inner_stride];
     } else {
-      for (int64_t i = 0; i < run; i++) store(o + i * des, ddt, load(sp + i * inner_stride * ses, sdt));
+      for (int64_t i = 0; i < run; i++)
+        fsdp_store_elem(o + i * des, ddt, fsdp_load_elem(sp + i * inner_stride * ses, sdt));
     }
   }
 }
@@ -162,7 +94,7 @@ static void cpu_fill(void* dst, int dt, int64_t n, double v) {
     for (int64_t i = 0; i < n; i++) p[i] = f;
   } else {
     size_t es = fsdp_dtype_size(dt);
-    for (int64_t i = 0; i < n; i++) store((char*)dst + i * es, dt, v);
+    for (int64_t i = 0; i < n; i++) fsdp_store_elem((char*)dst + i * es, dt, v);
   }
 }
 

@@ -4,6 +4,7 @@
  * with enough channels) and pooling loops.
  */
 #include "core/core.h"
+#include "backend/cpu/cpu.h"
 
 #include <cblas.h>
 #include <dlfcn.h>

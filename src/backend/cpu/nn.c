@@ -13,6 +13,7 @@
 #endif
 
 #include "core/core.h"
+#include "backend/cpu/cpu.h"
 #include "backend/cpu/fastmath.h"
 
 #include <math.h>

@@ -9,6 +9,7 @@
  * does not depend on its position, e.g. on how parameters are sharded).
  */
 #include "core/core.h"
+#include "backend/cpu/cpu.h"
 
 #include <math.h>
 

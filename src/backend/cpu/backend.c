@@ -1,0 +1,75 @@
+/*
+ * backend/cpu/backend.c -- the CPU's device table: host memory, memcpy for every copy, no
+ * streams (work runs as it is issued), and the kernel tables of elem.c, linalg.c, nn.c and
+ * optim.c. It registers itself with core when libfsdp.so is loaded. Also the one thread knob of
+ * the CPU's two pools, our OpenMP kernels and OpenBLAS's GEMMs.
+ */
+#include "core/core.h"
+#include "backend/cpu/cpu.h"
+
+#include <omp.h>
+
+// ---- memory and copies ------------------------------------------------------------------------------
+// core pads every request to a multiple of 64 bytes, as aligned_alloc wants
+static void* cpu_alloc(size_t nbytes) { return aligned_alloc(64, nbytes); }
+static void cpu_free(void* p, size_t nbytes) {
+  (void)nbytes;
+  free(p);
+}
+static void cpu_memset(void* p, int byte, size_t nbytes) { memset(p, byte, nbytes); }
+static void cpu_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
+  (void)kind;  // host and device memory are the same memory here
+  if (nbytes) memcpy(dst, src, nbytes);
+}
+
+// ---- ordering: the CPU runs work as it is issued, so streams and events order nothing -------------
+static char cpu_token;  // what stream_new and event_new hand out
+static int cpu_synchronize(void) { return 0; }
+static void* cpu_stream_new(void) { return &cpu_token; }
+static void cpu_stream_free(void* stream) { (void)stream; }
+static void* cpu_event_new(void) { return &cpu_token; }
+static void cpu_event_free(void* event) { (void)event; }
+static void cpu_event_record(void* event, void* stream) {
+  (void)event;
+  (void)stream;
+}
+static void cpu_stream_wait(void* stream, void* event) {
+  (void)stream;
+  (void)event;
+}
+
+static const fsdp_backend cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memset = cpu_memset,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .stream_new = cpu_stream_new,
+    .stream_free = cpu_stream_free,
+    .event_new = cpu_event_new,
+    .event_free = cpu_event_free,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .elem = &fsdp_cpu_elem_kernels,
+    .linalg = &fsdp_cpu_linalg_kernels,
+    .nn = &fsdp_cpu_nn_kernels,
+    .optim = &fsdp_cpu_optim_kernels,
+};
+
+// registered before anything of libfsdp.so can run (a constructor runs when the library loads)
+__attribute__((constructor)) static void cpu_register(void) {
+  if (fsdp_backend_register(FSDP_CPU, &cpu_backend)) {
+    fprintf(stderr, "fsdp: %s\n", fsdp_last_error());
+    abort();
+  }
+}
+
+// ---- threads ----------------------------------------------------------------------------------------
+void openblas_set_num_threads(int n);
+void fsdp_set_num_threads(int n) {
+  if (n < 1) n = 1;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int fsdp_get_num_threads(void) { return omp_get_max_threads(); }

@@ -1,0 +1,14 @@
+/*
+ * backend/cpu/cpu.h -- the CPU backend's kernel tables, one per op family (elem.c, linalg.c,
+ * nn.c, optim.c); backend.c gathers them into the CPU's device table.
+ */
+#ifndef FSDP_BACKEND_CPU_H
+#define FSDP_BACKEND_CPU_H
+#include "core/core.h"
+
+extern const fsdp_elem_kernels fsdp_cpu_elem_kernels;
+extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
+extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
+extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * ops/factory.c -- tensors made from nothing: empty, full, from Lua values or a blob, arange, and
+ * the random ones (uniform, normal, randint, randperm) from core's RNG stream.
+ */
+#include "ops/ops.h"
+
+#include <math.h>
+
+fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device) {
+  return fsdp_new(ndim, shape, dtype, device);
+}
+fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, device);
+  if (t) fsdp_backend_of(t)->elem->fill(t->storage->data, dtype, fsdp_tensor_numel(t), value);
+  return t;
+}
+fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const double* values) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t n = fsdp_tensor_numel(t);
+  // element by element through the fill kernel's conversion (tensors built from Lua tables are small)
+  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
+  size_t es = fsdp_dtype_size(dtype);
+  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, values[i]);
+  return t;
+}
+fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const void* data) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
+  if (t) memcpy(t->storage->data, data, t->storage->nbytes);
+  return t;
+}
+fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
+  CHECK_NULL(step != 0, "arange: step must be non-zero");
+  double len = ceil((end - start) / step);
+  int64_t n = len > 0 ? (int64_t)len : 0;
+  fsdp_tensor* t = fsdp_new(1, &n, dtype, FSDP_CPU);
+  if (!t) return NULL;
+  const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
+  size_t es = fsdp_dtype_size(dtype);
+  for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, start + i * step);
+  return t;
+}
+int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
+  if (fsdp_check_f32("uniform_", t)) return -1;
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "uniform_: tensor of shape %s is not contiguous", SH(t));
+  float* p = fsdp_f32(t);
+  int64_t n = fsdp_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
+  fsdp_bump_version(t);
+  return 0;
+}
+int fsdp_normal_(fsdp_tensor* t, double mean, double std) {
+  if (fsdp_check_f32("normal_", t)) return -1;
+  CHECK_INT(fsdp_tensor_is_contiguous(t), "normal_: tensor of shape %s is not contiguous", SH(t));
+  float* p = fsdp_f32(t);
+  int64_t n = fsdp_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(mean + std * fsdp_rng_normal());
+  fsdp_bump_version(t);
+  return 0;
+}
+fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
+  if (t) fsdp_uniform_(t, lo, hi);
+  return t;
+}
+fsdp_tensor* fsdp_randn(int ndim, const int64_t* shape, double mean, double std) {
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);
+  if (t) fsdp_normal_(t, mean, std);
+  return t;
+}
+fsdp_tensor* fsdp_randint(int64_t lo, int64_t hi, int ndim, const int64_t* shape) {
+  CHECK_NULL(hi > lo, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
+  fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_I64, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t *p = fsdp_i64(t), n = fsdp_tensor_numel(t);
+  uint64_t range = (uint64_t)(hi - lo);
+  for (int64_t i = 0; i < n; i++) p[i] = lo + (int64_t)(fsdp_rng_next() % range);
+  return t;
+}
+fsdp_tensor* fsdp_randperm(int64_t n) {
+  CHECK_NULL(n >= 0, "randperm: negative n %lld", (long long)n);
+  fsdp_tensor* t = fsdp_new(1, &n, FSDP_I64, FSDP_CPU);
+  if (!t) return NULL;
+  int64_t* p = fsdp_i64(t);
+  for (int64_t i = 0; i < n; i++) p[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {  // Fisher-Yates
+    int64_t j = (int64_t)(fsdp_rng_next() % (uint64_t)(i + 1)), tmp = p[i];
+    p[i] = p[j];
+    p[j] = tmp;
+  }
+  return t;
+}

@@ -1,0 +1,150 @@
+-- tools/layers.lua BUILD_DIR [--dot]: checks that src/ keeps its layers (`make layers`).
+--
+-- The folders of src/ and what each may use (a folder may always use itself and src/fsdp.h):
+--   core          errors, memory, RNG, dtypes, storage, tensors, autograd, the backend registry
+--   backend/cpu   CPU kernels and device functions; registers itself with core
+--   ops           the device-independent op layer; reaches kernels only through core's registry
+--   dist          communication and FSDP (comm, shard, sched); installs its hooks into core
+--   io            safetensors
+-- Two kinds of edges are read, neither from a hand-kept list: `#include "..."` lines in the
+-- sources, and calls, from the symbols each object in BUILD_DIR needs (nm: U) against the object
+-- that defines them. Prints the folder graph with the number of symbols on each edge, then every
+-- forbidden edge with its file and symbol; exits 1 when there is one. --dot prints the graph for
+-- graphviz instead.
+local allowed = {
+  ["core"] = { "core" },
+  ["backend/cpu"] = { "backend/cpu", "core" },
+  ["ops"] = { "ops", "core" },
+  ["dist"] = { "dist", "ops", "core" },
+  ["io"] = { "io", "core" },
+}
+local order = { "io", "dist", "ops", "backend/cpu", "core" }
+
+local build, dot = arg[1], arg[2] == "--dot"
+if not build then
+  io.stderr:write("usage: luajit tools/layers.lua BUILD_DIR [--dot]\n")
+  os.exit(2)
+end
+
+local function lines(cmd)
+  local p = assert(io.popen(cmd))
+  local out = {}
+  for l in p:lines() do out[#out + 1] = l end
+  p:close()
+  return out
+end
+
+-- "src/ops/elem.c" -> "ops", "src/backend/cpu/nn.c" -> "backend/cpu", "src/fsdp.h" -> nil (the API)
+local function folder_of(path)
+  local rel = path:gsub("^src/", "")
+  if rel:match("^backend/") then return rel:match("^(backend/[^/]+)/") end
+  return rel:match("^([^/]+)/")
+end
+
+local function is_allowed(from, to)
+  for _, f in ipairs(allowed[from] or {}) do
+    if f == to then return true end
+  end
+  return false
+end
+
+local edges = {}       -- from -> to -> { n = count, ex = example }
+local violations = {}  -- text lines
+local function add_edge(from, to, what, where)
+  edges[from] = edges[from] or {}
+  local e = edges[from][to] or { n = 0, ex = what }
+  e.n = e.n + 1
+  edges[from][to] = e
+  if not is_allowed(from, to) then
+    violations[#violations + 1] = ("%s: %s -> %s: %s"):format(where, from, to, what)
+  end
+end
+
+-- sources: every file of a layer folder must be known, and its includes allowed
+local sources = lines("find src -mindepth 2 -name '*.[ch]' | sort")
+for _, file in ipairs(sources) do
+  local from = folder_of(file)
+  if not allowed[from] then
+    violations[#violations + 1] = ("%s: folder %s is not a known layer (tools/layers.lua)"):format(file, tostring(from))
+  else
+    local n = 0
+    for line in io.lines(file) do
+      n = n + 1
+      local inc = line:match('^%s*#%s*include%s+"([^"]+)"')
+      if inc and inc ~= "fsdp.h" then
+        local to = folder_of("src/" .. inc)
+        if to and to ~= from then add_edge(from, to, "#include \"" .. inc .. "\"", file .. ":" .. n) end
+      end
+    end
+  end
+end
+
+-- objects: who defines each global symbol, and who needs it
+-- (the object of every source of libfsdp.so; comm_mpi.c is a library of its own, see the Makefile)
+local defined_in, needs = {}, {}
+local objects = 0
+for _, src in ipairs(sources) do
+  if src:match("%.c$") and src ~= "src/dist/comm_mpi.c" then
+    local obj = build .. "/" .. src:gsub("^src/", ""):gsub("%.c$", ".o")
+    local f = io.open(obj, "rb")
+    if not f then
+      io.stderr:write(("tools/layers.lua: %s is missing (run make first)\n"):format(obj))
+      os.exit(2)
+    end
+    f:close()
+    objects = objects + 1
+    needs[src] = { obj = obj }
+  end
+end
+for src, need in pairs(needs) do
+  local obj = need.obj
+  for _, l in ipairs(lines("nm " .. obj)) do
+    local kind, sym = l:match("^%x*%s+(%a)%s+(%S+)$")
+    if kind == "U" then
+      need[#need + 1] = sym
+    elseif kind and kind:match("[TDBRCV]") then
+      defined_in[sym] = src
+    end
+  end
+end
+for src, syms in pairs(needs) do
+  local from = folder_of(src)
+  for _, sym in ipairs(syms) do
+    local def = defined_in[sym]
+    if def then
+      local to = folder_of(def)
+      if to ~= from then add_edge(from, to, sym .. "()", src) end
+    end
+  end
+end
+
+-- the graph, top layer first
+if dot then
+  print("digraph layers {")
+  for _, from in ipairs(order) do
+    for _, to in ipairs(order) do
+      local e = edges[from] and edges[from][to]
+      if e then
+        print(('  "%s" -> "%s" [label="%d"%s];'):format(from, to, e.n, is_allowed(from, to) and "" or ", color=red"))
+      end
+    end
+  end
+  print("}")
+else
+  print("folder dependencies in src/ (symbols and includes per edge; e.g. one of them):")
+  for _, from in ipairs(order) do
+    for _, to in ipairs(order) do
+      local e = edges[from] and edges[from][to]
+      if e then
+        print(("  %-12s -> %-12s %4d   %s%s"):format(from, to, e.n, e.ex, is_allowed(from, to) and "" or "   FORBIDDEN"))
+      end
+    end
+  end
+end
+table.sort(violations)
+for _, v in ipairs(violations) do io.stderr:write("forbidden: " .. v .. "\n") end
+if #violations > 0 then
+  io.stderr:write(("make layers: %d forbidden edge(s); see tools/layers.lua for the layers\n"):format(#violations))
+  os.exit(1)
+end
+if not dot then print("make layers: every edge runs down the layers") end
