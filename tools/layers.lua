@@ -10,7 +10,7 @@
 -- sources, and calls, from the symbols each object in BUILD_DIR needs (nm: U) against the object
 -- that defines them. Prints the folder graph with the number of symbols on each edge, then every
 -- forbidden edge with its file and symbol; exits 1 when there is one. --dot prints the graph for
--- graphviz instead.
+-- graphviz instead. The Lua modules get one rule too (below): nn and tensors load nothing of FSDP.
 local allowed = {
   ["core"] = { "core" },
   ["backend/cpu"] = { "backend/cpu", "core" },
@@ -74,6 +74,23 @@ for _, file in ipairs(sources) do
       if inc and inc ~= "fsdp.h" then
         local to = folder_of("src/" .. inc)
         if to and to ~= from then add_edge(from, to, "#include \"" .. inc .. "\"", file .. ":" .. n) end
+      end
+    end
+  end
+end
+
+-- the Lua side: nn (modules, layers, functional) and tensors sit below FSDP and communication;
+-- nothing there may load fsdp.wrap, fsdp.checkpoint or fsdp.comm (wrap.lua extends nn.Module
+-- through its forward-wrapper and state-dict-provider hooks instead)
+local lua_low = lines("ls lua/fsdp/tensor.lua lua/fsdp/nn/*.lua")
+for _, file in ipairs(lua_low) do
+  local n = 0
+  for line in io.lines(file) do
+    n = n + 1
+    local code = line:gsub("%-%-.*$", "")
+    for _, high in ipairs { "fsdp.wrap", "fsdp.checkpoint", "fsdp.comm" } do
+      if code:find('"' .. high .. '"', 1, true) or code:find("'" .. high .. "'", 1, true) then
+        add_edge("lua/nn", "lua/" .. high, high, file .. ":" .. n)
       end
     end
   end

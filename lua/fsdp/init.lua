@@ -331,7 +331,13 @@ local lazy = {
 }
 setmetatable(fsdp, {
   __index = function(t, k)
-    if lazy[k] then
+    if k == "nn" then
+      -- FSDP's Module methods (no_sync, summon_full_params) and state-dict provider come with nn
+      local m = require "fsdp.nn"
+      require "fsdp.wrap"
+      rawset(t, k, m)
+      return m
+    elseif lazy[k] then
       local m = require(lazy[k]); rawset(t, k, m); return m
     elseif k == "F" then
       local m = require "fsdp.nn.functional"; rawset(t, k, m); return m

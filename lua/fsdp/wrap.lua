@@ -1,10 +1,11 @@
 -- fsdp.wrap and friends: turning modules into FSDP units, and the utilities around them.
 --
 -- A unit is a module passed to fsdp.wrap. It owns the parameters in its subtree that no nested
--- unit owns; the C core (src/shard.c, src/sched.c) shards them and runs the gather / reshard /
+-- unit owns; the C core (src/dist/shard.c, src/dist/sched.c) shards them and runs the gather / reshard /
 -- reduce-scatter protocol. This file only finds the parameters, calls the C protocol around the
--- module's forward (nn.Module.__call does that for every module with a unit), and offers
--- no_sync, summon_full_params, full state dicts, gradient clipping and auto_wrap.
+-- module's forward (it is the module's forward wrapper, which nn.Module.__call runs), and offers
+-- no_sync, summon_full_params (as Module methods), full state dicts (a state-dict provider of
+-- nn.Module), gradient clipping and auto_wrap. nn.Module itself knows nothing of FSDP.
 -- Wrapping never changes a module's class, children or parameter names.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
@@ -125,6 +126,7 @@ function W.wrap(module, opts)
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
   u.param_names = names
   rawset(module, "_fsdp_unit", u)
+  rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
   all_units[#all_units + 1] = u
   return module
 end
@@ -291,5 +293,15 @@ end
 function W.load_state_dict(m, plain_load, sd, strict)
   return W.summon_full_params(m, function() return plain_load(m, sd, strict) end, { writeback = true })
 end
+
+-- ---- what nn.Module gains from this file ------------------------------------------------------------
+local Module = require "fsdp.nn.module"
+Module._state_dict_providers[#Module._state_dict_providers + 1] = {
+  applies = W.has_units,
+  state_dict = W.state_dict,
+  load_state_dict = W.load_state_dict,
+}
+function Module:no_sync(fn) return W.no_sync(self, fn) end
+function Module:summon_full_params(fn, opts) return W.summon_full_params(self, fn, opts) end
 
 return W

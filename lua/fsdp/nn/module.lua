@@ -308,10 +308,20 @@ end
 -- name -> detached alias of every parameter and persistent buffer (PyTorch keys)
 local plain_state_dict, plain_load_state_dict
 
--- with FSDP units inside, parameters are gathered and cloned (opts.rank0_only: other ranks get {})
+-- Code above nn may take over state dicts of the modules it manages: a provider is a table
+-- {applies = fn(m), state_dict = fn(m, plain, opts), load_state_dict = fn(m, plain, sd, strict)}
+-- where plain is this file's own function. (fsdp.wrap registers one: parameters of FSDP units are
+-- gathered and cloned.)
+Module._state_dict_providers = {}
+local function provider_for(m)
+  for _, p in ipairs(Module._state_dict_providers) do
+    if p.applies(m) then return p end
+  end
+end
+
 function Module:state_dict(opts)
-  local wrap = package.loaded["fsdp.wrap"]
-  if wrap and wrap.has_units(self) then return wrap.state_dict(self, plain_state_dict, opts) end
+  local p = provider_for(self)
+  if p then return p.state_dict(self, plain_state_dict, opts) end
   return plain_state_dict(self)
 end
 
@@ -346,14 +356,10 @@ end
 -- an error; otherwise they are returned as {missing_keys = {...}, unexpected_keys = {...}}.
 -- Shape mismatches are always an error.
 function Module:load_state_dict(sd, strict)
-  local wrap = package.loaded["fsdp.wrap"]
-  if wrap and wrap.has_units(self) then return wrap.load_state_dict(self, plain_load_state_dict, sd, strict) end
+  local p = provider_for(self)
+  if p then return p.load_state_dict(self, plain_load_state_dict, sd, strict) end
   return plain_load_state_dict(self, sd, strict)
 end
-
--- FSDP utilities, for modules wrapped with fsdp.wrap (see lua/fsdp/wrap.lua)
-function Module:no_sync(fn) return require("fsdp.wrap").no_sync(self, fn) end
-function Module:summon_full_params(fn, opts) return require("fsdp.wrap").summon_full_params(self, fn, opts) end
 
 function plain_load_state_dict(self, sd, strict)
   if type(strict) == "table" then strict = strict.strict end
@@ -496,10 +502,11 @@ local function finish(self, d, ok, ...)
   error(e, 0)
 end
 
--- an FSDP unit (fsdp.wrap) runs its gather / reshard protocol around the forward
+-- an instance may carry a forward wrapper, an object whose run(module, inner, ...) calls
+-- inner(module, ...) with code around it (fsdp.wrap installs its unit: gather before, reshard after)
 local function run_forward(self, ...)
-  local unit = rawget(self, "_fsdp_unit")
-  if unit then return unit:run(self, run_hooks_and_forward, ...) end
+  local w = rawget(self, "_forward_wrapper")
+  if w then return w:run(self, run_hooks_and_forward, ...) end
   return run_hooks_and_forward(self, ...)
 end
 
