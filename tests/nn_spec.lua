@@ -122,6 +122,18 @@ describe("nn.Module registration", function()
     assert.same({ 0, 0, 0, 0 }, m.plain:tolist())
   end)
 
+  it("to(device) returns the module with the same parameter tensors; an absent device is an error", function()
+    local m = nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))
+    local before = m:parameters()
+    assert.equal(m, m:to("cpu"))
+    assert.equal(m, m:cpu())
+    assert.equal(m, m:to { device = "cpu" })
+    local after = m:parameters()
+    for i = 1, #before do assert.is_true(before[i] == after[i]) end
+    H.assert_error(function() m:to("cuda") end, 'device "cuda" is not available')
+    H.assert_error(function() m:to("tpu") end, 'unknown device "tpu"')
+  end)
+
   it("zero_grad drops every gradient; apply visits children before parents", function()
     local model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1)))
     model(fsdp.randn { 3, 2 }):sum():backward()

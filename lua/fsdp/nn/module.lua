@@ -273,6 +273,18 @@ function Module:apply(fn)
   return self
 end
 
+-- model:to(device) moves every parameter and buffer to the device in place and returns model: the
+-- tensors keep their identity, so optimizers and FSDP units built on them stay valid. Only "cpu"
+-- exists in this build; naming another device is the same error as Tensor:to's.
+function Module:to(device)
+  if type(device) == "table" then device = device.device end
+  for _, kind in ipairs { "parameters", "buffers" } do
+    for _, t in ipairs(self[kind](self)) do fsdp._to_device(t, device) end
+  end
+  return self
+end
+function Module:cpu() return self:to("cpu") end
+
 function Module:train(mode)
   if mode == nil then mode = true end
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
