@@ -147,11 +147,14 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     CHECK_INT(t->dtype == FSDP_F32, "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters", u->path, nm,
               DT(t));
     CHECK_INT(!t->grad_fn, "fsdp.wrap '%s': parameter '%s' is not a leaf tensor", u->path, nm);
-    CHECK_INT(t->storage->device == FSDP_CPU, "fsdp.wrap '%s': parameter '%s' is not on the cpu", u->path, nm);
+    CHECK_INT(fsdp_device_of(t) == fsdp_device_of(ts[0]), "fsdp.wrap '%s': parameter '%s' is on %s, '%s' on %s",
+              u->path, nm, fsdp_device_name(fsdp_device_of(t)), names && names[0] ? names[0] : "?",
+              fsdp_device_name(fsdp_device_of(ts[0])));
     for (int j = 0; j < i; j++) CHECK_INT(ts[j] != t, "fsdp.wrap '%s': parameter '%s' is listed twice", u->path, nm);
   }
   // take every parameter home: ours and those another unit owns become standalone first
   if (release_all(u)) return -1;
+  if (n > 0) u->device = fsdp_device_of(ts[0]);  // (a unit without parameters keeps its default)
   fsdp_tensor** keep = NULL;
   int keep_cap = 0;
   for (int i = 0; i < n; i++) {

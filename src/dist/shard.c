@@ -6,6 +6,8 @@
 #include "dist/unit.h"
 
 static const int64_t ONE = 1;
+// shards, full buffers and gradient pieces are float32 (the master copy); their element size
+#define F32_SIZE fsdp_dtype_size(FSDP_F32)
 
 // dst[0..n) <- src[0..n) between storages, converting dtypes (contiguous runs)
 static void copy_run(fsdp_storage* dst, int ddt, int64_t doff, fsdp_storage* src, int sdt, int64_t soff, int64_t n) {
@@ -87,10 +89,10 @@ int fsdp_shard_layout(fsdp_unit* u) {
   }
   for (int k = 0; k < 2; k++) {
     unit_group* g = &u->g[k];
-    g->shard = fsdp_storage_new((size_t)g->shard_numel * 4, FSDP_CPU, FSDP_MEM_PARAMS);
+    g->shard = fsdp_storage_new((size_t)g->shard_numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
     if (!g->shard) return -1;
     if (u->separate_full) {
-      g->full = fsdp_storage_new_empty((size_t)g->full_numel * 4, FSDP_CPU, FSDP_MEM_PARAMS);
+      g->full = fsdp_storage_new_empty((size_t)g->full_numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
       if (!g->full) return -1;
       g->full->owner = u;
     } else {
@@ -126,7 +128,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
 // gathered; the caller re-lays out the unit afterwards.
 int fsdp_shard_release_param(fsdp_unit* u, int i) {
   unit_param* p = &u->p[i];
-  fsdp_storage* s = fsdp_storage_new((size_t)p->numel * 4, FSDP_CPU, FSDP_MEM_PARAMS);
+  fsdp_storage* s = fsdp_storage_new((size_t)p->numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
   if (!s) return -1;
   copy_run(s, FSDP_F32, 0, u->g[p->group].full, FSDP_F32, p->full_off, p->numel);
   fsdp_tensor* t = p->t;
@@ -162,10 +164,10 @@ int fsdp_shard_gather_start(fsdp_unit* u) {
     if (pdt == FSDP_F32) {
       g->gather_send = fsdp_view_storage(g->shard, FSDP_F32, 1, &S, 0);
     } else {  // mixed precision: gather in the low-precision dtype
-      g->gather_send = fsdp_new_cat(1, &S, pdt, FSDP_CPU, FSDP_MEM_COMM);
+      g->gather_send = fsdp_new_cat(1, &S, pdt, u->device, FSDP_MEM_COMM);
       if (g->gather_send) copy_run(g->gather_send->storage, pdt, 0, g->shard, FSDP_F32, 0, S);
     }
-    g->gather_recv = fsdp_new_cat(1, &WS, pdt, FSDP_CPU, FSDP_MEM_COMM);
+    g->gather_recv = fsdp_new_cat(1, &WS, pdt, u->device, FSDP_MEM_COMM);
     if (g->gather_send && g->gather_recv) g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
     if (!g->gather) {
       gather_cleanup(g);
@@ -241,7 +243,7 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
   int64_t S = g->shard_numel, WS = S * u->W;
   int world = fsdp_comm_world_size();
   int direct = u->W == 1;  // the reduced result lands in the send buffer itself
-  u->reduce_send = fsdp_new_cat(1, &WS, FSDP_F32, FSDP_CPU, direct ? FSDP_MEM_GRADS : FSDP_MEM_COMM);
+  u->reduce_send = fsdp_new_cat(1, &WS, FSDP_F32, u->device, direct ? FSDP_MEM_GRADS : FSDP_MEM_COMM);
   if (!u->reduce_send) return -1;
   fsdp_storage* send = u->reduce_send->storage;
   for (int i = 0; i < u->n; i++) {
@@ -267,7 +269,7 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
     u->reduce = world > 1 ? fsdp_all_reduce(u->reduce_recv, FSDP_REDUCE_AVG, u->path) : NULL;
     if (world > 1 && !u->reduce) return -1;
   } else {
-    u->reduce_recv = fsdp_new_cat(1, &S, FSDP_F32, FSDP_CPU, FSDP_MEM_GRADS);
+    u->reduce_recv = fsdp_new_cat(1, &S, FSDP_F32, u->device, FSDP_MEM_GRADS);
     if (!u->reduce_recv) return -1;
     u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
     if (!u->reduce) return -1;

@@ -46,6 +46,7 @@ struct fsdp_unit {
   char* path;
   fsdp_unit_options opts;
   int W, rank;        // layout world (1 for NO_SHARD) and this rank
+  int device;         // where its parameters live (all on one), and so its buffers (0, cpu, until set)
   int separate_full;  // gathered buffers are separate from the shards (W > 1 or low precision)
   int n;
   unit_param* p;
