@@ -24,14 +24,16 @@ function H.max_abs_diff(a, b)
   return m
 end
 
--- asserts |a - b| <= atol + rtol * |b| elementwise, with a message naming the worst element
+-- asserts |a - b| <= atol + rtol * |b| elementwise, with a message naming the first element that
+-- differs; equal values (infinities included) and NaN against NaN count as matching
 function H.assert_close(a, b, atol, rtol, what)
   atol, rtol = atol or 1e-5, rtol or 1e-5
   local fa, fb = flat(a), flat(b)
   if #fa ~= #fb then error(("%s: element counts differ: %d vs %d"):format(what or "assert_close", #fa, #fb), 2) end
   for i = 1, #fa do
     local d = math.abs(fa[i] - fb[i])
-    if not (d <= atol + rtol * math.abs(fb[i])) then
+    local same = fa[i] == fb[i] or (fa[i] ~= fa[i] and fb[i] ~= fb[i])
+    if not same and not (d <= atol + rtol * math.abs(fb[i])) then
       error(("%s: element %d differs: got %.8g, expected %.8g (|diff| %.3g > atol %.1g + rtol %.1g)")
         :format(what or "assert_close", i, fa[i], fb[i], d, atol, rtol), 2)
     end

@@ -1,0 +1,1014 @@
+-- Naive references for the op-case table (tests/op_cases.lua): plain Lua loops over flat
+-- row-major arrays, written from the PyTorch definitions and sharing no code with the library.
+--
+-- An array is { shape = {...}, data = {...}, dtype = "float32" }: data holds numel(shape) Lua
+-- numbers in row-major order (an empty shape is a 0-dim scalar with one value). Every reference
+-- is called as ref(p, a, b, ...): p the case's parameters (dims are Lua dims, 1-based or negative
+-- from the end, as the library takes them), then one array per input (nil for an absent optional
+-- input). It returns one array per output of the op.
+local R = {}
+
+-- ---- arrays and indices -------------------------------------------------------------------------
+function R.array(shape, data, dtype)
+  return { shape = shape, data = data, dtype = dtype or "float32" }
+end
+local array = R.array
+
+local function numel(shape)
+  local n = 1
+  for i = 1, #shape do
+    n = n * shape[i]
+  end
+  return n
+end
+R.numel = numel
+
+local function copy(list)
+  local r = {}
+  for i = 1, #list do
+    r[i] = list[i]
+  end
+  return r
+end
+
+-- 0-based flat index -> 0-based multi-index
+local function unravel(i, shape)
+  local idx = {}
+  for d = #shape, 1, -1 do
+    idx[d] = i % shape[d]
+    i = math.floor(i / shape[d])
+  end
+  return idx
+end
+
+-- 0-based multi-index -> 0-based flat index
+local function ravel(idx, shape)
+  local i = 0
+  for d = 1, #shape do
+    i = i * shape[d] + idx[d]
+  end
+  return i
+end
+
+-- a Lua dim (1-based, or negative from the end) of an nd-dim shape -> 1-based
+local function dim1(d, nd)
+  if d < 0 then
+    return d + nd + 1
+  end
+  return d
+end
+
+-- the sizes before dim d, at d, and after d (the loops "along a dim" iterate over these)
+local function split_at(shape, d)
+  local outer = 1
+  for i = 1, d - 1 do
+    outer = outer * shape[i]
+  end
+  local inner = 1
+  for i = d + 1, #shape do
+    inner = inner * shape[i]
+  end
+  return outer, shape[d], inner
+end
+
+-- an int or a pair {h, w} -> h, w
+local function pair(v, default)
+  if v == nil then
+    v = default
+  end
+  if type(v) == "table" then
+    return v[1], v[2]
+  end
+  return v, v
+end
+
+-- out[i] = a[map(i)] for every output multi-index: the shared core of the view references
+local function gather(a, out_shape, map, dtype)
+  local out = {}
+  for i = 0, numel(out_shape) - 1 do
+    local src = map(unravel(i, out_shape))
+    out[i + 1] = a.data[ravel(src, a.shape) + 1]
+  end
+  return array(out_shape, out, dtype or a.dtype)
+end
+
+-- ---- rounding to the storage dtypes -------------------------------------------------------------
+-- v rounded to `bits` significant bits, ties to even (normal range only: the cases stay inside)
+local function round_bits(v, bits)
+  if v == 0 or v ~= v or v == math.huge or v == -math.huge then
+    return v
+  end
+  local m, e = math.frexp(v)
+  local scaled = m * 2 ^ bits
+  local r = math.floor(scaled + 0.5)
+  if r - scaled == 0.5 and r % 2 ~= 0 then
+    r = r - 1
+  end
+  return math.ldexp(r, e - bits)
+end
+
+local function to_dtype(v, dtype)
+  if dtype == "bfloat16" then
+    return round_bits(v, 8)
+  elseif dtype == "float16" then
+    return round_bits(v, 11)
+  elseif dtype == "int64" then
+    if v >= 0 then
+      return math.floor(v)
+    end
+    return math.ceil(v)
+  end
+  return round_bits(v, 24)
+end
+R.to_dtype = to_dtype
+
+-- ---- elementwise --------------------------------------------------------------------------------
+local function broadcast_shape(sa, sb)
+  local nd = math.max(#sa, #sb)
+  local out = {}
+  for d = 1, nd do
+    local x = sa[d - nd + #sa] or 1
+    local y = sb[d - nd + #sb] or 1
+    assert(x == y or x == 1 or y == 1, "reference: shapes do not broadcast")
+    if x == 1 then
+      out[d] = y
+    else
+      out[d] = x
+    end
+  end
+  return out
+end
+
+-- flat 0-based index into `shape`, right-aligned under the output multi-index idx (size-1 dims
+-- of shape repeat)
+local function source_index(idx, shape)
+  local off = #idx - #shape
+  local i = 0
+  for d = 1, #shape do
+    local k = idx[off + d]
+    if shape[d] == 1 then
+      k = 0
+    end
+    i = i * shape[d] + k
+  end
+  return i
+end
+
+-- f(x, p) on every element
+function R.map(f, dtype)
+  return function(p, a)
+    local out = {}
+    for i = 1, #a.data do
+      out[i] = f(a.data[i], p)
+    end
+    return array(copy(a.shape), out, dtype or a.dtype)
+  end
+end
+
+-- f(x, y) over the broadcast of a and b
+function R.map2(f, dtype)
+  return function(_, a, b)
+    local shape = broadcast_shape(a.shape, b.shape)
+    local out = {}
+    for i = 0, numel(shape) - 1 do
+      local idx = unravel(i, shape)
+      out[i + 1] = f(a.data[source_index(idx, a.shape) + 1], b.data[source_index(idx, b.shape) + 1])
+    end
+    return array(shape, out, dtype or a.dtype)
+  end
+end
+
+-- erf by its Taylor series (|x| < 5 is plenty for the cases), double precision
+local function erf(x)
+  local sum = x
+  local term = x
+  local n = 0
+  repeat
+    n = n + 1
+    term = -term * x * x / n
+    local add = term / (2 * n + 1)
+    sum = sum + add
+  until math.abs(add) < 1e-17 * math.abs(sum) or n > 300
+  return 2 / math.sqrt(math.pi) * sum
+end
+
+function R.gelu(x, p)
+  if p.approximate == "tanh" then
+    return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
+  end
+  return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+end
+
+function R.sigmoid(x)
+  return 1 / (1 + math.exp(-x))
+end
+
+function R.relu(x)
+  if x > 0 then
+    return x
+  end
+  return 0
+end
+
+-- ---- reductions ---------------------------------------------------------------------------------
+-- p.dim: nil (all dims), a number or a table of numbers; p.keepdim
+local function reduce(p, a, mean)
+  local nd = #a.shape
+  local red = {}
+  if p.dim == nil then
+    for d = 1, nd do
+      red[d] = true
+    end
+  elseif type(p.dim) == "table" then
+    for _, d in ipairs(p.dim) do
+      red[dim1(d, nd)] = true
+    end
+  else
+    red[dim1(p.dim, nd)] = true
+  end
+  local out_shape = {}
+  local kept = {}
+  local count = 1
+  for d = 1, nd do
+    if red[d] then
+      count = count * a.shape[d]
+      if p.keepdim then
+        out_shape[#out_shape + 1] = 1
+        kept[#kept + 1] = 1
+      end
+    else
+      out_shape[#out_shape + 1] = a.shape[d]
+      kept[#kept + 1] = a.shape[d]
+    end
+  end
+  local out = {}
+  for i = 1, numel(out_shape) do
+    out[i] = 0
+  end
+  for i = 0, #a.data - 1 do
+    local idx = unravel(i, a.shape)
+    local o = {}
+    for d = 1, nd do
+      if red[d] then
+        if p.keepdim then
+          o[#o + 1] = 0
+        end
+      else
+        o[#o + 1] = idx[d]
+      end
+    end
+    local k = ravel(o, kept) + 1
+    out[k] = out[k] + a.data[i + 1]
+  end
+  if mean then
+    for i = 1, #out do
+      out[i] = out[i] / count
+    end
+  end
+  return array(out_shape, out)
+end
+
+function R.sum(p, a)
+  return reduce(p, a, false)
+end
+
+function R.mean(p, a)
+  return reduce(p, a, true)
+end
+
+-- max along p.dim: values and 0-based indices, the first index on ties, NaN wins (PyTorch)
+local function max_along(p, a)
+  local nd = #a.shape
+  local d = dim1(p.dim, nd)
+  local outer, n, inner = split_at(a.shape, d)
+  local values = {}
+  local indices = {}
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local best = nil
+      local best_c = -1
+      for c = 0, n - 1 do
+        local v = a.data[(o * n + c) * inner + i + 1]
+        local better = best == nil or (best == best and (v ~= v or v > best))
+        if better then
+          best = v
+          best_c = c
+        end
+      end
+      values[#values + 1] = best
+      indices[#indices + 1] = best_c
+    end
+  end
+  local shape = copy(a.shape)
+  if p.keepdim then
+    shape[d] = 1
+  else
+    table.remove(shape, d)
+  end
+  return array(shape, values, a.dtype), array(copy(shape), indices, "int64")
+end
+
+-- x:max() (a 0-dim value) or x:max(dim[, keepdim]) (values, indices)
+function R.max(p, a)
+  if p.dim == nil then
+    local flat = array({ #a.data }, a.data, a.dtype)
+    local v = max_along({ dim = 1 }, flat)
+    return array({}, v.data, a.dtype)
+  end
+  return max_along(p, a)
+end
+
+function R.argmax(p, a)
+  if p.dim == nil then
+    local flat = array({ #a.data }, a.data, a.dtype)
+    local _, i = max_along({ dim = 1 }, flat)
+    return array({}, i.data, "int64")
+  end
+  local _, i = max_along(p, a)
+  return i
+end
+
+-- ---- softmax ------------------------------------------------------------------------------------
+local function softmax(p, a, log)
+  local shape = a.shape
+  if #shape == 0 then
+    shape = { 1 }
+  end
+  local d = dim1(p.dim, #shape)
+  local outer, n, inner = split_at(shape, d)
+  local out = {}
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local mx = -math.huge
+      for c = 0, n - 1 do
+        mx = math.max(mx, a.data[(o * n + c) * inner + i + 1])
+      end
+      local s = 0
+      for c = 0, n - 1 do
+        s = s + math.exp(a.data[(o * n + c) * inner + i + 1] - mx)
+      end
+      for c = 0, n - 1 do
+        local k = (o * n + c) * inner + i + 1
+        if log then
+          out[k] = a.data[k] - mx - math.log(s)
+        else
+          out[k] = math.exp(a.data[k] - mx) / s
+        end
+      end
+    end
+  end
+  return array(copy(a.shape), out)
+end
+
+function R.softmax(p, a)
+  return softmax(p, a, false)
+end
+
+function R.log_softmax(p, a)
+  return softmax(p, a, true)
+end
+
+-- ---- linear algebra -----------------------------------------------------------------------------
+-- torch.matmul: 1-D operands promoted (and the added dim removed again), batch dims broadcast
+function R.matmul(_, a, b)
+  local sa = copy(a.shape)
+  local sb = copy(b.shape)
+  local a1 = #sa == 1
+  local b1 = #sb == 1
+  if a1 then
+    sa = { 1, sa[1] }
+  end
+  if b1 then
+    sb = { sb[1], 1 }
+  end
+  local n = sa[#sa - 1]
+  local k = sa[#sa]
+  local m = sb[#sb]
+  local ba = { unpack(sa, 1, #sa - 2) }
+  local bb = { unpack(sb, 1, #sb - 2) }
+  local bs = broadcast_shape(ba, bb)
+  local out = {}
+  for t = 0, numel(bs) - 1 do
+    local idx = unravel(t, bs)
+    local oa = source_index(idx, ba) * n * k
+    local ob = source_index(idx, bb) * k * m
+    for i = 0, n - 1 do
+      for j = 0, m - 1 do
+        local s = 0
+        for q = 0, k - 1 do
+          s = s + a.data[oa + i * k + q + 1] * b.data[ob + q * m + j + 1]
+        end
+        out[#out + 1] = s
+      end
+    end
+  end
+  local shape = copy(bs)
+  if not a1 then
+    shape[#shape + 1] = n
+  end
+  if not b1 then
+    shape[#shape + 1] = m
+  end
+  return array(shape, out)
+end
+
+R.bmm = R.matmul
+
+-- x (*, in), w (out, in), b (out) or nil
+function R.linear(_, x, w, b)
+  local out_f = w.shape[1]
+  local in_f = w.shape[2]
+  local rows = numel(x.shape) / in_f
+  local out = {}
+  for i = 0, rows - 1 do
+    for o = 0, out_f - 1 do
+      local s = 0
+      if b then
+        s = b.data[o + 1]
+      end
+      for q = 0, in_f - 1 do
+        s = s + x.data[i * in_f + q + 1] * w.data[o * in_f + q + 1]
+      end
+      out[#out + 1] = s
+    end
+  end
+  local shape = copy(x.shape)
+  shape[#shape] = out_f
+  return array(shape, out)
+end
+
+-- ---- views and shape ----------------------------------------------------------------------------
+-- the same data under a new shape (one -1 inferred): view, reshape, flatten, squeeze, unsqueeze
+local function reshaped(a, shape)
+  local known = 1
+  local infer = nil
+  for i = 1, #shape do
+    if shape[i] == -1 then
+      infer = i
+    else
+      known = known * shape[i]
+    end
+  end
+  shape = copy(shape)
+  if infer then
+    shape[infer] = #a.data / known
+  end
+  assert(numel(shape) == #a.data, "reference: reshape to a different number of elements")
+  return array(shape, copy(a.data), a.dtype)
+end
+
+function R.reshape(p, a)
+  return reshaped(a, p.shape)
+end
+
+function R.view_as(_, a, other)
+  return reshaped(a, other.shape)
+end
+
+function R.flatten(p, a)
+  local nd = #a.shape
+  if nd == 0 then
+    return reshaped(a, { 1 })
+  end
+  local s = dim1(p.start_dim or 1, nd)
+  local e = dim1(p.end_dim or -1, nd)
+  local shape = {}
+  for d = 1, s - 1 do
+    shape[#shape + 1] = a.shape[d]
+  end
+  local n = 1
+  for d = s, e do
+    n = n * a.shape[d]
+  end
+  shape[#shape + 1] = n
+  for d = e + 1, nd do
+    shape[#shape + 1] = a.shape[d]
+  end
+  return reshaped(a, shape)
+end
+
+function R.squeeze(p, a)
+  local shape = copy(a.shape)
+  local d = dim1(p.dim, #shape)
+  if shape[d] == 1 then
+    table.remove(shape, d)
+  end
+  return reshaped(a, shape)
+end
+
+function R.unsqueeze(p, a)
+  local shape = copy(a.shape)
+  local d = dim1(p.dim, #shape + 1)
+  table.insert(shape, d, 1)
+  return reshaped(a, shape)
+end
+
+-- out dims in the order p.dims (Lua dims)
+local function permuted(a, dims)
+  local nd = #a.shape
+  local order = {}
+  local shape = {}
+  for i = 1, nd do
+    order[i] = dim1(dims[i], nd)
+    shape[i] = a.shape[order[i]]
+  end
+  return gather(a, shape, function(idx)
+    local src = {}
+    for i = 1, nd do
+      src[order[i]] = idx[i]
+    end
+    return src
+  end)
+end
+
+function R.permute(p, a)
+  return permuted(a, p.dims)
+end
+
+function R.transpose(p, a)
+  local nd = #a.shape
+  local dims = {}
+  for i = 1, nd do
+    dims[i] = i
+  end
+  local d0 = dim1(p.dims[1], nd)
+  local d1 = dim1(p.dims[2], nd)
+  dims[d0] = d1
+  dims[d1] = d0
+  return permuted(a, dims)
+end
+
+-- x:t(): tensors of fewer than 2 dims are returned as they are
+function R.t(p, a)
+  if #a.shape < 2 then
+    return array(copy(a.shape), copy(a.data), a.dtype)
+  end
+  return R.transpose({ dims = { 1, 2 } }, a)
+end
+
+-- p.shape: sizes (-1 keeps one), possibly with new leading dims
+local function expanded(a, target)
+  local off = #target - #a.shape
+  local shape = {}
+  for d = 1, #target do
+    if target[d] == -1 then
+      shape[d] = a.shape[d - off]
+    else
+      shape[d] = target[d]
+    end
+  end
+  return gather(a, shape, function(idx)
+    local src = {}
+    for d = 1, #a.shape do
+      if a.shape[d] == 1 then
+        src[d] = 0
+      else
+        src[d] = idx[d + off]
+      end
+    end
+    return src
+  end)
+end
+
+function R.expand(p, a)
+  return expanded(a, p.shape)
+end
+
+function R.expand_as(_, a, other)
+  return expanded(a, other.shape)
+end
+
+-- p.dim, p.start (1-based), p.length
+function R.narrow(p, a)
+  local d = dim1(p.dim, #a.shape)
+  local shape = copy(a.shape)
+  shape[d] = p.length
+  return gather(a, shape, function(idx)
+    local src = copy(idx)
+    src[d] = idx[d] + p.start - 1
+    return src
+  end)
+end
+
+-- rows (along p.dim) at the 0-based int64 indices of idx
+function R.index_select(p, a, idx)
+  local d = dim1(p.dim, #a.shape)
+  local shape = copy(a.shape)
+  shape[d] = #idx.data
+  return gather(a, shape, function(i)
+    local src = copy(i)
+    src[d] = idx.data[i[d] + 1]
+    return src
+  end)
+end
+
+-- fsdp.cat({...}, p.dim)
+function R.cat(p, ...)
+  local list = { ... }
+  local nd = #list[1].shape
+  local d = dim1(p.dim or 1, nd)
+  local shape = copy(list[1].shape)
+  shape[d] = 0
+  for _, a in ipairs(list) do
+    shape[d] = shape[d] + a.shape[d]
+  end
+  local out = {}
+  for i = 0, numel(shape) - 1 do
+    local idx = unravel(i, shape)
+    local k = idx[d]
+    for _, a in ipairs(list) do
+      if k < a.shape[d] then
+        local src = copy(idx)
+        src[d] = k
+        out[i + 1] = a.data[ravel(src, a.shape) + 1]
+        break
+      end
+      k = k - a.shape[d]
+    end
+  end
+  return array(shape, out, list[1].dtype)
+end
+
+-- a copy of the values: clone, contiguous, detach, cpu, dropout in eval mode
+function R.identity(_, a)
+  return array(copy(a.shape), copy(a.data), a.dtype)
+end
+
+-- x:to(p.dtype), rounding like PyTorch (nearest even, truncation to int64)
+function R.to(p, a)
+  local out = {}
+  for i = 1, #a.data do
+    out[i] = to_dtype(a.data[i], p.dtype)
+  end
+  return array(copy(a.shape), out, p.dtype)
+end
+
+-- ---- convolution and pooling --------------------------------------------------------------------
+-- x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or nil; p.stride, p.padding (int, pair,
+-- "same" or "valid"), p.dilation, p.groups
+function R.conv2d(p, x, w, b)
+  local sh, sw = pair(p.stride, 1)
+  local dh, dw = pair(p.dilation, 1)
+  local N, C, H, W = unpack(x.shape)
+  local O, Cg, kh, kw = unpack(w.shape)
+  local ph, pw
+  if p.padding == "same" then
+    ph = dh * (kh - 1) / 2
+    pw = dw * (kw - 1) / 2
+  elseif p.padding == "valid" then
+    ph, pw = 0, 0
+  else
+    ph, pw = pair(p.padding, 0)
+  end
+  local groups = p.groups or 1
+  local Og = O / groups
+  local OH = math.floor((H + 2 * ph - dh * (kh - 1) - 1) / sh) + 1
+  local OW = math.floor((W + 2 * pw - dw * (kw - 1) - 1) / sw) + 1
+  local out = {}
+  for n = 0, N - 1 do
+    for oc = 0, O - 1 do
+      local g = math.floor(oc / Og)
+      for oh = 0, OH - 1 do
+        for ow = 0, OW - 1 do
+          local s = 0
+          if b then
+            s = b.data[oc + 1]
+          end
+          for c = 0, Cg - 1 do
+            local ic = g * Cg + c
+            for i = 0, kh - 1 do
+              local ih = oh * sh - ph + i * dh
+              if ih >= 0 and ih < H then
+                for j = 0, kw - 1 do
+                  local iw = ow * sw - pw + j * dw
+                  if iw >= 0 and iw < W then
+                    local xv = x.data[((n * C + ic) * H + ih) * W + iw + 1]
+                    local wv = w.data[((oc * Cg + c) * kh + i) * kw + j + 1]
+                    s = s + xv * wv
+                  end
+                end
+              end
+            end
+          end
+          out[#out + 1] = s
+        end
+      end
+    end
+  end
+  return array({ N, O, OH, OW }, out)
+end
+
+-- PyTorch's pooling output size (a last window starting inside the right padding is dropped)
+local function pool_size(n, k, pad, s, d, ceil)
+  local num = n + 2 * pad - d * (k - 1) - 1
+  local o
+  if ceil then
+    o = math.ceil(num / s) + 1
+  else
+    o = math.floor(num / s) + 1
+  end
+  if ceil and (o - 1) * s >= n + pad then
+    o = o - 1
+  end
+  return o
+end
+
+-- max or average pooling over the last two dims; p.kernel, p.stride (default kernel), p.padding,
+-- p.dilation (max only), p.ceil_mode, p.count_include_pad (avg only, default true)
+local function pool(p, x, kind)
+  local kh, kw = pair(p.kernel)
+  local sh, sw = pair(p.stride, p.kernel)
+  local ph, pw = pair(p.padding, 0)
+  local dh, dw = pair(p.dilation, 1)
+  local include_pad = p.count_include_pad ~= false
+  local shape = x.shape
+  local H = shape[#shape - 1]
+  local W = shape[#shape]
+  local planes = numel(shape) / (H * W)
+  local OH = pool_size(H, kh, ph, sh, dh, p.ceil_mode)
+  local OW = pool_size(W, kw, pw, sw, dw, p.ceil_mode)
+  local out = {}
+  for pl = 0, planes - 1 do
+    for oh = 0, OH - 1 do
+      for ow = 0, OW - 1 do
+        local h0 = oh * sh - ph
+        local w0 = ow * sw - pw
+        if kind == "max" then
+          local m = -math.huge
+          for i = 0, kh - 1 do
+            for j = 0, kw - 1 do
+              local ih = h0 + i * dh
+              local iw = w0 + j * dw
+              if ih >= 0 and ih < H and iw >= 0 and iw < W then
+                m = math.max(m, x.data[pl * H * W + ih * W + iw + 1])
+              end
+            end
+          end
+          out[#out + 1] = m
+        else
+          -- the window may hang over the padding (counted if include_pad) but never past it
+          local s = 0
+          local inside = 0
+          local padded = 0
+          for ih = h0, h0 + kh - 1 do
+            for iw = w0, w0 + kw - 1 do
+              if ih < H + ph and iw < W + pw then
+                padded = padded + 1
+              end
+              if ih >= 0 and ih < H and iw >= 0 and iw < W then
+                s = s + x.data[pl * H * W + ih * W + iw + 1]
+                inside = inside + 1
+              end
+            end
+          end
+          if include_pad then
+            out[#out + 1] = s / padded
+          else
+            out[#out + 1] = s / inside
+          end
+        end
+      end
+    end
+  end
+  local oshape = copy(shape)
+  oshape[#oshape - 1] = OH
+  oshape[#oshape] = OW
+  return array(oshape, out)
+end
+
+function R.max_pool2d(p, x)
+  return pool(p, x, "max")
+end
+
+function R.avg_pool2d(p, x)
+  return pool(p, x, "avg")
+end
+
+-- windows [floor(i H / oh), ceil((i + 1) H / oh)); p.size an int or {oh, ow}
+function R.adaptive_avg_pool2d(p, x)
+  local oh_n, ow_n = pair(p.size)
+  local shape = x.shape
+  local H = shape[#shape - 1]
+  local W = shape[#shape]
+  local planes = numel(shape) / (H * W)
+  local out = {}
+  for pl = 0, planes - 1 do
+    for i = 0, oh_n - 1 do
+      local h0 = math.floor(i * H / oh_n)
+      local h1 = math.ceil((i + 1) * H / oh_n)
+      for j = 0, ow_n - 1 do
+        local w0 = math.floor(j * W / ow_n)
+        local w1 = math.ceil((j + 1) * W / ow_n)
+        local s = 0
+        for ih = h0, h1 - 1 do
+          for iw = w0, w1 - 1 do
+            s = s + x.data[pl * H * W + ih * W + iw + 1]
+          end
+        end
+        out[#out + 1] = s / ((h1 - h0) * (w1 - w0))
+      end
+    end
+  end
+  local oshape = copy(shape)
+  oshape[#oshape - 1] = oh_n
+  oshape[#oshape] = ow_n
+  return array(oshape, out)
+end
+
+-- ---- normalization, embedding, dropout ----------------------------------------------------------
+-- normalizes over the trailing dims p.shape (an int or a table); w, b of that shape or nil
+function R.layer_norm(p, x, w, b)
+  local k = 1
+  if type(p.shape) == "table" then
+    k = #p.shape
+  end
+  local eps = p.eps or 1e-5
+  local D = 1
+  for i = #x.shape - k + 1, #x.shape do
+    D = D * x.shape[i]
+  end
+  local out = {}
+  for m = 0, #x.data / D - 1 do
+    local mu = 0
+    for d = 1, D do
+      mu = mu + x.data[m * D + d]
+    end
+    mu = mu / D
+    local var = 0
+    for d = 1, D do
+      var = var + (x.data[m * D + d] - mu) ^ 2
+    end
+    var = var / D
+    for d = 1, D do
+      local y = (x.data[m * D + d] - mu) / math.sqrt(var + eps)
+      if w then
+        y = y * w.data[d]
+      end
+      if b then
+        y = y + b.data[d]
+      end
+      out[m * D + d] = y
+    end
+  end
+  return array(copy(x.shape), out)
+end
+
+-- rows of w (V, D) at the int64 indices idx (any shape) -> (idx..., D)
+function R.embedding(_, idx, w)
+  local D = w.shape[2]
+  local out = {}
+  for i = 1, #idx.data do
+    local row = idx.data[i]
+    for d = 1, D do
+      out[#out + 1] = w.data[row * D + d]
+    end
+  end
+  local shape = copy(idx.shape)
+  shape[#shape + 1] = D
+  return array(shape, out)
+end
+
+-- eval mode and p = 0 are the identity, p = 1 gives zeros; p.p, p.training
+function R.dropout(p, x)
+  if p.training ~= false and p.p == 1 then
+    local out = {}
+    for i = 1, #x.data do
+      out[i] = 0
+    end
+    return array(copy(x.shape), out, x.dtype)
+  end
+  assert(p.training == false or p.p == 0, "reference: dropout in training mode is random")
+  return R.identity(p, x)
+end
+
+-- ---- losses (mean over the targets that are not ignored) ----------------------------------------
+-- logits (N, C, S...) or (C); target (N, S...) or (); label smoothing from PyTorch's formula
+function R.cross_entropy(p, x, t)
+  local ignore = p.ignore_index or -100
+  local eps = p.label_smoothing or 0
+  local shape = x.shape
+  local N = shape[1]
+  local Cn = shape[2]
+  if #shape == 1 then
+    N = 1
+    Cn = shape[1]
+  end
+  local S = 1
+  for i = 3, #shape do
+    S = S * shape[i]
+  end
+  local total = 0
+  local count = 0
+  for n = 0, N - 1 do
+    for s = 0, S - 1 do
+      local tgt = t.data[n * S + s + 1]
+      if tgt ~= ignore then
+        local mx = -math.huge
+        for c = 0, Cn - 1 do
+          mx = math.max(mx, x.data[(n * Cn + c) * S + s + 1])
+        end
+        local se = 0
+        for c = 0, Cn - 1 do
+          se = se + math.exp(x.data[(n * Cn + c) * S + s + 1] - mx)
+        end
+        local lse = mx + math.log(se)
+        local nll = lse - x.data[(n * Cn + tgt) * S + s + 1]
+        local smooth = 0
+        for c = 0, Cn - 1 do
+          smooth = smooth + (lse - x.data[(n * Cn + c) * S + s + 1])
+        end
+        total = total + (1 - eps) * nll + eps / Cn * smooth
+        count = count + 1
+      end
+    end
+  end
+  return array({}, { total / count })
+end
+
+-- log-probabilities (N, C, S...), target (N, S...)
+function R.nll_loss(p, x, t)
+  local ignore = p.ignore_index or -100
+  local shape = x.shape
+  local N = shape[1]
+  local Cn = shape[2]
+  local S = 1
+  for i = 3, #shape do
+    S = S * shape[i]
+  end
+  local total = 0
+  local count = 0
+  for n = 0, N - 1 do
+    for s = 0, S - 1 do
+      local tgt = t.data[n * S + s + 1]
+      if tgt ~= ignore then
+        total = total - x.data[(n * Cn + tgt) * S + s + 1]
+        count = count + 1
+      end
+    end
+  end
+  return array({}, { total / count })
+end
+
+function R.mse_loss(_, a, b)
+  local s = 0
+  for i = 1, #a.data do
+    s = s + (a.data[i] - b.data[i]) ^ 2
+  end
+  return array({}, { s / #a.data })
+end
+
+-- ---- attention ----------------------------------------------------------------------------------
+-- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv), mask additive and broadcast to (B.., Tq, Tk)
+-- or nil; p.is_causal (top-left aligned: key j > query i is masked), p.scale (default 1/sqrt(D))
+function R.scaled_dot_product_attention(p, q, k, v, mask)
+  local nd = #q.shape
+  local Tq = q.shape[nd - 1]
+  local D = q.shape[nd]
+  local Tk = k.shape[nd - 1]
+  local Dv = v.shape[nd]
+  local batch = { unpack(q.shape, 1, nd - 2) }
+  local B = numel(batch)
+  local scale = p.scale or 1 / math.sqrt(D)
+  local out = {}
+  for b = 0, B - 1 do
+    local bidx = unravel(b, batch)
+    for i = 0, Tq - 1 do
+      local s = {}
+      local mx = -math.huge
+      for j = 0, Tk - 1 do
+        local dot = 0
+        for d = 0, D - 1 do
+          dot = dot + q.data[(b * Tq + i) * D + d + 1] * k.data[(b * Tk + j) * D + d + 1]
+        end
+        s[j] = dot * scale
+        if mask then
+          local idx = copy(bidx)
+          idx[#idx + 1] = i
+          idx[#idx + 1] = j
+          s[j] = s[j] + mask.data[source_index(idx, mask.shape) + 1]
+        end
+        if p.is_causal and j > i then
+          s[j] = -math.huge
+        end
+        mx = math.max(mx, s[j])
+      end
+      local z = 0
+      for j = 0, Tk - 1 do
+        s[j] = math.exp(s[j] - mx)
+        z = z + s[j]
+      end
+      for e = 0, Dv - 1 do
+        local acc = 0
+        for j = 0, Tk - 1 do
+          acc = acc + s[j] / z * v.data[(b * Tk + j) * Dv + e + 1]
+        end
+        out[(b * Tq + i) * Dv + e + 1] = acc
+      end
+    end
+  end
+  local shape = copy(q.shape)
+  shape[nd] = Dv
+  return array(shape, out)
+end
+
+return R
