@@ -1,6 +1,7 @@
--- Elementwise ops (broadcasting binary, scalar, unary), comparison and reductions:
--- forward values against hand-computed numbers or naive Lua loops, backward by finite differences,
--- and errors that name the op, shapes and dtypes.
+-- Elementwise ops (broadcasting binary, scalar, unary), comparison and reductions: what the
+-- op-case table (tests/op_cases.lua, run by ops_spec.lua) does not cover: accuracy over whole
+-- float ranges and special values, the threaded paths on large inputs, exact gradients at kinks and
+-- ties, autograd bookkeeping, and errors that name the op, shapes and dtypes.
 local fsdp = require "fsdp"
 local H = require "helpers"
 
@@ -14,38 +15,6 @@ local function unravel(i, shape)
   end
   return idx
 end
-local function ravel(idx, shape)
-  local i = 0
-  for d = 1, #shape do i = i * shape[d] + (idx[d] - 1) end
-  return i + 1
-end
-local function numel(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
-
--- broadcast f(a, b) elementwise over Lua flat arrays with shapes sa, sb
-local function naive_broadcast(fa, sa, fb, sb, f)
-  local nd = math.max(#sa, #sb)
-  local shape = {}
-  for d = 1, nd do
-    local x = sa[d - nd + #sa] or 1
-    local y = sb[d - nd + #sb] or 1
-    assert(x == y or x == 1 or y == 1)
-    shape[d] = x == 1 and y or x
-  end
-  local out = {}
-  for i = 1, numel(shape) do
-    local idx = unravel(i, shape)
-    local ia, ib = {}, {}
-    for d = 1, #sa do local k = idx[d + nd - #sa]; ia[d] = sa[d] == 1 and 1 or k end
-    for d = 1, #sb do local k = idx[d + nd - #sb]; ib[d] = sb[d] == 1 and 1 or k end
-    out[i] = f(fa[ravel(ia, sa)], fb[ravel(ib, sb)])
-  end
-  return out, shape
-end
-
 local f32 = function(x) return (require "ffi").new("float[1]", x)[0] end
 
 -- erf by its Taylor series (|x| < 4 is plenty for these tests), double precision
@@ -60,65 +29,10 @@ local function erf(x)
   return 2 / math.sqrt(math.pi) * sum
 end
 
-local function rand_list(n, lo, hi)
-  local t = {}
-  for i = 1, n do t[i] = lo + (hi - lo) * math.random() end
-  return t
-end
-local function from_flat(list, shape)
-  return fsdp.tensor(list):reshape(shape)
-end
-
-math.randomseed(1234)
-
 describe("binary ops", function()
-  it("add, sub, mul, div on equal shapes give hand-computed values", function()
+  it("name their backward node", function()
     local a = fsdp.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
-    local b = fsdp.tensor({ { 6, 5, 4 }, { 3, 2, 0.5 } })
-    assert.same({ { 7, 7, 7 }, { 7, 7, 6.5 } }, (a + b):totable())
-    assert.same({ { -5, -3, -1 }, { 1, 3, 5.5 } }, (a - b):totable())
-    assert.same({ { 6, 10, 12 }, { 12, 10, 3 } }, (a * b):totable())
-    H.assert_close((a / b), { { 1 / 6, 0.4, 0.75 }, { 4 / 3, 2.5, 12 } }, 1e-7, 1e-6)
-    assert.same({ 2, 3 }, (a + b):shape())
     assert.equal("AddBackward", (a + H.leaf({ 1, 1, 1 })).grad_fn)
-  end)
-
-  it("broadcasts like PyTorch (against a naive loop)", function()
-    local cases = {
-      { { 2, 3 }, { 3 } }, { { 2, 3 }, { 2, 1 } }, { { 2, 1 }, { 1, 3 } }, { { 3, 1, 2 }, { 4, 1 } },
-      { { 1 }, { 2, 2 } }, { {}, { 2, 3 } }, { { 2, 3, 4 }, {} }, { { 4, 1, 3, 1 }, { 2, 1, 5 } },
-      { { 5, 4 }, { 5, 4 } }, { { 1, 4 }, { 5, 1 } },
-    }
-    local ops = {
-      { "add", function(x, y) return x + y end }, { "sub", function(x, y) return x - y end },
-      { "mul", function(x, y) return x * y end }, { "div", function(x, y) return x / y end },
-    }
-    for _, c in ipairs(cases) do
-      local sa, sb = c[1], c[2]
-      local la, lb = rand_list(numel(sa), -2, 2), rand_list(numel(sb), 0.5, 2)
-      local a, b = from_flat(la, sa), from_flat(lb, sb)
-      for _, op in ipairs(ops) do
-        local got = a[op[1]](a, b)
-        local want, shape = naive_broadcast(a:tolist(), sa, b:tolist(), sb, op[2])
-        assert.same(shape, got:shape())
-        H.assert_close(got, want, 1e-6, 1e-6, op[1] .. " " .. table.concat(sa, "x") .. " with " .. table.concat(sb, "x"))
-      end
-    end
-  end)
-
-  it("reads non-contiguous and expanded inputs in place", function()
-    local base = fsdp.arange(0, 12, 1, "float32"):view(3, 4)
-    local t = base:t()                         -- (4, 3), strides (1, 4)
-    local e = fsdp.tensor({ 1, 2, 3 }):expand(4, 3) -- stride 0 rows
-    local got = t * e + t
-    local want = {}
-    local tl = t:tolist()
-    for i = 1, 12 do want[i] = tl[i] * ((i - 1) % 3 + 1) + tl[i] end
-    assert.same(want, got:tolist())
-    -- narrow views with offsets on both sides
-    local n1 = base:narrow(1, 1, 2):narrow(2, 2, 2) -- rows 0..1, columns 1..2 (0-based)
-    local n2 = base:narrow(1, 2, 2):narrow(2, 1, 2) -- rows 1..2, columns 0..1
-    H.assert_close(n1 - n2, { 1 - 4, 2 - 5, 5 - 8, 6 - 9 })
   end)
 
   it("matches the naive loop on large tensors (threaded and chunked paths)", function()
@@ -137,20 +51,6 @@ describe("binary ops", function()
     local d = (big / fsdp.tensor(2)):tolist()
     local lb = big:tolist()
     for i = 1, #lb, 997 do assert.equal(f32(lb[i] / 2), d[i]) end
-  end)
-
-  it("backward reduces gradients over broadcast dims (gradcheck)", function()
-    local pairs_ = { { { 2, 3 }, { 3 } }, { { 2, 1 }, { 1, 3 } }, { { 4 }, { 3, 1 } }, { { 2, 3 }, { 2, 3 } },
-      { {}, { 2, 2 } } }
-    for _, p in ipairs(pairs_) do
-      local a = H.randn_leaf(p[1])
-      local b = fsdp.rand(p[2]) + 0.5
-      b.requires_grad = true
-      H.gradcheck(function(x, y) return x + y end, { a, b })
-      H.gradcheck(function(x, y) return x - y end, { a, b })
-      H.gradcheck(function(x, y) return x * y end, { a, b })
-      H.gradcheck(function(x, y) return x / y end, { a, b }, { eps = 1e-3 })
-    end
   end)
 
   it("backward gives exact gradients for simple cases", function()
@@ -183,39 +83,6 @@ describe("binary ops", function()
 end)
 
 describe("scalar ops", function()
-  it("compute +, -, *, /, ^ and unary minus with numbers on either side", function()
-    local x = fsdp.tensor({ 1, 2, 4 })
-    assert.same({ 3, 4, 6 }, (x + 2):totable())
-    assert.same({ 3, 4, 6 }, (2 + x):totable())
-    assert.same({ -1, 0, 2 }, (x - 2):totable())
-    assert.same({ 1, 0, -2 }, (2 - x):totable())
-    assert.same({ 3, 6, 12 }, (x * 3):totable())
-    assert.same({ 3, 6, 12 }, (3 * x):totable())
-    assert.same({ 0.25, 0.5, 1 }, (x / 4):totable())
-    assert.same({ 4, 2, 1 }, (4 / x):totable())
-    assert.same({ -1, -2, -4 }, (-x):totable())
-    assert.same({ 1, 4, 16 }, (x ^ 2):totable())
-    assert.same({ 1, 8, 64 }, (x ^ 3):totable())
-    assert.same({ 1, 0.5, 0.25 }, (x ^ -1):totable())
-    H.assert_close(x ^ 0.5, { 1, math.sqrt(2), 2 }, 1e-7, 1e-6)
-    H.assert_close(x ^ 1.5, { 1, 2 ^ 1.5, 8 }, 1e-6, 1e-6)
-    assert.same({ 1, 1, 1 }, (x ^ 0):totable())
-    assert.same({ 1, 2, 4 }, (x ^ 1):totable())
-  end)
-
-  it("differentiate (gradcheck)", function()
-    local x = fsdp.rand(3, 4) + 0.5
-    x.requires_grad = true
-    H.gradcheck(function(t) return t + 3 end, { x })
-    H.gradcheck(function(t) return 3 - t end, { x })
-    H.gradcheck(function(t) return t * -2.5 end, { x })
-    H.gradcheck(function(t) return t / 3 end, { x })
-    H.gradcheck(function(t) return 2 / t end, { x }, { eps = 1e-3 })
-    H.gradcheck(function(t) return -t end, { x })
-    for _, p in ipairs({ 2, 3, 0.5, -1, 1.5, 0, 1, -0.5 }) do
-      H.gradcheck(function(t) return t ^ p end, { x }, { eps = 1e-3 })
-    end
-  end)
 
   it("reject int64 tensors", function()
     local i = fsdp.tensor({ 1, 2 }, "int64")
@@ -227,30 +94,6 @@ describe("scalar ops", function()
 end)
 
 describe("unary ops", function()
-  local xs = { -3, -1.5, -0.5, -0.1, 0.2, 0.7, 1, 2.5, 4 }
-
-  it("match math.* references", function()
-    local x = fsdp.tensor(xs)
-    local checks = {
-      { "exp", math.exp }, { "tanh", math.tanh }, { "abs", math.abs },
-      { "sigmoid", function(v) return 1 / (1 + math.exp(-v)) end },
-      { "relu", function(v) return v > 0 and v or 0 end },
-      { "neg", function(v) return -v end },
-    }
-    for _, c in ipairs(checks) do
-      local got = x[c[1]](x)
-      local want = {}
-      for i, v in ipairs(xs) do want[i] = c[2](v) end
-      H.assert_close(got, want, 1e-7, 2e-7, c[1])
-    end
-    local p = fsdp.tensor({ 0.1, 0.5, 1, 2, 10, 1e-3, 1e4 })
-    local pl = p:tolist()
-    local wl, ws = {}, {}
-    for i, v in ipairs(pl) do wl[i] = math.log(v); ws[i] = math.sqrt(v) end
-    H.assert_close(p:log(), wl, 1e-7, 2e-7, "log")
-    H.assert_close(p:sqrt(), ws, 1e-7, 2e-7, "sqrt")
-  end)
-
   it("exp, tanh and sigmoid are accurate over the whole float range", function()
     local vals = {}
     for i = 0, 2000 do vals[#vals + 1] = -87 + i * 0.0875 end
@@ -330,37 +173,6 @@ describe("unary ops", function()
     assert.equal(0, sp[3])
   end)
 
-  it("gelu matches PyTorch's exact (erf) and tanh formulas", function()
-    -- x * Phi(x) from tabulated normal CDF values
-    H.assert_close(fsdp.tensor({ 1, -1, 0.5, 2, -3, 0 }):gelu(),
-      { 0.8413447460685429, -0.15865525393145707, 0.5 * 0.6914624612740131, 2 * 0.9772498680518208,
-        -3 * 0.0013498980316301, 0 }, 2.5e-7, 1e-6)
-    local x = fsdp.tensor(xs)
-    local ge, gt = x:gelu():tolist(), x:gelu("tanh"):tolist()
-    for i, v in ipairs(x:tolist()) do
-      local e = 0.5 * v * (1 + erf(v / math.sqrt(2)))
-      local t = 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ^ 3)))
-      assert(math.abs(ge[i] - e) <= 1e-6 * math.abs(e) + 1e-7 * math.abs(v), ("gelu(%g) = %g, want %g"):format(v, ge[i], e))
-      assert(math.abs(gt[i] - t) <= 1e-6 * math.abs(t) + 1e-7, ("gelu tanh(%g) = %g, want %g"):format(v, gt[i], t))
-    end
-  end)
-
-  it("differentiate (gradcheck), away from kinks", function()
-    local x = fsdp.tensor({ { -2.1, -0.7, -0.3 }, { 0.4, 1.3, 2.2 } })
-    x.requires_grad = true
-    for _, name in ipairs({ "exp", "tanh", "sigmoid", "relu", "abs", "neg", "gelu" }) do
-      H.gradcheck(function(t) return t[name](t) end, { x }, { eps = 1e-3 })
-    end
-    H.gradcheck(function(t) return t:gelu("tanh") end, { x }, { eps = 1e-3 })
-    local p = fsdp.rand(2, 3) + 0.5
-    p.requires_grad = true
-    H.gradcheck(function(t) return t:log() end, { p }, { eps = 1e-3 })
-    H.gradcheck(function(t) return t:sqrt() end, { p }, { eps = 1e-3 })
-    -- a non-contiguous input
-    local q = H.randn_leaf(3, 4)
-    H.gradcheck(function(t) return t:t():exp() end, { q }, { eps = 1e-3 })
-  end)
-
   it("relu and abs gradients at and around zero follow PyTorch (0 at 0)", function()
     local x = H.leaf({ -1, 0, 2 })
     x:relu():sum():backward()
@@ -415,18 +227,8 @@ describe("autograd bookkeeping of elementwise ops", function()
 end)
 
 describe("eq", function()
-  it("returns float 0/1 with broadcasting, for float and int64 inputs", function()
+  it("rejects shapes that do not broadcast", function()
     local a = fsdp.tensor({ { 1, 2, 3 }, { 3, 2, 1 } })
-    local b = fsdp.tensor({ 3, 2, 1 })
-    local e = a:eq(b)
-    assert.equal("float32", e.dtype)
-    assert.same({ { 0, 1, 0 }, { 1, 1, 1 } }, e:totable())
-    local i = fsdp.tensor({ 0, 5, 7 }, "int64")
-    local j = fsdp.tensor({ 0, 4, 7 }, "int64")
-    assert.same({ 1, 0, 1 }, i:eq(j):totable())
-    assert.same({ 0, 1, 0 }, i:eq(5):totable())
-    assert.same({ 1, 0, 1 }, i:eq(fsdp.tensor({ 0, 0, 7 })):totable())
-    assert.equal(2, i:eq(j):sum():item())
     H.assert_error(function() return a:eq(fsdp.tensor({ 1, 2 })) end, "eq", "(2, 3)", "(2)")
   end)
 
@@ -441,36 +243,6 @@ end)
 describe("reductions", function()
   local x = fsdp.tensor({ { { 1, 2, 3, 4 }, { 5, 6, 7, 8 }, { 9, 10, 11, 12 } },
     { { 13, 14, 15, 16 }, { 17, 18, 19, 20 }, { 21, 22, 23, 24 } } }) -- (2, 3, 4)
-
-  it("sum over all dims, one dim, several dims, with keepdim and negative dims", function()
-    assert.equal(300, x:sum():item())
-    assert.same({}, x:sum():shape())
-    assert.same({ { 14, 16, 18, 20 }, { 22, 24, 26, 28 }, { 30, 32, 34, 36 } }, x:sum(1):totable())
-    assert.same({ { 15, 18, 21, 24 }, { 51, 54, 57, 60 } }, x:sum(2):totable())
-    assert.same({ { 10, 26, 42 }, { 58, 74, 90 } }, x:sum(3):totable())
-    assert.same({ { 10, 26, 42 }, { 58, 74, 90 } }, x:sum(-1):totable())
-    assert.same({ { { 10 }, { 26 }, { 42 } }, { { 58 }, { 74 }, { 90 } } }, x:sum(3, true):totable())
-    assert.same({ 66, 72, 78, 84 }, x:sum({ 1, 2 }):totable())
-    assert.same({ 68, 100, 132 }, x:sum({ 1, 3 }):totable())
-    assert.same({ { { 68 }, { 100 }, { 132 } } }, x:sum({ 3, 1 }, true):totable())
-    assert.same({ 1, 3, 1 }, x:sum({ 1, 3 }, true):shape())
-    assert.same({ 1, 1, 1 }, x:sum({ 1, 2, 3 }, true):shape())
-    -- non-contiguous input
-    assert.same({ { 15, 51 }, { 18, 54 }, { 21, 57 }, { 24, 60 } }, x:permute(3, 1, 2):sum(3):totable())
-    -- reducing a size-1 dim and an empty tensor
-    assert.same({ { 1, 2 } }, fsdp.tensor({ { { 1 }, { 2 } } }):sum(3):totable())
-    assert.same({ 0, 0, 0 }, fsdp.zeros(0, 3):sum(1):totable())
-    assert.equal(0, fsdp.zeros(0):sum():item())
-  end)
-
-  it("mean over dims", function()
-    assert.equal(12.5, x:mean():item())
-    assert.same({ { 2.5, 6.5, 10.5 }, { 14.5, 18.5, 22.5 } }, x:mean(3):totable())
-    assert.same({ 11, 12, 13, 14 }, x:mean({ 1, 2 }):totable())
-    assert.same({ { { 11, 12, 13, 14 } } }, x:mean({ 1, 2 }, true):totable())
-    local m = fsdp.zeros(0):mean():item()
-    assert(m ~= m, "mean of an empty tensor is NaN")
-  end)
 
   it("sum matches naive loops on large inputs and stays accurate", function()
     local a = fsdp.randn(37, 50, 41)
@@ -499,17 +271,6 @@ describe("reductions", function()
       n / 4 * f32(0.1), n / 4 * f32(0.1) }, 0, 1e-6, "long middle sum")
   end)
 
-  it("differentiate (gradcheck)", function()
-    local a = H.randn_leaf(2, 3, 4)
-    H.gradcheck(function(t) return t:sum() end, { a })
-    H.gradcheck(function(t) return t:sum(2) end, { a })
-    H.gradcheck(function(t) return t:sum({ 1, 3 }, true) end, { a })
-    H.gradcheck(function(t) return t:mean() end, { a })
-    H.gradcheck(function(t) return t:mean(-1) end, { a })
-    H.gradcheck(function(t) return t:mean({ 1, 2 }, true) end, { a })
-    H.gradcheck(function(t) return t:t():sum(1) end, { H.randn_leaf(3, 5) })
-  end)
-
   it("sum backward broadcasts the gradient exactly", function()
     local a = H.leaf({ { 1, 2 }, { 3, 4 } })
     ;(a:sum(1) * fsdp.tensor({ 10, 20 })):sum():backward()
@@ -531,27 +292,6 @@ end)
 describe("max and argmax", function()
   local x = fsdp.tensor({ { 3, 7, 7, 1 }, { -2, -5, -1, -9 }, { 4, 0, 4, 8 } })
 
-  it("return values and 0-based indices over a dim, first index on ties", function()
-    local v, i = x:max(2)
-    assert.same({ 7, -1, 8 }, v:totable())
-    assert.same({ 1, 2, 3 }, i:totable())
-    assert.equal("int64", i.dtype)
-    local v1, i1 = x:max(1)
-    assert.same({ 4, 7, 7, 8 }, v1:totable())
-    assert.same({ 2, 0, 0, 2 }, i1:totable())
-    local vk, ik = x:max(-1, true)
-    assert.same({ 3, 1 }, vk:shape())
-    assert.same({ { 1 }, { 2 }, { 3 } }, ik:totable())
-    assert.equal(8, x:max():item())
-    assert.same({}, x:max():shape())
-    assert.same({ 1, 2, 3 }, x:argmax(2):totable())
-    assert.same({ { 2, 0, 0, 2 } }, x:argmax(1, true):totable())
-    assert.equal(11, x:argmax():item())
-    -- non-contiguous input, int64 input to argmax
-    assert.same({ 1, 2, 3 }, x:t():argmax(1):totable())
-    assert.same({ 2, 0 }, fsdp.tensor({ { 1, 5, 9 }, { 8, 2, 3 } }, "int64"):argmax(2):totable())
-  end)
-
   it("propagate NaN like PyTorch", function()
     local v, i = fsdp.tensor({ { 1, 0 / 0, 3 }, { 2, 1, 0 } }):max(2)
     local vl = v:tolist()
@@ -561,24 +301,6 @@ describe("max and argmax", function()
     local c = fsdp.tensor({ { 1, 2 }, { 0 / 0, 1 }, { 3, 0 } }):max(1):tolist()
     assert(c[1] ~= c[1])
     assert.equal(2, c[2])
-  end)
-
-  it("match a naive loop on a larger input", function()
-    local a = fsdp.randn(20, 30, 10)
-    local v, i = a:max(2)
-    local l = a:tolist()
-    local vl, il = v:tolist(), i:tolist()
-    for p = 1, 20 do
-      for q = 1, 10 do
-        local best, bi = -math.huge, -1
-        for r = 1, 30 do
-          local val = l[((p - 1) * 30 + (r - 1)) * 10 + q]
-          if val > best then best, bi = val, r - 1 end
-        end
-        assert.equal(best, vl[(p - 1) * 10 + q])
-        assert.equal(bi, il[(p - 1) * 10 + q])
-      end
-    end
   end)
 
   it("route the gradient to the argmax positions", function()
@@ -592,10 +314,6 @@ describe("max and argmax", function()
     local c = H.leaf({ 1, 9, 3 })
     c:max():backward()
     assert.same({ 0, 1, 0 }, c.grad:totable())
-    local b = H.randn_leaf(3, 4, 5)
-    H.gradcheck(function(t) return (t:max(2)) end, { b }, { eps = 1e-3 })
-    H.gradcheck(function(t) return (t:max(-1, true)) end, { b }, { eps = 1e-3 })
-    H.gradcheck(function(t) return t:max() end, { b }, { eps = 1e-3 })
   end)
 
   it("argmax has no gradient; errors name the op", function()
