@@ -101,7 +101,9 @@ function F.tanh(x) return (wrap(C.fsdp_tanh(x.p))) end
 function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(x.p))) end
 -- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
 function F.gelu(x, opts)
-  local approx = type(opts) == "table" and opts.approximate or opts or "none"
+  local approx = opts
+  if type(opts) == "table" then approx = opts.approximate end
+  if approx == nil then approx = "none" end
   if approx ~= "none" and approx ~= "tanh" then
     error(("gelu: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(approx)), 2)
   end
