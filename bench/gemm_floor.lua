@@ -73,7 +73,7 @@ function G.floor_ms(name, threads, reps)
   reps = reps or 5
   local saved = blas.openblas_get_num_threads()
   blas.openblas_set_num_threads(1)
-  gemm(operands({ false, false, 64, 1024, 384 })) -- a wide GEMM first: src/cpu_linalg.c openblas_warm_thread
+  gemm(operands({ false, false, 64, 1024, 384 })) -- a wide GEMM first: src/backend/cpu/linalg.c openblas_warm_thread
   local ops, flop = {}, 0
   for _, g in ipairs(list) do
     ops[#ops + 1] = operands(g)

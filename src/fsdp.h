@@ -11,7 +11,7 @@
  *   Dimensions are 0-based in C; negative dims count from the end (-1 is the last).
  *   The Lua layer converts its 1-based dims before calling.
  *
- *   Ops that take tensors requiring grad record an autograd node (see autograd.c);
+ *   Ops that take tensors requiring grad record an autograd node (see core/autograd.c);
  *   fsdp_backward() runs the graph and fires engine events that FSDP listens to.
  *
  * The part between FFI-BEGIN and FFI-END is fed verbatim to LuaJIT's ffi.cdef
@@ -258,7 +258,7 @@ fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i);
 const char* fsdp_st_metadata(const fsdp_st_file* f);  // raw JSON of __metadata__ or ""
 void fsdp_st_close(fsdp_st_file* f);
 
-// ---- communication (comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
+// ---- communication (dist/comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
 // Collectives are asynchronous: they are queued to the communication thread, which runs them
 // in issue order while the caller computes. Every rank must issue the same collectives in the
 // same order; before moving data the ranks compare (op, tag, bytes), so a mismatch is an error
@@ -300,7 +300,7 @@ void fsdp_comm_set_timeout(double seconds);
 // reduce-scatter algorithm: 0 = ring of MPI_Sendrecv + vectorized sum (default), 1 = MPI_Reduce_scatter_block
 void fsdp_comm_set_reduce_scatter_algo(int algo);
 
-// ---- FSDP units (shard.c: layout and buffers; sched.c: lifecycle and engine events) ----------
+// ---- FSDP units (dist/shard.c: layout, buffers; dist/sched.c: lifecycle, engine events) ----
 // A unit owns the parameters of one wrapped module that no nested unit owns. Each parameter is
 // split into world_size equal chunks of its flattened elements (the last ones padded); rank r
 // keeps chunk r. Between steps a parameter tensor IS its local piece (1-D, possibly empty; the

@@ -2,7 +2,7 @@
 # check_realloc.sh DIR... -- every realloc() result is checked before use (`make lint`).
 # A call must assign to a pointer other than the one it grows (p = realloc(p, n) loses p when it
 # fails), and the next three lines must test that pointer (if (!q ...), CHECK...(q ...) or q ?).
-# Growable arrays should use fsdp_grow (src/tensor.c), which does this once.
+# Growable arrays should use fsdp_grow (src/core/tensor.c), which does this once.
 set -u
 status=0
 while IFS=: read -r file line text; do

@@ -9,7 +9,7 @@
 -- library keeps them in a hash map, so its order for 2+ keys varies from run to run). Saving is
 -- atomic (a temporary file renamed over the target), so a failed save leaves the old file as it
 -- was. Loaded tensors are new contiguous CPU tensors in their stored dtype. The parsing and all
--- checks of untrusted files happen in C (src/io.c); errors are Lua errors naming the file.
+-- checks of untrusted files happen in C (src/io/safetensors.c); errors are Lua errors naming the file.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C

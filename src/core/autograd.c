@@ -1,5 +1,5 @@
 /*
- * autograd.c -- graph nodes, the backward engine, gradient hooks, engine events and
+ * core/autograd.c -- graph nodes, the backward engine, gradient hooks, engine events and
  * end-of-backward callbacks.
  *
  * One backward pass:

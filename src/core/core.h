@@ -1,18 +1,23 @@
 /*
- * internal.h -- structures and helpers shared by the C core; not part of the public API.
+ * core/core.h -- the core's structures and helpers, for every layer above it; not public API.
  *
  * A tensor is a view (shape, strides, offset, dtype) onto a refcounted storage. A storage
  * belongs to one device and one memory category; its bytes come from fsdp_alloc(), which
- * keeps the per-category counters behind fsdp_memory_stats().
+ * keeps the per-category counters behind fsdp_memory_stats() and allocates through the device's
+ * backend table.
  *
- * Ops are written in two layers:
- *   op layer   (ops_*.c, device independent): checks shapes/dtypes, allocates outputs,
- *              records an autograd node, calls a kernel through the device's table;
- *   kernels    (cpu_*.c now, cuda_*.cu later): raw loops over contiguous buffers.
- * The tables live in kernels_*.h, one struct per op family, gathered into fsdp_backend.
+ * The layers of src/ (make layers checks them), top to bottom:
+ *   io/, dist/   safetensors; communication and FSDP (comm, shard, sched)
+ *   ops/         the op layer, device independent: checks shapes/dtypes, allocates outputs,
+ *                records an autograd node, calls a kernel through the device's table
+ *   backend/cpu/ the CPU's device functions and kernels (raw loops over buffers); a CUDA
+ *                backend will sit beside it
+ *   core/        this header: errors, memory, RNG, dtypes, storage, tensors, autograd, and the
+ *                backend registry with the kernel tables (core/kernels_*.h, one per op family)
+ * Each layer calls only down; core calls nothing above it (hooks let dist reach in).
  */
-#ifndef FSDP_INTERNAL_H
-#define FSDP_INTERNAL_H
+#ifndef FSDP_CORE_H
+#define FSDP_CORE_H
 
 #include "fsdp.h"
 #include "core/dtype.h"

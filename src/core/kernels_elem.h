@@ -1,6 +1,7 @@
 /*
- * kernels_elem.h -- elementwise, copy and reduction kernels (one table per device).
- * Kernels work on raw buffers; the op layer (ops_elem.c, tensor.c) checks shapes and dtypes.
+ * core/kernels_elem.h -- elementwise, copy and reduction kernels (one table per device).
+ * Kernels work on raw buffers; the op layer (ops/elem.c, ops/shape.c) and core's copies check
+ * shapes and dtypes.
  */
 #ifndef FSDP_KERNELS_ELEM_H
 #define FSDP_KERNELS_ELEM_H
@@ -17,7 +18,7 @@ typedef struct fsdp_elem_kernels {
   void (*axpy)(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t rows, int64_t n, float alpha);
   // y[0..n) *= s                 (f32)
   void (*scale)(float* y, int64_t n, float s);
-  // ---- ops_elem.c family (binary/unary/reductions) ----
+  // ---- the ops/elem.c family (binary/unary/reductions) ----
   // out (contiguous over shape) = a op b, a/b addressed by broadcast strides (0 on broadcast dims)
   void (*binary)(int op, float* out, const float* a, const float* b, int ndim, const int64_t* shape,
                  const int64_t* stride_a, const int64_t* stride_b);

@@ -1,6 +1,6 @@
 /*
- * kernels_linalg.h -- GEMM, convolution and pooling kernels (one table per device).
- * Matrices are row-major f32; the op layer (ops_linalg.c, ops_conv.c) checks shapes.
+ * core/kernels_linalg.h -- GEMM, convolution and pooling kernels (one table per device).
+ * Matrices are row-major f32; the op layer (ops/linalg.c, ops/conv.c) checks shapes.
  */
 #ifndef FSDP_KERNELS_LINALG_H
 #define FSDP_KERNELS_LINALG_H

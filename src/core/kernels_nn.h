@@ -1,6 +1,6 @@
 /*
- * kernels_nn.h -- the nn kernel table (one per device). Kernels work on raw f32 buffers;
- * the op layer (ops_nn.c) checks shapes and dtypes and records autograd nodes.
+ * core/kernels_nn.h -- the nn kernel table (one per device). Kernels work on raw f32 buffers;
+ * the op layer (ops/nn.c) checks shapes and dtypes and records autograd nodes.
  *
  * Layout conventions:
  *   softmax family: a contiguous (outer, n, inner) view; the softmax runs over n.

@@ -1,6 +1,6 @@
 /*
- * kernels_optim.h -- the optim kernel table (one per device). Kernels work on raw f32 buffers;
- * the op layer (ops_optim.c) checks shapes and dtypes. Each kernel is one fused pass over
+ * core/kernels_optim.h -- the optim kernel table (one per device). Kernels work on raw f32 buffers;
+ * the op layer (ops/optim.c) checks shapes and dtypes. Each kernel is one fused pass over
  * param, grad and state: the update reads and writes every element exactly once.
  */
 #ifndef FSDP_KERNELS_OPTIM_H

@@ -1,6 +1,6 @@
 /*
- * tensor.c -- errors, the counting allocator, the RNG, storage and tensor lifetime, views,
- * creation, in-place fills/copies, broadcasting helpers and the device backend table.
+ * core/tensor.c -- errors, the counting allocator, the RNG, dtypes, the backend registry,
+ * storage and tensor lifetime, views and strided copies.
  */
 #include "core/core.h"
 

@@ -1,5 +1,5 @@
 /*
- * comm.c -- collectives: the communication thread, work handles, the collective check,
+ * dist/comm.c -- collectives: the communication thread, work handles, the collective check,
  * stats, the built-in "self" backend and the loader of the "mpi" backend (libfsdp_mpi.so).
  *
  * Flow of one collective:

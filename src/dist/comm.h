@@ -1,5 +1,5 @@
 /*
- * comm.h -- the communication backend table (internal; not part of the public API).
+ * dist/comm.h -- the communication backend table (internal; not part of the public API).
  *
  * comm.c owns everything backend independent: the communication thread, the work queue, the
  * collective check (mismatch / timeout messages), stats, argument checks. A backend only moves

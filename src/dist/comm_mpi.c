@@ -1,5 +1,5 @@
 /*
- * comm_mpi.c -- the "mpi" communication backend, built into its own libfsdp_mpi.so (linked with
+ * dist/comm_mpi.c -- the "mpi" communication backend, built into its own libfsdp_mpi.so (linked with
  * MPI) so that libfsdp.so never depends on MPI; comm.c dlopen()s it on demand and takes the table
  * returned by fsdp_comm_mpi_backend(). Every function here runs on libfsdp's communication
  * thread, the one thread that calls MPI (so MPI_THREAD_FUNNELED is enough).

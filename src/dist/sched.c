@@ -1,5 +1,5 @@
 /*
- * sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
+ * dist/sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
  * events (backward). One training step, for each unit:
  *
  *   pre_forward     gather (or finish a prefetch); parameters take their full form; the first

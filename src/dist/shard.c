@@ -1,5 +1,5 @@
 /*
- * shard.c -- an FSDP unit's buffers: layout of the per-parameter chunks, all-gather with
+ * dist/shard.c -- an FSDP unit's buffers: layout of the per-parameter chunks, all-gather with
  * copy-out into the full buffers, reshard, gradient copy-in with reduce-scatter, and the two
  * forms a parameter tensor takes (see unit.h for the picture).
  */

@@ -1,5 +1,5 @@
 /*
- * unit.h -- the FSDP unit, shared by shard.c (layout, buffers, collectives) and sched.c
+ * dist/unit.h -- the FSDP unit, shared by shard.c (layout, buffers, collectives) and sched.c
  * (lifecycle, engine events). Not part of the public API.
  *
  * Layout of one unit on rank r of W (W = 1 for NO_SHARD):

@@ -1,5 +1,5 @@
 /*
- * io.c -- safetensors read/write (https://github.com/huggingface/safetensors).
+ * io/safetensors.c -- safetensors read/write (https://github.com/huggingface/safetensors).
  *
  * File layout:
  *   u64 little-endian N | N bytes of JSON header (padded with spaces to a multiple of 8) | data

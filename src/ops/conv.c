@@ -1,5 +1,5 @@
 /*
- * ops_conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW float32) with their
+ * ops/conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW float32) with their
  * backward. Shapes follow PyTorch's formulas; the work happens in the device's linalg kernels
  * (im2col + GEMM or Winograd for convolution -- the CPU kernels choose, FSDP_CONV_ALGO=im2col|winograd
  * forces one -- window loops for pooling).

@@ -1,5 +1,5 @@
 /*
- * ops_elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
+ * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
  * reductions (sum, mean, max, argmax). Device independent: kernels come from the backend table.
  *
  * Binary ops read their inputs in place through broadcast strides (no copies, any layout);

@@ -1,5 +1,5 @@
 /*
- * ops_linalg.c -- matmul (torch.matmul semantics), bmm and linear, with their backward.
+ * ops/linalg.c -- matmul (torch.matmul semantics), bmm and linear, with their backward.
  *
  * Everything is a GEMM through the device's linalg table. Operands are passed to the GEMM
  * without copies when they are row-major matrices or transposed row-major matrices (x:t(),

@@ -1,10 +1,10 @@
 /*
- * ops_nn.c -- neural-network ops with their backward: softmax, log_softmax, cross_entropy
+ * ops/nn.c -- neural-network ops with their backward: softmax, log_softmax, cross_entropy
  * (fused log_softmax + nll, label smoothing), nll_loss, mse_loss, layer_norm, embedding, dropout
  * and scaled_dot_product_attention.
  *
  * The op layer is device independent: it checks shapes and dtypes, allocates outputs, records the
- * autograd node and reaches the loops only through the device's kernel tables (kernels_nn.h, and
+ * autograd node and reaches the loops only through the device's kernel tables (core/kernels_nn.h, and
  * the linalg table's gemm_batched for attention). Semantics follow PyTorch (losses: mean
  * reduction over the non-ignored targets).
  */

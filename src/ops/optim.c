@@ -1,5 +1,5 @@
 /*
- * ops_optim.c -- fused optimizer updates (the op layer of the optim family).
+ * ops/optim.c -- fused optimizer updates (the op layer of the optim family).
  *
  * fsdp_sgd_step and fsdp_adam_step update a parameter and its optimizer state in place, in one
  * pass over memory, through the device's optim kernel table. They record no autograd node; the

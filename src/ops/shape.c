@@ -1,5 +1,5 @@
 /*
- * ops_shape.c -- views and shape ops: detach, clone, contiguous, view/reshape/flatten,
+ * ops/shape.c -- views and shape ops: detach, clone, contiguous, view/reshape/flatten,
  * transpose/permute, (un)squeeze, expand, narrow, cat, index_select and dtype casts.
  *
  * View ops share the input's storage (fsdp_new_view) and record a node whose backward maps the

@@ -118,7 +118,7 @@ static void cpu_scale(float* y, int64_t n, float s) {
 }
 
 // ============================================================================================
-// elementwise / reduction family (ops_elem.c, ops_shape.c)
+// elementwise / reduction family (ops/elem.c, ops/shape.c)
 // ============================================================================================
 #define CHUNK 16384  // binary loops split long rows into chunks of this many elements for threads
 

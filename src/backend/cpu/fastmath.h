@@ -1,5 +1,5 @@
 /*
- * fastmath.h -- branch-free float32 math that the compiler vectorizes (libm's expf does not),
+ * backend/cpu/fastmath.h -- branch-free float32 math that the compiler vectorizes (libm's expf does not),
  * shared by the CPU kernels.
  */
 #ifndef FSDP_FASTMATH_H

@@ -1,5 +1,5 @@
 /*
- * cpu_linalg.c -- CPU kernels of the linalg family (see kernels_linalg.h): GEMMs through
+ * backend/cpu/linalg.c -- CPU kernels of the linalg family (see core/kernels_linalg.h): GEMMs through
  * OpenBLAS, convolution (im2col + GEMM, or Winograd F(2x2, 3x3) for 3x3 same-size convolutions
  * with enough channels) and pooling loops.
  */

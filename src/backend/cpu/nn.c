@@ -1,5 +1,5 @@
 /*
- * cpu_nn.c -- CPU kernels of the nn family (see kernels_nn.h): softmax, fused cross entropy,
+ * backend/cpu/nn.c -- CPU kernels of the nn family (see core/kernels_nn.h): softmax, fused cross entropy,
  * nll, mse, layer norm, embedding, dropout and the attention softmax.
  *
  * Rows are independent, so the big loops run rows in parallel with OpenMP; inner loops are

@@ -1,5 +1,5 @@
 /*
- * cpu_optim.c -- CPU kernels of the optim family (see kernels_optim.h): fused SGD and Adam/AdamW
+ * backend/cpu/optim.c -- CPU kernels of the optim family (see core/kernels_optim.h): fused SGD and Adam/AdamW
  * updates, one pass over memory. Each loop is written once as an always-inline function whose
  * flag arguments are compile-time constants at every call site, so the compiler emits one
  * branch-free, vectorized loop per variant and the dispatch happens outside the loop.
