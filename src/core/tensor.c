@@ -449,8 +449,8 @@ int fsdp_check_f32(const char* op, const fsdp_tensor* t) {
   return fsdp_check_data(op, t);
 }
 int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
-  CHECK_INT(fsdp_device_of(a) == fsdp_device_of(b), "%s: tensors on different devices (%d and %d)", op,
-            fsdp_device_of(a), fsdp_device_of(b));
+  CHECK_INT(fsdp_device_of(a) == fsdp_device_of(b), "%s: tensors on different devices (%s on %s, %s on %s)", op, SH(a),
+            fsdp_device_name(fsdp_device_of(a)), SH(b), fsdp_device_name(fsdp_device_of(b)));
   return 0;
 }
 

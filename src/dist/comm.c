@@ -468,8 +468,8 @@ int fsdp_comm_finalize(void) {
 // ---- argument checks shared by the collectives ------------------------------------------------------
 static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) {
   CHECK_INT(t, "%s: %s is NULL", op, what);
-  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on device %d; the %s backend moves CPU tensors", op, what,
-            SH(t), DT(t), fsdp_device_of(t), g.initialized ? g.be->name : "self");
+  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on %s; the %s backend moves CPU tensors", op, what, SH(t),
+            DT(t), fsdp_device_name(fsdp_device_of(t)), g.initialized ? g.be->name : "self");
   return 0;
 }
 

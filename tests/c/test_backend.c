@@ -1,0 +1,95 @@
+/*
+ * test_backend.c -- the backend registry and the device table: the CPU registers itself and is
+ * complete, an absent device is a named error (also for allocation), an incomplete table is
+ * refused, and a second device whose table is the CPU's runs ops device-independently (the op
+ * layer reaches kernels only through the table of its tensors' device). Run under valgrind by
+ * `make memcheck`.
+ */
+#include <string.h>
+
+#include "ctest.h"
+#include "core/core.h"  // the registry is internal: backends register from C, not through the API
+
+static int error_has(const char* s) { return strstr(fsdp_last_error(), s) != NULL; }
+
+TEST(test_cpu_registered_and_complete) {
+  const fsdp_backend* b = fsdp_backend_for(FSDP_CPU);
+  EXPECT(b && strcmp(b->name, "cpu") == 0);
+  EXPECT(b && b->alloc && b->copy && b->synchronize && b->elem && b->elem->binary && b->optim);
+  EXPECT(b && b->synchronize() == 0);
+  EXPECT(strcmp(fsdp_device_name(FSDP_CUDA), "cuda") == 0);
+}
+
+TEST(test_absent_device_is_a_named_error) {
+  fsdp_clear_error();
+  EXPECT(fsdp_backend_for(FSDP_CUDA) == NULL);
+  EXPECT(error_has("device cuda has no backend loaded"));
+  int64_t shape[1] = {4};
+  fsdp_clear_error();
+  EXPECT(fsdp_empty(1, shape, FSDP_F32, FSDP_CUDA) == NULL);
+  EXPECT(error_has("device cuda has no backend loaded"));
+}
+
+TEST(test_incomplete_tables_are_refused) {
+  fsdp_backend b = *fsdp_backend_for(FSDP_CPU);
+  b.name = "broken";
+  b.copy = NULL;
+  EXPECT(fsdp_backend_register(FSDP_CUDA, &b) == -1);
+  EXPECT(error_has("backend broken: device function 3"));
+  b = *fsdp_backend_for(FSDP_CPU);
+  b.name = "broken";
+  b.nn = NULL;
+  EXPECT(fsdp_backend_register(FSDP_CUDA, &b) == -1);
+  EXPECT(error_has("backend broken: no nn kernel table"));
+  fsdp_elem_kernels elem = *fsdp_backend_for(FSDP_CPU)->elem;
+  elem.axpy = NULL;
+  b = *fsdp_backend_for(FSDP_CPU);
+  b.name = "broken";
+  b.elem = &elem;
+  EXPECT(fsdp_backend_register(FSDP_CUDA, &b) == -1);
+  EXPECT(error_has("backend broken: elem kernel 2"));
+  EXPECT(fsdp_backend_register(FSDP_CPU, fsdp_backend_for(FSDP_CPU)) == -1);
+  EXPECT(error_has("device cpu already has the backend cpu"));
+}
+
+// a second device whose table is the CPU's: tensors there compute through that table, and
+// mixing the two devices is an error that names both
+static fsdp_backend g_twin;
+TEST(test_ops_run_through_the_device_table) {
+  g_twin = *fsdp_backend_for(FSDP_CPU);
+  g_twin.name = "twin";
+  EXPECT(fsdp_backend_register(FSDP_CUDA, &g_twin) == 0);
+  int64_t shape[2] = {2, 3};
+  fsdp_tensor* a = fsdp_full(2, shape, 1.5, FSDP_F32, FSDP_CUDA);
+  fsdp_tensor* b = fsdp_full(2, shape, 2.0, FSDP_F32, FSDP_CUDA);
+  EXPECT(a && b && fsdp_tensor_device(a) == FSDP_CUDA);
+  fsdp_tensor* c = fsdp_mul(a, b);
+  fsdp_tensor* s = c ? fsdp_sum(c, 0, NULL, 0) : NULL;
+  double v = 0;
+  EXPECT(s && fsdp_tensor_device(s) == FSDP_CUDA && fsdp_tensor_item(s, &v) == 0 && v == 18.0);
+  fsdp_tensor* h = fsdp_full(2, shape, 1.0, FSDP_F32, FSDP_CPU);
+  fsdp_clear_error();
+  EXPECT(fsdp_add(a, h) == NULL);
+  EXPECT(error_has("add: tensors on different devices ((2, 3) on cuda, (2, 3) on cpu)"));
+  fsdp_tensor_release(h);
+  fsdp_tensor_release(s);
+  fsdp_tensor_release(c);
+  fsdp_tensor_release(b);
+  fsdp_tensor_release(a);
+}
+
+int main(void) {
+  RUN(test_cpu_registered_and_complete);
+  RUN(test_absent_device_is_a_named_error);
+  RUN(test_incomplete_tables_are_refused);
+  RUN(test_ops_run_through_the_device_table);
+  fsdp_memory_empty_cache();
+  int64_t cur[FSDP_MEM_NCAT];
+  fsdp_memory_stats(cur, NULL);
+  for (int c = 0; c < FSDP_MEM_NCAT; c++)
+    if (cur[c] != 0) {
+      printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]);
+      ctest_fail++;
+    }
+  return ctest_summary("test_backend");
+}
