@@ -12,6 +12,7 @@
 -- checks of untrusted files happen in C (src/io/safetensors.c); errors are Lua errors naming the file.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
+local json = require "fsdp.json"
 local C = fsdp.C
 
 local M = {}
@@ -19,97 +20,31 @@ local M = {}
 -- the order of the Python library (its dtype enum, descending), so files come out identical
 local dtype_rank = { int64 = 0, float32 = 1, bfloat16 = 2, float16 = 3 }
 
--- a JSON string literal escaped exactly as serde_json (used by the Python library) escapes it
-local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
-                  ["\r"] = "\\r", ["\t"] = "\\t" }
-local function json_string(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    if c == "\127" then return c end
-    return escapes[c] or ("\\u%04x"):format(c:byte())
-  end) .. '"'
-end
-
--- {k = "v", ...} -> '{"k":"v",...}' with sorted keys; nil -> nil
+-- {k = "v", ...} -> '{"k":"v",...}' with sorted keys (lua/fsdp/json.lua); nil -> nil
 local function metadata_json(meta)
   if meta == nil then return nil end
   if type(meta) ~= "table" then
     error(("fsdp.save: metadata must be a table of string -> string, got a %s"):format(type(meta)), 3)
   end
-  local keys = {}
   for k, v in pairs(meta) do
     if type(k) ~= "string" then error(("fsdp.save: metadata keys must be strings, got %s"):format(tostring(k)), 3) end
     if type(v) ~= "string" then
       error(("fsdp.save: metadata value for %q must be a string, got a %s"):format(k, type(v)), 3)
     end
-    keys[#keys + 1] = k
   end
-  table.sort(keys)
-  local parts = {}
-  for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. json_string(meta[k]) end
-  return "{" .. table.concat(parts, ",") .. "}"
+  if next(meta) == nil then return "{}" end
+  return json.encode(meta, "fsdp.save: metadata")
 end
 
--- parses the compact metadata JSON that C returns: an object of string -> string
-local function utf8(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xc0 + math.floor(cp / 64), 0x80 + cp % 64) end
-  if cp < 0x10000 then
-    return string.char(0xe0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-  end
-  return string.char(0xf0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
-                     0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-end
-local unescapes = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+-- the compact metadata JSON that C returns: an object of string -> string
 local function parse_metadata(s)
-  local out = {}
-  if s == "" then return out end
-  local pos = 1
-  local function fail() error("fsdp.load: malformed metadata JSON: " .. s, 0) end
-  local function skip_ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local function str()
-    skip_ws()
-    if s:sub(pos, pos) ~= '"' then fail() end
-    pos = pos + 1
-    local buf = {}
-    while true do
-      local a, b = s:find('["\\]', pos)
-      if not a then fail() end
-      buf[#buf + 1] = s:sub(pos, a - 1)
-      if s:sub(a, a) == '"' then pos = a + 1; return table.concat(buf) end
-      local e = s:sub(a + 1, a + 1)
-      if e == "u" then
-        local cp = tonumber(s:sub(a + 2, a + 5), 16) or fail()
-        pos = a + 6
-        if cp >= 0xd800 and cp <= 0xdbff and s:sub(pos, pos + 1) == "\\u" then
-          local lo = tonumber(s:sub(pos + 2, pos + 5), 16) or fail()
-          cp = 0x10000 + (cp - 0xd800) * 1024 + (lo - 0xdc00)
-          pos = pos + 6
-        end
-        buf[#buf + 1] = utf8(cp)
-      else
-        buf[#buf + 1] = unescapes[e] or fail()
-        pos = a + 2
-      end
-    end
+  if s == "" then return {} end
+  local meta = json.decode(s, "fsdp.load: metadata")
+  if type(meta) ~= "table" then error("fsdp.load: metadata is not a JSON object: " .. s, 0) end
+  for k, v in pairs(meta) do
+    if type(v) ~= "string" then error(("fsdp.load: metadata value for %q is not a string"):format(k), 0) end
   end
-  local function expect(c)
-    skip_ws()
-    if s:sub(pos, pos) ~= c then fail() end
-    pos = pos + 1
-  end
-  expect("{")
-  skip_ws()
-  if s:sub(pos, pos) == "}" then return out end
-  while true do
-    local k = str()
-    expect(":")
-    out[k] = str()
-    skip_ws()
-    local c = s:sub(pos, pos)
-    pos = pos + 1
-    if c == "}" then return out end
-    if c ~= "," then fail() end
-  end
+  return meta
 end
 
 -- fsdp.save(path, {name = tensor, ...} [, {key = "value", ...}])
