@@ -244,6 +244,7 @@ const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return g_backends[fs
 
 // ---- storage and tensor lifetime ------------------------------------------------------------------
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat) {
+  if (!fsdp_backend_for(device)) return NULL;  // a storage exists only on a device with a backend
   fsdp_storage* s = calloc(1, sizeof *s);
   CHECK_NULL(s, "alloc: out of memory");
   s->refcount = 1;

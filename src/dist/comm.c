@@ -564,7 +564,7 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
     work_discard(w);
     return NULL;
   }
-  return submit(w, N * n * (int64_t)sizeof(float));
+  return submit(w, N * n * (int64_t)fsdp_dtype_size(w->meta.dtype));
 }
 
 fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
@@ -578,7 +578,7 @@ fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
     work_discard(w);
     return NULL;
   }
-  return submit(w, (int64_t)(w->count * sizeof(float)));
+  return submit(w, (int64_t)(w->count * fsdp_dtype_size(w->meta.dtype)));
 }
 
 fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {

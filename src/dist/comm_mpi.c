@@ -237,8 +237,9 @@ static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_dec
 
 // ---- data movement ----------------------------------------------------------------------------------
 static int mpi_all_gather(void* out, const void* in, size_t bytes, char* err) {
-  if (bytes > (size_t)MAX_PIECE * 4) {
-    snprintf(err, FSDP_COMM_ERRLEN, "%zu bytes per rank exceed this backend's limit of %d", bytes, MAX_PIECE * 4);
+  if (bytes > (size_t)MAX_PIECE * sizeof(float)) {
+    snprintf(err, FSDP_COMM_ERRLEN, "%zu bytes per rank exceed this backend's limit of %zu", bytes,
+             (size_t)MAX_PIECE * sizeof(float));
     return -1;
   }
   const void* src = (const char*)in == (const char*)out + (size_t)g_rank * bytes ? MPI_IN_PLACE : in;
