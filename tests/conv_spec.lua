@@ -9,13 +9,7 @@ local F = fsdp.nn.functional
 
 -- the naive direct convolution of tests/op_refs.lua on tensors; returns the flat output
 local function ref_conv2d(x, w, b, o)
-  local function array(t)
-    if t == nil then
-      return nil
-    end
-    return R.array(t:shape(), t:tolist())
-  end
-  return R.conv2d(o, array(x), array(w), array(b)).data
+  return R.conv2d(o, R.from_tensor(x), R.from_tensor(w), R.from_tensor(b)).data
 end
 
 describe("conv2d", function()

@@ -4,17 +4,9 @@
 -- ties, autograd bookkeeping, and errors that name the op, shapes and dtypes.
 local fsdp = require "fsdp"
 local H = require "helpers"
+local R = require "op_refs"
 
 -- ---- naive references ---------------------------------------------------------------------------
--- row-major flat index -> multi-index (1-based)
-local function unravel(i, shape)
-  local idx = {}
-  for d = #shape, 1, -1 do
-    idx[d] = (i - 1) % shape[d] + 1
-    i = math.floor((i - 1) / shape[d]) + 1
-  end
-  return idx
-end
 local f32 = function(x) return (require "ffi").new("float[1]", x)[0] end
 
 -- erf by its Taylor series (|x| < 4 is plenty for these tests), double precision
@@ -250,8 +242,8 @@ describe("reductions", function()
     local s1, s2, s3 = a:sum(1):tolist(), a:sum(2):tolist(), a:sum(3):tolist()
     local r1, r2, r3 = {}, {}, {}
     for i = 1, #l do
-      local idx = unravel(i, { 37, 50, 41 })
-      local k1, k2, k3 = (idx[2] - 1) * 41 + idx[3], (idx[1] - 1) * 41 + idx[3], (idx[1] - 1) * 50 + idx[2]
+      local idx = R.unravel(i - 1, { 37, 50, 41 })  -- 0-based
+      local k1, k2, k3 = idx[2] * 41 + idx[3] + 1, idx[1] * 41 + idx[3] + 1, idx[1] * 50 + idx[2] + 1
       r1[k1] = (r1[k1] or 0) + l[i]; r2[k2] = (r2[k2] or 0) + l[i]; r3[k3] = (r3[k3] or 0) + l[i]
     end
     H.assert_close(s1, r1, 1e-5, 1e-5, "sum dim 1")

@@ -41,6 +41,16 @@ local function unravel(i, shape)
   return idx
 end
 
+R.unravel = unravel
+
+-- a tensor's values as an array (nil stays nil), for the specs that use a reference directly
+function R.from_tensor(t)
+  if t == nil then
+    return nil
+  end
+  return array(t:shape(), t:tolist(), t.dtype)
+end
+
 -- 0-based multi-index -> 0-based flat index
 local function ravel(idx, shape)
   local i = 0

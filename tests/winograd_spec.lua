@@ -6,6 +6,7 @@ package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local H = require "helpers"
+local R = require "op_refs"
 local F = fsdp.nn.functional
 
 pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")  -- lua/fsdp may have it
@@ -16,33 +17,9 @@ local function set_algo(a)
 end
 local saved_algo = os.getenv("FSDP_CONV_ALGO")
 
--- naive direct convolution, 3x3, stride 1, padding 1; flat output
+-- the naive direct convolution of tests/op_refs.lua, 3x3, stride 1, padding 1; flat output
 local function ref_conv3x3(x, w, b)
-  local N, C, Hh, W = unpack(x:shape())
-  local O = w:shape()[1]
-  local fx, fw, fb = x:tolist(), w:tolist(), b and b:tolist()
-  local out = {}
-  for n = 0, N - 1 do
-    for o = 0, O - 1 do
-      for oh = 0, Hh - 1 do
-        for ow = 0, W - 1 do
-          local s = fb and fb[o + 1] or 0
-          for c = 0, C - 1 do
-            for i = 0, 2 do
-              for j = 0, 2 do
-                local ih, iw = oh - 1 + i, ow - 1 + j
-                if ih >= 0 and ih < Hh and iw >= 0 and iw < W then
-                  s = s + fx[((n * C + c) * Hh + ih) * W + iw + 1] * fw[((o * C + c) * 3 + i) * 3 + j + 1]
-                end
-              end
-            end
-          end
-          out[#out + 1] = s
-        end
-      end
-    end
-  end
-  return out
+  return R.conv2d({ padding = 1 }, R.from_tensor(x), R.from_tensor(w), R.from_tensor(b)).data
 end
 
 -- y, gx, gw, gb of sum(conv2d(x, w, b) * gy) through the path `algo`

@@ -34,6 +34,16 @@ static int ctest_pass, ctest_fail, ctest_cur_failed;
       ctest_cur_failed = 1;                                                          \
     }                                                                                \
   } while (0)
+// counts a failure for every memory category that still holds bytes (call at the end of main)
+static void ctest_expect_no_leaks(void) {
+  int64_t cur[FSDP_MEM_NCAT];
+  fsdp_memory_stats(cur, NULL);
+  for (int c = 0; c < FSDP_MEM_NCAT; c++)
+    if (cur[c] != 0) {
+      printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]);
+      ctest_fail++;
+    }
+}
 static int ctest_summary(const char* file) {
   printf("%s: %d passed, %d failed\n", file, ctest_pass, ctest_fail);
   return ctest_fail ? 1 : 0;

@@ -84,12 +84,6 @@ int main(void) {
   RUN(test_incomplete_tables_are_refused);
   RUN(test_ops_run_through_the_device_table);
   fsdp_memory_empty_cache();
-  int64_t cur[FSDP_MEM_NCAT];
-  fsdp_memory_stats(cur, NULL);
-  for (int c = 0; c < FSDP_MEM_NCAT; c++)
-    if (cur[c] != 0) {
-      printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]);
-      ctest_fail++;
-    }
+  ctest_expect_no_leaks();
   return ctest_summary("test_backend");
 }

@@ -109,12 +109,6 @@ int main(void) {
   RUN(test_lifetime_and_memory);
   RUN(test_backward_events_and_callback);
   RUN(test_errors_name_op_and_shapes);
-  int64_t cur[FSDP_MEM_NCAT];
-  fsdp_memory_stats(cur, NULL);
-  for (int c = 0; c < FSDP_MEM_NCAT; c++)
-    if (cur[c] != 0) {
-      printf("leak: category %d still holds %lld bytes\n", c, (long long)cur[c]);
-      ctest_fail++;
-    }
+  ctest_expect_no_leaks();
   return ctest_summary("test_core");
 }
