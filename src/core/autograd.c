@@ -83,6 +83,26 @@ fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
   return t;
 }
 
+// The parameters are copied in and out (memcpy): any struct fits whatever its alignment, and no
+// pointer of another type ever aliases the bytes.
+static void check_params_size(const fsdp_node* n, size_t size) {
+  if (size > FSDP_NODE_PARAMS_BYTES) {
+    fprintf(stderr, "fsdp: node %s has %zu bytes of parameters (at most %d fit)\n", n->name, size,
+            FSDP_NODE_PARAMS_BYTES);
+    abort();
+  }
+}
+
+void fsdp_node_set_params(fsdp_node* n, const void* p, size_t size) {
+  check_params_size(n, size);
+  memcpy(n->params, p, size);
+}
+
+void fsdp_node_params(const fsdp_node* n, void* p, size_t size) {
+  check_params_size(n, size);
+  memcpy(p, n->params, size);
+}
+
 void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out) {
   out->grad_fn = n;
   out->requires_grad = 1;

@@ -156,6 +156,9 @@ double fsdp_rng_normal(void);
 // ---- autograd ---------------------------------------------------------------------------------------
 #define FSDP_NODE_MAX_INPUTS 8
 #define FSDP_NODE_MAX_SAVED 8
+// bytes of op parameters a node holds: three int64 shapes; the largest op struct (a binary op's
+// two input shapes and ranks, 144 bytes) fits with room to spare
+#define FSDP_NODE_PARAMS_BYTES (3 * FSDP_MAX_DIMS * 8)
 
 // backward: given the gradient of the node's (single) output, writes a NEW ref (or NULL when that
 // input needs no grad or gets zero) for each input i into grad_in[i]. Returns 0 or -1 (error set).
@@ -177,8 +180,7 @@ struct fsdp_node {
   int n_saved;
   fsdp_tensor* saved[FSDP_NODE_MAX_SAVED];
   int64_t saved_version[FSDP_NODE_MAX_SAVED];
-  double f[8];    // op parameters (scalars)
-  int64_t i[24];  // op parameters (ints, dims, shapes)
+  unsigned char params[FSDP_NODE_PARAMS_BYTES];  // the op's parameter struct (fsdp_node_set_params)
   int64_t out_shape[FSDP_MAX_DIMS];
   int out_ndim, out_dtype;
   int released;      // saved tensors freed after a backward without retain_graph
@@ -198,11 +200,21 @@ struct fsdp_node {
 //   fsdp_node* n = fsdp_node_new("MulBackward", mul_backward, 2, (fsdp_tensor*[]){a, b});
 //   if (n) { fsdp_node_save(n, a); fsdp_node_save(n, b); fsdp_node_set_output(n, out); }
 //   return out;
+// An op with parameters (shapes, dims, scalars) defines its own struct next to its backward;
+// forward stores it in the node, backward copies it out:
+//   typedef struct { int dim; double scale; } foo_params;
+//   fsdp_node_set_params(n, &(foo_params){.dim = d, .scale = s}, sizeof(foo_params));
+//   foo_params p;
+//   fsdp_node_params(n, &p, sizeof p);
 fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inputs, fsdp_tensor** inputs);
 // saves a tensor (new ref) and its version for backward; returns its slot
 int fsdp_node_save(fsdp_node* n, fsdp_tensor* t);
 // returns saved tensor k, or NULL with an error if the graph was freed or it was modified in place
 fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k);
+// copies the op's parameter struct p (size bytes) into the node; aborts when it does not fit
+void fsdp_node_set_params(fsdp_node* n, const void* p, size_t size);
+// copies the node's parameters out into p (size bytes: the struct set_params stored)
+void fsdp_node_params(const fsdp_node* n, void* p, size_t size);
 // makes `out` the node's output (out takes over the caller's ref to n)
 void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out);
 void fsdp_node_release(fsdp_node* n);

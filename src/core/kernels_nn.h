@@ -13,6 +13,17 @@
 #define FSDP_KERNELS_NN_H
 #include <stdint.h>
 
+// geometry of scaled dot-product attention over B matrices (B = the product of the batch dims,
+// heads included): q (B, Tq, D), k (B, Tk, D), v (B, Tk, Dv) -> scores P (B, Tq, Tk) -> output (B, Tq, Dv)
+typedef struct fsdp_attn_geom {
+  int64_t B, Tq, Tk, D, Dv;
+  int causal;                // query i sees keys j <= i only
+  double scale;              // of the scores q k^T
+  double dropout_p;          // on P, 0 for none
+  uint64_t seed;             // of the dropout's keep mask (backward regenerates it)
+  int64_t mask_sq, mask_sk;  // the additive mask's strides along Tq and Tk (0: broadcast, or no mask)
+} fsdp_attn_geom;
+
 typedef struct fsdp_nn_kernels {
   // y = softmax(x) (log_softmax when log) over n of (outer, n, inner)
   void (*softmax_forward)(float* y, const float* x, int64_t outer, int64_t n, int64_t inner, int log);
@@ -59,10 +70,9 @@ typedef struct fsdp_nn_kernels {
   void (*dropout)(float* y, const float* x, int64_t n, float p, uint64_t seed);
 
   // attention scores -> probabilities, in place on P (B, Tq, Tk): adds the additive mask (when
-  // mask != NULL: element (b, i, j) at mask[mask_boff[b] + i * msq + j * msk]), masks j > i when
-  // causal, then softmax over each row
-  void (*attn_softmax)(float* P, int64_t B, int64_t Tq, int64_t Tk, const float* mask, const int64_t* mask_boff,
-                       int64_t msq, int64_t msk, int causal);
+  // mask != NULL: element (b, i, j) at mask[mask_boff[b] + i * g->mask_sq + j * g->mask_sk]), masks
+  // j > i when g->causal, then softmax over each row
+  void (*attn_softmax)(const fsdp_attn_geom* g, float* P, const float* mask, const int64_t* mask_boff);
 } fsdp_nn_kernels;
 
 #endif

@@ -387,9 +387,16 @@ static int post_backward(fsdp_unit* u) {
   return reap_reductions();
 }
 
+// the parameters of a unit's pre-backward node
+typedef struct {
+  fsdp_unit* unit;  // borrowed (units are never freed)
+} unit_node_params;
+
 // the identity node on a unit's outputs: the first gradient to reach it gathers the unit
 static int pre_backward_node(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  if (reap_reductions() || pre_backward((fsdp_unit*)(intptr_t)n->i[0])) return -1;
+  unit_node_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  if (reap_reductions() || pre_backward(p.unit)) return -1;
   g->refcount++;
   gin[0] = g;
   return 0;
@@ -403,7 +410,7 @@ fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t) {
   fsdp_tensor* out = fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("FSDPPreBackward", pre_backward_node, 1, &t);
-  n->i[0] = (int64_t)(intptr_t)u;
+  fsdp_node_set_params(n, &(unit_node_params){.unit = u}, sizeof(unit_node_params));
   fsdp_node_set_output(n, out);
   u->has_bw_node = 1;
   return out;

@@ -6,32 +6,6 @@
  */
 #include "ops/ops.h"
 
-// the node keeps the geometry in its int slots: N C H W OH OW kh kw sh sw ph pw dh dw groups
-static void geom_save(fsdp_node* n, const fsdp_conv_geom* g) {
-  int64_t v[16] = {g->N,  g->C,  g->H,  g->W,  g->OH, g->OW, g->kh,     g->kw,
-                   g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->groups, g->O};
-  memcpy(n->i, v, sizeof v);
-}
-static fsdp_conv_geom geom_load(const fsdp_node* n) {
-  const int64_t* v = n->i;
-  return (fsdp_conv_geom){.N = v[0],
-                          .C = v[1],
-                          .H = v[2],
-                          .W = v[3],
-                          .OH = v[4],
-                          .OW = v[5],
-                          .kh = (int)v[6],
-                          .kw = (int)v[7],
-                          .sh = (int)v[8],
-                          .sw = (int)v[9],
-                          .ph = (int)v[10],
-                          .pw = (int)v[11],
-                          .dh = (int)v[12],
-                          .dw = (int)v[13],
-                          .groups = (int)v[14],
-                          .O = v[15]};
-}
-
 // floor division that rounds toward -inf
 static int64_t div_floor(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -48,7 +22,8 @@ static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* w = x ? fsdp_node_saved(node, 1) : NULL;
   if (!x || !w) return -1;
-  fsdp_conv_geom g = geom_load(node);
+  fsdp_conv_geom g;
+  fsdp_node_params(node, &g, sizeof g);
   int dev = fsdp_device_of(x);
   fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *gy = fsdp_as_contig(grad_out);
   fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
@@ -141,7 +116,7 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
   if (n) {
     fsdp_node_save(n, x);
     fsdp_node_save(n, w);
-    geom_save(n, &g);
+    fsdp_node_set_params(n, &g, sizeof g);
     fsdp_node_set_output(n, y);
   }
   return y;
@@ -193,6 +168,14 @@ static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, co
   return 0;
 }
 
+// the parameters of the pooling nodes: the window geometry and the input's rank
+typedef struct {
+  fsdp_conv_geom geom;
+  int ndim;               // of the input: 4 (N, C, H, W) or 3 (C, H, W)
+  int count_include_pad;  // avg_pool2d: the padding counts in each window's divisor
+  int adaptive;           // adaptive_avg_pool2d (its windows come from the geometry's sizes)
+} pool_params;
+
 // output (or input) shape of a pooling op with x's rank
 static void pool_shape(int ndim, const fsdp_conv_geom* g, int out, int64_t* shape) {
   int64_t full[4] = {g->N, g->C, out ? g->OH : g->H, out ? g->OW : g->W};
@@ -202,12 +185,12 @@ static void pool_shape(int ndim, const fsdp_conv_geom* g, int out, int64_t* shap
 static int max_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* idx = fsdp_node_saved(node, 0);
   if (!idx) return -1;
-  fsdp_conv_geom g = geom_load(node);
+  pool_params p;
+  fsdp_node_params(node, &p, sizeof p);
   int64_t shape[4];
-  pool_shape((int)node->f[1], &g, 0, shape);
-  fsdp_tensor *gy = fsdp_as_contig(grad_out),
-              *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
-  if (gx) fsdp_backend_of(gy)->linalg->max_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy), fsdp_i64(idx));
+  pool_shape(p.ndim, &p.geom, 0, shape);
+  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new(p.ndim, shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  if (gx) fsdp_backend_of(gy)->linalg->max_pool2d_backward(&p.geom, fsdp_f32(gx), fsdp_f32(gy), fsdp_i64(idx));
   fsdp_tensor_release(gy);
   if (!gx) return -1;
   grad_in[0] = gx;
@@ -232,8 +215,8 @@ fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
   fsdp_node* n = fsdp_node_new("MaxPool2DBackward", max_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {
     fsdp_node_save(n, idx);
-    geom_save(n, &g);
-    n->f[1] = x->ndim;
+    pool_params p = {.geom = g, .ndim = x->ndim};
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, y);
   }
   fsdp_tensor_release(idx);
@@ -241,15 +224,15 @@ fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
 }
 
 static int avg_pool2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
-  fsdp_conv_geom g = geom_load(node);
+  pool_params p;
+  fsdp_node_params(node, &p, sizeof p);
   int64_t shape[4];
-  pool_shape((int)node->f[1], &g, 0, shape);
-  fsdp_tensor *gy = fsdp_as_contig(grad_out),
-              *gx = gy ? fsdp_new((int)node->f[1], shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
+  pool_shape(p.ndim, &p.geom, 0, shape);
+  fsdp_tensor *gy = fsdp_as_contig(grad_out), *gx = gy ? fsdp_new(p.ndim, shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
   if (gx) {
     const fsdp_linalg_kernels* k = fsdp_backend_of(gy)->linalg;
-    if (node->f[2]) k->adaptive_avg_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy));
-    else k->avg_pool2d_backward(&g, fsdp_f32(gx), fsdp_f32(gy), (int)node->f[0]);
+    if (p.adaptive) k->adaptive_avg_pool2d_backward(&p.geom, fsdp_f32(gx), fsdp_f32(gy));
+    else k->avg_pool2d_backward(&p.geom, fsdp_f32(gx), fsdp_f32(gy), p.count_include_pad);
   }
   fsdp_tensor_release(gy);
   if (!gx) return -1;
@@ -269,9 +252,8 @@ fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
   if (!y) return NULL;
   fsdp_node* n = fsdp_node_new("AvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {
-    geom_save(n, &g);
-    n->f[0] = count_include_pad != 0;
-    n->f[1] = x->ndim;
+    pool_params p = {.geom = g, .ndim = x->ndim, .count_include_pad = count_include_pad != 0};
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, y);
   }
   return y;
@@ -303,9 +285,8 @@ fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w) {
   if (!y) return NULL;
   fsdp_node* n = fsdp_node_new("AdaptiveAvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {
-    geom_save(n, &g);
-    n->f[1] = nd;
-    n->f[2] = 1;  // adaptive
+    pool_params p = {.geom = g, .ndim = nd, .adaptive = 1};
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, y);
   }
   return y;

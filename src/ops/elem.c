@@ -10,6 +10,7 @@
 
 #include <math.h>
 
+// a tensor's shape, as the nodes below keep their inputs' shapes
 typedef struct {
   int ndim;
   int64_t shape[FSDP_MAX_DIMS];
@@ -33,24 +34,26 @@ static fsdp_tensor* binary_forward(int op, fsdp_tensor* a, fsdp_tensor* b) {
   return out;
 }
 
-// binary nodes keep both input shapes: i[0] = ndim(a), i[1..8] = shape(a), i[9] = ndim(b),
-// i[10..17] = shape(b); saved slots 0/1 hold what each grad reads
+// binary nodes keep both input shapes (the gradient of each is summed back to it); saved slots
+// 0/1 hold what each grad reads
+typedef struct {
+  shape_rec in[2];  // a, b
+} binary_params;
+
 static void save_shapes(fsdp_node* n, const fsdp_tensor* a, const fsdp_tensor* b) {
-  n->i[0] = a->ndim;
-  memcpy(&n->i[1], a->shape, a->ndim * sizeof(int64_t));
-  n->i[9] = b->ndim;
-  memcpy(&n->i[10], b->shape, b->ndim * sizeof(int64_t));
-}
-static void shape_of_input(const fsdp_node* n, int which, shape_rec* r) {
-  r->ndim = (int)n->i[which ? 9 : 0];
-  memcpy(r->shape, &n->i[which ? 10 : 1], r->ndim * sizeof(int64_t));
+  binary_params p = {0};
+  p.in[0].ndim = a->ndim;
+  memcpy(p.in[0].shape, a->shape, a->ndim * sizeof(int64_t));
+  p.in[1].ndim = b->ndim;
+  memcpy(p.in[1].shape, b->shape, b->ndim * sizeof(int64_t));
+  fsdp_node_set_params(n, &p, sizeof p);
 }
 
 // grad of input `which`: g (full broadcast shape) summed down to that input's shape
 static int reduce_grad(fsdp_node* n, int which, fsdp_tensor* g, fsdp_tensor** out) {
-  shape_rec r;
-  shape_of_input(n, which, &r);
-  *out = fsdp_sum_to(g, r.ndim, r.shape);
+  binary_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  *out = fsdp_sum_to(g, p.in[which].ndim, p.in[which].shape);
   return *out ? 0 : -1;
 }
 
@@ -183,9 +186,16 @@ static int unary_saves(int op) {
   }
 }
 
-// node: i[0] = op; f[0] = parameter; saved [0] = x or NULL, [1] = y or NULL
+// saved [0] = x or NULL, [1] = y or NULL
+typedef struct {
+  int op;         // FSDP_UN_*
+  double scalar;  // pow's exponent, rdiv_scalar's numerator; else 0
+} unary_params;
+
 static int unary_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  int op = (int)n->i[0], s = unary_saves(op);
+  unary_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  int op = p.op, s = unary_saves(op);
   fsdp_tensor* x = s == 1 ? fsdp_node_saved(n, 0) : NULL;
   fsdp_tensor* y = s == 2 ? fsdp_node_saved(n, 1) : NULL;
   if ((s == 1 && !x) || (s == 2 && !y)) return -1;
@@ -197,7 +207,7 @@ static int unary_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
     return -1;
   }
   fsdp_backend_of(gx)->elem->unary_backward(op, fsdp_f32(gx), fsdp_f32(gc), x ? fsdp_f32(x) : NULL,
-                                            y ? fsdp_f32(y) : NULL, fsdp_tensor_numel(gx), n->f[0]);
+                                            y ? fsdp_f32(y) : NULL, fsdp_tensor_numel(gx), p.scalar);
   fsdp_tensor_release(gc);
   gin[0] = gx;
   return 0;
@@ -217,8 +227,7 @@ static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_
   fsdp_node* n = fsdp_node_new(bwname, unary_backward, 1, &a);
   if (n) {
     int s = unary_saves(op);
-    n->i[0] = op;
-    n->f[0] = p;
+    fsdp_node_set_params(n, &(unary_params){.op = op, .scalar = p}, sizeof(unary_params));
     fsdp_node_save(n, s == 1 ? x : NULL);
     fsdp_node_save(n, s == 2 ? out : NULL);
     fsdp_node_set_output(n, out);
@@ -228,6 +237,10 @@ static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_
 }
 
 // ops whose backward is another cheap op on the gradient need no saved tensors
+typedef struct {
+  double s;  // the scalar (mul_scalar's backward multiplies by it)
+} scalar_params;
+
 static int add_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   (void)n;
   fsdp_tensor_retain(g);
@@ -235,7 +248,9 @@ static int add_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) 
   return 0;
 }
 static int mul_scalar_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  gin[0] = fsdp_mul_scalar(g, n->f[0]);
+  scalar_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  gin[0] = fsdp_mul_scalar(g, p.s);
   return gin[0] ? 0 : -1;
 }
 static int neg_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
@@ -256,7 +271,7 @@ static fsdp_tensor* scalar_op(const char* name, const char* bwname, fsdp_backwar
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, bw, 1, &a);
   if (n) {
-    n->f[0] = p;
+    fsdp_node_set_params(n, &(scalar_params){.s = p}, sizeof(scalar_params));
     fsdp_node_set_output(n, out);
   }
   return out;
@@ -352,21 +367,28 @@ static fsdp_tensor* sum_masked(fsdp_tensor* x, const int* mask) {
   return cur;
 }
 
-// node: i[0] = ndim, i[1..8] = input shape, i[9] = mask bits; f[0] = scale (1 for sum, 1/N for mean)
+typedef struct {
+  shape_rec in;                // the input's shape
+  int reduced[FSDP_MAX_DIMS];  // 1 for the dims summed over
+  double scale;                // 1 for sum, 1/N for mean
+} sum_params;
+
 // grad: reshape g to keepdim form, scale, expand to the input's shape (a stride-0 view, no copy)
 static int sum_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  int nd = (int)n->i[0];
+  sum_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  int nd = p.in.ndim;
   int64_t kshape[FSDP_MAX_DIMS];
-  for (int d = 0; d < nd; d++) kshape[d] = (n->i[9] >> d) & 1 ? 1 : n->i[1 + d];
+  for (int d = 0; d < nd; d++) kshape[d] = p.reduced[d] ? 1 : p.in.shape[d];
   fsdp_tensor* gk = fsdp_reshape(g, nd, kshape);
   if (!gk) return -1;
-  if (n->f[0] != 1.0) {
-    fsdp_tensor* s = fsdp_mul_scalar(gk, n->f[0]);
+  if (p.scale != 1.0) {
+    fsdp_tensor* s = fsdp_mul_scalar(gk, p.scale);
     fsdp_tensor_release(gk);
     if (!s) return -1;
     gk = s;
   }
-  gin[0] = fsdp_expand(gk, nd, &n->i[1]);
+  gin[0] = fsdp_expand(gk, nd, p.in.shape);
   fsdp_tensor_release(gk);
   return gin[0] ? 0 : -1;
 }
@@ -399,13 +421,12 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, sum_backward, 1, &a);
   if (n) {
-    n->i[0] = a->ndim;
-    n->i[9] = 0;
+    sum_params p = {.in.ndim = a->ndim, .scale = scale};
     for (int d = 0; d < a->ndim; d++) {
-      n->i[1 + d] = a->shape[d];
-      if (mask[d]) n->i[9] |= 1 << d;
+      p.in.shape[d] = a->shape[d];
+      p.reduced[d] = mask[d];
     }
-    n->f[0] = scale;
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   return out;
@@ -431,19 +452,26 @@ static void split_dims(const fsdp_tensor* a, int d, int64_t* outer, int64_t* red
   }
 }
 
-// node: i[0] = ndim, i[1..8] = input shape, i[9] = dim; saved[0] = indices (keepdim-free layout)
+// saved[0] = indices (keepdim-free layout)
+typedef struct {
+  shape_rec in;  // the input's shape
+  int dim;       // the dim the max ran over
+} max_params;
+
 static int max_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* idx = fsdp_node_saved(n, 0);
   if (!idx) return -1;
-  int nd = (int)n->i[0], d = (int)n->i[9];
+  max_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  int nd = p.in.ndim, d = p.dim;
   int64_t outer = 1, red = 1, inner = 1;
   for (int k = 0; k < nd; k++) {
-    if (k < d) outer *= n->i[1 + k];
-    else if (k == d) red = n->i[1 + k];
-    else inner *= n->i[1 + k];
+    if (k < d) outer *= p.in.shape[k];
+    else if (k == d) red = p.in.shape[k];
+    else inner *= p.in.shape[k];
   }
   fsdp_tensor* gc = fsdp_as_contig(g);
-  fsdp_tensor* gx = gc ? fsdp_new(nd, &n->i[1], FSDP_F32, fsdp_device_of(gc)) : NULL;
+  fsdp_tensor* gx = gc ? fsdp_new(nd, p.in.shape, FSDP_F32, fsdp_device_of(gc)) : NULL;
   if (!gx) {
     fsdp_tensor_release(gc);
     return -1;
@@ -481,9 +509,9 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
   fsdp_tensor_release(x);
   fsdp_node* n = with_grad ? fsdp_node_new("MaxBackward", max_backward, 1, &a) : NULL;
   if (n) {
-    n->i[0] = a->ndim;
-    for (int k = 0; k < a->ndim; k++) n->i[1 + k] = a->shape[k];
-    n->i[9] = d;
+    max_params p = {.in.ndim = a->ndim, .dim = d};
+    memcpy(p.in.shape, a->shape, a->ndim * sizeof(int64_t));
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_save(n, idx);
     fsdp_node_set_output(n, vals);
   }

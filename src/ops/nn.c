@@ -43,16 +43,22 @@ static int grad_scalar(fsdp_tensor* grad_out, float* g) {
 }
 
 // ---- softmax / log_softmax -----------------------------------------------------------------------
-// node->i: [0] outer, [1] n, [2] inner, [3] log; saved: 0 the output y
+// saved: 0 the output y
+typedef struct {
+  int64_t outer, n, inner;  // the input viewed as (outer, n, inner), softmax over n
+  int log;                  // log_softmax
+} softmax_params;
+
 static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* y = fsdp_node_saved(node, 0);
   if (!y) return -1;
+  softmax_params p;
+  fsdp_node_params(node, &p, sizeof p);
   fsdp_tensor* g = fsdp_as_contig(grad_out);
   if (!g) return -1;
   fsdp_tensor* gx = fsdp_new_like(y);
   if (gx)
-    fsdp_backend_of(y)->nn->softmax_backward(fsdp_f32(gx), fsdp_f32(g), fsdp_f32(y), node->i[0], node->i[1], node->i[2],
-                                             (int)node->i[3]);
+    fsdp_backend_of(y)->nn->softmax_backward(fsdp_f32(gx), fsdp_f32(g), fsdp_f32(y), p.outer, p.n, p.inner, p.log);
   fsdp_tensor_release(g);
   grad_in[0] = gx;
   return gx ? 0 : -1;
@@ -80,10 +86,8 @@ static fsdp_tensor* softmax_op(const char* op, fsdp_tensor* a, int dim, int log)
   fsdp_tensor_release(x);
   fsdp_node* node = fsdp_node_new(log ? "LogSoftmaxBackward" : "SoftmaxBackward", softmax_backward, 1, &a);
   if (node) {
-    node->i[0] = outer;
-    node->i[1] = n;
-    node->i[2] = inner;
-    node->i[3] = log;
+    softmax_params p = {.outer = outer, .n = n, .inner = inner, .log = log};
+    fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, y);
     fsdp_node_set_output(node, y);
   }
@@ -139,19 +143,26 @@ static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tens
   return 0;
 }
 
-// node->f: [0] label_smoothing, [1] count; node->i: [0] ignore_index, [1] N, [2] C, [3] S
 // saved: 0 logits, 1 target, 2 logsumexp (N, S)
+typedef struct {
+  int64_t N, C, S;  // logits (N, C, S), target (N, S)
+  int64_t ignore_index;
+  int64_t count;  // targets not ignored: the mean divides by it
+  double label_smoothing;
+} cross_entropy_params;
+
 static int cross_entropy_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* t = x ? fsdp_node_saved(node, 1) : NULL;
   fsdp_tensor* lse = t ? fsdp_node_saved(node, 2) : NULL;
   float g;
   if (!lse || grad_scalar(grad_out, &g)) return -1;
+  cross_entropy_params p;
+  fsdp_node_params(node, &p, sizeof p);
   fsdp_tensor* gx = fsdp_new_like(x);
   if (!gx) return -1;
-  fsdp_backend_of(x)->nn->cross_entropy_backward(fsdp_f32(gx), fsdp_f32(x), fsdp_f32(lse), fsdp_i64(t), node->i[1],
-                                                 node->i[2], node->i[3], node->i[0], (float)node->f[0],
-                                                 g / (float)node->f[1]);
+  fsdp_backend_of(x)->nn->cross_entropy_backward(fsdp_f32(gx), fsdp_f32(x), fsdp_f32(lse), fsdp_i64(t), p.N, p.C, p.S,
+                                                 p.ignore_index, (float)p.label_smoothing, g / (float)p.count);
   grad_in[0] = gx;
   return 0;
 }
@@ -188,12 +199,9 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
   fsdp_node* node =
       out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2, (fsdp_tensor*[]){logits, target}) : NULL;
   if (node) {
-    node->f[0] = label_smoothing;
-    node->f[1] = (double)count;
-    node->i[0] = ignore_index;
-    node->i[1] = N;
-    node->i[2] = C;
-    node->i[3] = S;
+    cross_entropy_params p = {
+        .N = N, .C = C, .S = S, .ignore_index = ignore_index, .count = count, .label_smoothing = label_smoothing};
+    fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, x);
     fsdp_node_save(node, tc);
     fsdp_node_save(node, lse);
@@ -205,16 +213,24 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
   return out;
 }
 
-// node->f: [1] count; node->i: [0] ignore_index, [1] N, [2] C, [3] S, [4] ndim, [5..] input shape
 // saved: 0 target
+typedef struct {
+  int64_t N, C, S;  // logp (N, C, S), target (N, S)
+  int64_t ignore_index;
+  int64_t count;  // targets not ignored: the mean divides by it
+  int ndim;       // logp's shape, the gradient's
+  int64_t shape[FSDP_MAX_DIMS];
+} nll_params;
+
 static int nll_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* t = fsdp_node_saved(node, 0);
   float g;
   if (!t || grad_scalar(grad_out, &g)) return -1;
-  fsdp_tensor* gx = fsdp_new((int)node->i[4], &node->i[5], FSDP_F32, fsdp_device_of(t));
+  nll_params p;
+  fsdp_node_params(node, &p, sizeof p);
+  fsdp_tensor* gx = fsdp_new(p.ndim, p.shape, FSDP_F32, fsdp_device_of(t));
   if (!gx) return -1;
-  fsdp_backend_of(t)->nn->nll_backward(fsdp_f32(gx), fsdp_i64(t), node->i[1], node->i[2], node->i[3], node->i[0],
-                                       g / (float)node->f[1]);
+  fsdp_backend_of(t)->nn->nll_backward(fsdp_f32(gx), fsdp_i64(t), p.N, p.C, p.S, p.ignore_index, g / (float)p.count);
   grad_in[0] = gx;
   return 0;
 }
@@ -244,13 +260,9 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
   fsdp_tensor* out = new_scalar(fsdp_device_of(logp), total / (double)count);
   fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
   if (node) {
-    node->f[1] = (double)count;
-    node->i[0] = ignore_index;
-    node->i[1] = N;
-    node->i[2] = C;
-    node->i[3] = S;
-    node->i[4] = logp->ndim;
-    memcpy(&node->i[5], logp->shape, logp->ndim * sizeof(int64_t));
+    nll_params p = {.N = N, .C = C, .S = S, .ignore_index = ignore_index, .count = count, .ndim = logp->ndim};
+    memcpy(p.shape, logp->shape, logp->ndim * sizeof(int64_t));
+    fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, tc);
     fsdp_node_set_output(node, out);
   }
@@ -308,16 +320,24 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
 }
 
 // ---- layer norm --------------------------------------------------------------------------------------------
-// node->i: [0] M, [1] D, [2] normalized_ndim, [3] slot of w (-1 if none); saved: x, mean, rstd, (w)
+// saved: x, mean, rstd, (w)
+typedef struct {
+  int64_t M, D;         // x viewed as (M, D), normalized over D
+  int normalized_ndim;  // the last dims of x that make D
+  int w_slot;           // saved slot of the weight, -1 without one
+} layer_norm_params;
+
 static int layer_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* mean = x ? fsdp_node_saved(node, 1) : NULL;
   fsdp_tensor* rstd = mean ? fsdp_node_saved(node, 2) : NULL;
   if (!rstd) return -1;
+  layer_norm_params p;
+  fsdp_node_params(node, &p, sizeof p);
   fsdp_tensor* w = NULL;
-  if (node->i[3] >= 0 && !(w = fsdp_node_saved(node, (int)node->i[3]))) return -1;
-  int64_t M = node->i[0], D = node->i[1];
-  int k = (int)node->i[2];
+  if (p.w_slot >= 0 && !(w = fsdp_node_saved(node, p.w_slot))) return -1;
+  int64_t M = p.M, D = p.D;
+  int k = p.normalized_ndim;
   const int64_t* nshape = x->shape + (x->ndim - k);  // the normalized shape
   fsdp_tensor* dy = fsdp_as_contig(grad_out);
   if (!dy) return -1;
@@ -371,14 +391,12 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
                                bc ? fsdp_f32(bc) : NULL, M, D, (float)eps);
     fsdp_node* node = fsdp_node_new("LayerNormBackward", layer_norm_backward, 3, (fsdp_tensor*[]){x, w, b});
     if (node) {
-      node->i[0] = M;
-      node->i[1] = D;
-      node->i[2] = k;
-      node->i[3] = -1;
       fsdp_node_save(node, xc);
       fsdp_node_save(node, mean);
       fsdp_node_save(node, rstd);
-      if (wc) node->i[3] = fsdp_node_save(node, wc);
+      int w_slot = wc ? fsdp_node_save(node, wc) : -1;
+      layer_norm_params p = {.M = M, .D = D, .normalized_ndim = k, .w_slot = w_slot};
+      fsdp_node_set_params(node, &p, sizeof p);
       fsdp_node_set_output(node, y);
     }
   } else {
@@ -394,16 +412,23 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
 }
 
 // ---- embedding -------------------------------------------------------------------------------------------------
-// node->i: [0] padding_idx, [1] V, [2] D; saved: 0 index (contiguous)
+// saved: 0 index (contiguous)
+typedef struct {
+  int64_t V, D;         // weight (V, D)
+  int64_t padding_idx;  // the row that gets no gradient, or negative for none
+} embedding_params;
+
 static int embedding_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* idx = fsdp_node_saved(node, 0);
   if (!idx) return -1;
-  int64_t V = node->i[1], D = node->i[2], shape[2] = {V, D};
+  embedding_params p;
+  fsdp_node_params(node, &p, sizeof p);
+  int64_t V = p.V, D = p.D, shape[2] = {V, D};
   fsdp_tensor* gy = fsdp_as_contig(grad_out);
   fsdp_tensor* gw = gy ? fsdp_new(2, shape, FSDP_F32, fsdp_device_of(gy)) : NULL;
   if (gw)
     fsdp_backend_of(gw)->nn->embedding_backward(fsdp_f32(gw), fsdp_f32(gy), fsdp_i64(idx), fsdp_tensor_numel(idx), V, D,
-                                                node->i[0]);
+                                                p.padding_idx);
   fsdp_tensor_release(gy);
   grad_in[0] = gw;
   return gw ? 0 : -1;
@@ -446,9 +471,8 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
     be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
     fsdp_node* node = fsdp_node_new("EmbeddingBackward", embedding_backward, 1, &weight);
     if (node) {
-      node->i[0] = padding_idx;
-      node->i[1] = V;
-      node->i[2] = D;
+      embedding_params p = {.V = V, .D = D, .padding_idx = padding_idx};
+      fsdp_node_set_params(node, &p, sizeof p);
       fsdp_node_save(node, idx);
       fsdp_node_set_output(node, y);
     }
@@ -461,13 +485,17 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
 // ---- dropout ------------------------------------------------------------------------------------------------------
 // The keep mask is a function of (seed, element index): the seed is one draw from the global RNG
 // (deterministic under fsdp_manual_seed), and backward regenerates the mask instead of storing it.
-// node->f: [0] p; node->i: [0] seed
+typedef struct {
+  double p;       // drop probability
+  uint64_t seed;  // of the keep mask
+} dropout_params;
+
 static int dropout_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
+  dropout_params dp;
+  fsdp_node_params(node, &dp, sizeof dp);
   fsdp_tensor* g = fsdp_as_contig(grad_out);
   fsdp_tensor* gx = g ? fsdp_new_like(g) : NULL;
-  if (gx)
-    fsdp_backend_of(g)->nn->dropout(fsdp_f32(gx), fsdp_f32(g), fsdp_tensor_numel(g), (float)node->f[0],
-                                    (uint64_t)node->i[0]);
+  if (gx) fsdp_backend_of(g)->nn->dropout(fsdp_f32(gx), fsdp_f32(g), fsdp_tensor_numel(g), (float)dp.p, dp.seed);
   fsdp_tensor_release(g);
   grad_in[0] = gx;
   return gx ? 0 : -1;
@@ -491,8 +519,7 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
     be->nn->dropout(fsdp_f32(y), fsdp_f32(xc), fsdp_tensor_numel(xc), (float)p, seed);
     fsdp_node* node = fsdp_node_new("DropoutBackward", dropout_backward, 1, &x);
     if (node) {
-      node->f[0] = p;
-      node->i[0] = (int64_t)seed;
+      fsdp_node_set_params(node, &(dropout_params){.p = p, .seed = seed}, sizeof(dropout_params));
       fsdp_node_set_output(node, y);
     }
   }
@@ -556,8 +583,8 @@ static bmats matrices_of(fsdp_tensor* t, int64_t B, int64_t* off) {
 // sees keys j <= i -- and gemm_tiles' limits skip the rest in 4-row tiles: the score products stop
 // at the diagonal (and zero what lies past it), the products that read P or dS stop their sums there.
 // About half of the full work at large T.
-static int tile_limits(int causal, int64_t Tq, int64_t Tk, int lim) {
-  return causal && Tq == Tk ? lim : FSDP_TILES_ALL;
+static int tile_limits(const fsdp_attn_geom* geo, int lim) {
+  return geo->causal && geo->Tq == geo->Tk ? lim : FSDP_TILES_ALL;
 }
 
 // appends one product over the B matrices, C_b = alpha op(A_b) op(B_b), to the list (g, lim, *n) that
@@ -571,9 +598,8 @@ static void add_products(fsdp_gemm_args* g, int* lim, int* n, int64_t B, int lim
   }
 }
 
-// node->f: [0] scale, [1] dropout_p; node->i: [0] seed, [1] B, [2] Tq, [3] Tk, [4] D, [5] Dv, [6] causal
-// saved: 0 q, 1 k, 2 v (as read: in place or contiguous copies), 3 P (B.., Tq, Tk), 4 mask (only when
-// it requires grad)
+// params: the fsdp_attn_geom; saved: 0 q, 1 k, 2 v (as read: in place or contiguous copies), 3 P
+// (B.., Tq, Tk), 4 mask (only when it requires grad)
 static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* q = fsdp_node_saved(node, 0);
   fsdp_tensor* k = q ? fsdp_node_saved(node, 1) : NULL;
@@ -582,11 +608,11 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   fsdp_tensor* mask = NULL;
   if (!P || (node->needs_grad[3] && !(mask = fsdp_node_saved(node, 4)))) return -1;
   const fsdp_backend* be = fsdp_backend_of(q);
-  float scale = (float)node->f[0], p = (float)node->f[1];
-  uint64_t seed = (uint64_t)node->i[0];
-  int64_t B = node->i[1], Tq = node->i[2], Tk = node->i[3], D = node->i[4], Dv = node->i[5], nP = B * Tq * Tk;
+  fsdp_attn_geom geo;
+  fsdp_node_params(node, &geo, sizeof geo);
+  float scale = (float)geo.scale, p = (float)geo.dropout_p;
+  int64_t B = geo.B, Tq = geo.Tq, Tk = geo.Tk, D = geo.D, Dv = geo.Dv, nP = B * Tq * Tk;
   int64_t nB = B > 0 ? B : 1;
-  int causal = (int)node->i[6];
   fsdp_tensor *dO = as_matrices(grad_out), *Pd = NULL, *dP = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
   int64_t* off = malloc(9 * nB * sizeof(int64_t));
   fsdp_gemm_args* g = malloc(2 * nB * sizeof(fsdp_gemm_args));  // two independent products run together
@@ -598,7 +624,7 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   }
   if (p > 0.0f) {  // the dropped-out probabilities the forward multiplied with v
     if (!(Pd = fsdp_new_like(P))) goto done;
-    be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, p, seed);
+    be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), nP, p, geo.seed);
   }
   int want_dP = node->needs_grad[0] || node->needs_grad[1] || node->needs_grad[3];
   if ((node->needs_grad[2] && !(dv = fsdp_new_layout_like(v, v->shape))) || (want_dP && !(dP = fsdp_new_like(P))) ||
@@ -610,29 +636,25 @@ static int sdpa_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** g
   if (Pd) Sd.p = fsdp_f32(Pd);  // same layout as P
   if (dv) {                     // dV (Tk, Dv) = Pd^T (Tk, Tq) @ dO (Tq, Dv)
     bmats dV = matrices_of(dv, B, off + 5 * nB);
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, Dv, Tq, 1.0f, &Sd, &dOm,
-                 &dV);
+    add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, Dv, Tq, 1.0f, &Sd, &dOm, &dV);
   }
   if (want_dP) {  // dPd (Tq, Tk) = dO (Tq, Dv) @ V^T (Dv, Tk)
     dS = matrices_of(dP, B, off + 6 * nB);
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, Dv, 1.0f, &dOm, &V,
-                 &dS);
+    add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, Dv, 1.0f, &dOm, &V, &dS);
   }
   if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
   n = 0;
   if (want_dP) {
-    if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, seed);
+    if (p > 0.0f) be->nn->dropout(fsdp_f32(dP), fsdp_f32(dP), nP, p, geo.seed);
     be->nn->softmax_backward(fsdp_f32(dP), fsdp_f32(dP), fsdp_f32(P), B * Tq, Tk, 1, 0);  // dP -> dS in place
     bmats dQ, dK;
     if (dq) {  // dQ (Tq, D) = scale * dS (Tq, Tk) @ K (Tk, D)
       dQ = matrices_of(dq, B, off + 7 * nB);
-      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, D, Tk, scale, &dS, &K,
-                   &dQ);
+      add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_K_TO_ROW), 0, 0, Tq, D, Tk, scale, &dS, &K, &dQ);
     }
     if (dk) {  // dK (Tk, D) = scale * dS^T (Tk, Tq) @ Q (Tq, D)
       dK = matrices_of(dk, B, off + 8 * nB);
-      add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, D, Tq, scale, &dS, &Q,
-                   &dK);
+      add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_K_FROM_ROW), 1, 0, Tk, D, Tq, scale, &dS, &Q, &dK);
     }
     if (n && be->linalg->gemm_tiles(n, g, lim)) goto done;
     if (node->needs_grad[3] && !(grad_in[3] = fsdp_sum_to(dP, mask->ndim, mask->shape))) goto done;
@@ -655,9 +677,8 @@ done:
   return rc;
 }
 
-// checks shapes; fills B (product of batch dims), Tq, Tk, D, Dv
-static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, int64_t* B, int64_t* Tq,
-                      int64_t* Tk, int64_t* D, int64_t* Dv) {
+// checks shapes; fills geo's B (product of batch dims), Tq, Tk, D, Dv
+static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_attn_geom* geo) {
   CHECK_INT(q && k && v, "%s: query, key and value must be tensors (got nil)", op);
   if (fsdp_check_f32(op, q) || fsdp_check_f32(op, k) || fsdp_check_f32(op, v)) return -1;
   if (fsdp_check_same_device(op, q, k) || fsdp_check_same_device(op, q, v)) return -1;
@@ -667,33 +688,37 @@ static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tenso
             "of dims (at least 2: (..., T, head_dim))",
             op, SH(q), SH(k), SH(v));
   int ok = 1;
-  *B = 1;
+  geo->B = 1;
   for (int i = 0; i < nd - 2; i++) {
     ok = ok && k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i];
-    *B *= q->shape[i];
+    geo->B *= q->shape[i];
   }
   CHECK_INT(ok, "%s: batch dims of query %s, key %s and value %s differ", op, SH(q), SH(k), SH(v));
-  *Tq = q->shape[nd - 2];
-  *D = q->shape[nd - 1];
-  *Tk = k->shape[nd - 2];
-  *Dv = v->shape[nd - 1];
-  CHECK_INT(k->shape[nd - 1] == *D, "%s: query %s and key %s have different head dims (%lld vs %lld)", op, SH(q), SH(k),
-            (long long)*D, (long long)k->shape[nd - 1]);
-  CHECK_INT(v->shape[nd - 2] == *Tk, "%s: key %s and value %s have different sequence lengths (%lld vs %lld)", op,
-            SH(k), SH(v), (long long)*Tk, (long long)v->shape[nd - 2]);
+  geo->Tq = q->shape[nd - 2];
+  geo->D = q->shape[nd - 1];
+  geo->Tk = k->shape[nd - 2];
+  geo->Dv = v->shape[nd - 1];
+  CHECK_INT(k->shape[nd - 1] == geo->D, "%s: query %s and key %s have different head dims (%lld vs %lld)", op, SH(q),
+            SH(k), (long long)geo->D, (long long)k->shape[nd - 1]);
+  CHECK_INT(v->shape[nd - 2] == geo->Tk, "%s: key %s and value %s have different sequence lengths (%lld vs %lld)", op,
+            SH(k), SH(v), (long long)geo->Tk, (long long)v->shape[nd - 2]);
   return 0;
 }
 
 fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,
                                                int causal, double dropout_p, double scale) {
   const char* op = "scaled_dot_product_attention";
-  int64_t B, Tq, Tk, D, Dv;
-  if (sdpa_check(op, q, k, v, &B, &Tq, &Tk, &D, &Dv)) return NULL;
+  fsdp_attn_geom geo = {0};
+  if (sdpa_check(op, q, k, v, &geo)) return NULL;
   CHECK_NULL(dropout_p >= 0.0 && dropout_p < 1.0, "%s: dropout_p must be in [0, 1), got %g", op, dropout_p);
   const fsdp_backend* be = fsdp_backend_of(q);
   if (!be) return NULL;
   int nd = q->ndim;
+  int64_t B = geo.B, Tq = geo.Tq, Tk = geo.Tk, D = geo.D, Dv = geo.Dv;
   if (scale <= 0.0) scale = 1.0 / sqrt((double)D);
+  geo.causal = causal;
+  geo.scale = scale;
+  geo.dropout_p = dropout_p;
   int64_t sshape[FSDP_MAX_DIMS], oshape[FSDP_MAX_DIMS], mstride[FSDP_MAX_DIMS];
   memcpy(sshape, q->shape, nd * sizeof(int64_t));
   sshape[nd - 1] = Tk;  // scores (..., Tq, Tk)
@@ -712,6 +737,8 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
                "key %s)",
                op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
     fsdp_broadcast_strides(mask, nd, sshape, mstride);
+    geo.mask_sq = mstride[nd - 2];
+    geo.mask_sk = mstride[nd - 1];
   }
   int64_t nB = B > 0 ? B : 1;
   int64_t* off = malloc(6 * nB * sizeof(int64_t));
@@ -726,42 +753,30 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   fsdp_tensor *qm = as_matrices(q), *km = NULL, *vm = NULL, *P = NULL, *Pd = NULL, *out = NULL;
   int ok = qm && (km = as_matrices(k)) && (vm = as_matrices(v)) &&
            (P = fsdp_new(nd, sshape, FSDP_F32, fsdp_device_of(q))) && (out = fsdp_new_layout_like(qm, oshape));
-  uint64_t seed = 0;
   if (ok) {
     bmats Q = matrices_of(qm, B, off), K = matrices_of(km, B, off + nB), V = matrices_of(vm, B, off + 2 * nB);
     bmats S = matrices_of(P, B, off + 3 * nB), O = matrices_of(out, B, off + 4 * nB);
     int n = 0;  // S (Tq, Tk) = scale * q (Tq, D) @ k^T (D, Tk)
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, D, (float)scale, &Q,
-                 &K, &S);
+    add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, D, (float)scale, &Q, &K, &S);
     ok = !n || !be->linalg->gemm_tiles(n, g, lim);
     if (ok && mask) batch_offsets(nd - 2, sshape, mstride, B, off + 5 * nB);
-    if (ok)
-      be->nn->attn_softmax(fsdp_f32(P), B, Tq, Tk, mask ? fsdp_f32(mask) : NULL, off + 5 * nB,
-                           mask ? mstride[nd - 2] : 0, mask ? mstride[nd - 1] : 0, causal);
+    if (ok) be->nn->attn_softmax(&geo, fsdp_f32(P), mask ? fsdp_f32(mask) : NULL, off + 5 * nB);
     bmats Sd = S;  // the dropped-out probabilities, same layout
     if (ok && dropout_p > 0.0) {
-      seed = fsdp_rng_next();
+      geo.seed = fsdp_rng_next();
       ok = (Pd = fsdp_new_like(P)) != NULL;
-      if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), B * Tq * Tk, (float)dropout_p, seed);
+      if (ok) be->nn->dropout(fsdp_f32(Pd), fsdp_f32(P), B * Tq * Tk, (float)dropout_p, geo.seed);
       if (ok) Sd.p = fsdp_f32(Pd);
     }
     n = 0;  // O (Tq, Dv) = Pd (Tq, Tk) @ v (Tk, Dv)
-    add_products(g, lim, &n, B, tile_limits(causal, Tq, Tk, FSDP_TILES_K_TO_ROW), 0, 0, Tq, Dv, Tk, 1.0f, &Sd, &V, &O);
+    add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_K_TO_ROW), 0, 0, Tq, Dv, Tk, 1.0f, &Sd, &V, &O);
     ok = ok && (!n || !be->linalg->gemm_tiles(n, g, lim));
   }
   if (ok) {
     fsdp_node* node =
         fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4, (fsdp_tensor*[]){q, k, v, mask});
     if (node) {
-      node->f[0] = scale;
-      node->f[1] = dropout_p;
-      node->i[0] = (int64_t)seed;
-      node->i[1] = B;
-      node->i[2] = Tq;
-      node->i[3] = Tk;
-      node->i[4] = D;
-      node->i[5] = Dv;
-      node->i[6] = causal;
+      fsdp_node_set_params(node, &geo, sizeof geo);
       fsdp_node_save(node, qm);
       fsdp_node_save(node, km);
       fsdp_node_save(node, vm);

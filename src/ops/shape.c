@@ -12,10 +12,16 @@
 #include "ops/ops.h"
 
 // ---- helpers ------------------------------------------------------------------------------------
-// node->i layout shared by the "reshape back" family: i[0] = ndim, i[1..ndim] = input shape
-static void node_save_shape(fsdp_node* n, const fsdp_tensor* t) {
-  n->i[0] = t->ndim;
-  for (int d = 0; d < t->ndim; d++) n->i[1 + d] = t->shape[d];
+// the input's shape: the parameters of the "reshape back" family and of expand
+typedef struct {
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+} shape_params;
+
+static shape_params shape_of(const fsdp_tensor* t) {
+  shape_params p = {.ndim = t->ndim};
+  memcpy(p.shape, t->shape, t->ndim * sizeof(int64_t));
+  return p;
 }
 
 // a contiguous tensor with t's dtype (new ref; t itself when already contiguous)
@@ -97,7 +103,9 @@ fsdp_tensor* fsdp_contiguous(fsdp_tensor* a) {
 
 // ---- view / reshape --------------------------------------------------------------------------------
 static int reshape_back_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  gin[0] = fsdp_reshape(g, (int)n->i[0], &n->i[1]);
+  shape_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  gin[0] = fsdp_reshape(g, p.ndim, p.shape);
   return gin[0] ? 0 : -1;
 }
 
@@ -165,7 +173,8 @@ static fsdp_tensor* make_view(const char* bwname, fsdp_tensor* a, int ndim, cons
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, reshape_back_backward, 1, &a);
   if (n) {
-    node_save_shape(n, a);
+    shape_params p = shape_of(a);
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   return out;
@@ -213,10 +222,15 @@ fsdp_tensor* fsdp_flatten(fsdp_tensor* a, int start_dim, int end_dim) {
 }
 
 // ---- permute / transpose -----------------------------------------------------------------------------
-// node->i[0..ndim) = perm
+typedef struct {
+  int perm[FSDP_MAX_DIMS];  // output dim d is input dim perm[d]
+} permute_params;
+
 static int permute_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  permute_params p;
+  fsdp_node_params(n, &p, sizeof p);
   int inv[FSDP_MAX_DIMS];
-  for (int d = 0; d < g->ndim; d++) inv[n->i[d]] = d;
+  for (int d = 0; d < g->ndim; d++) inv[p.perm[d]] = d;
   gin[0] = fsdp_permute(g, g->ndim, inv);
   return gin[0] ? 0 : -1;
 }
@@ -231,7 +245,9 @@ static fsdp_tensor* permute_impl(const char* bwname, fsdp_tensor* a, const int* 
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, permute_backward, 1, &a);
   if (n) {
-    for (int d = 0; d < a->ndim; d++) n->i[d] = perm[d];
+    permute_params p = {{0}};
+    memcpy(p.perm, perm, a->ndim * sizeof(int));
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   return out;
@@ -304,7 +320,9 @@ fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim) {
 
 // ---- expand -----------------------------------------------------------------------------------------------
 static int expand_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  gin[0] = fsdp_sum_to(g, (int)n->i[0], &n->i[1]);
+  shape_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  gin[0] = fsdp_sum_to(g, p.ndim, p.shape);
   return gin[0] ? 0 : -1;
 }
 
@@ -341,29 +359,37 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("ExpandBackward", expand_backward, 1, &a);
   if (n) {
-    node_save_shape(n, a);
+    shape_params p = shape_of(a);
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   return out;
 }
 
 // ---- narrow -------------------------------------------------------------------------------------------------
-// node->i: [0] ndim, [1..ndim] input shape, [9] dim, [10] start
+typedef struct {
+  shape_params in;  // the input's shape
+  int dim;
+  int64_t start;  // the slice's first index along dim
+} narrow_params;
+
 // The gradient is zero but for the slice. When another slice of the same tensor has already
 // delivered its gradient (q, k and v cut from one qkv projection), this one is added into that
 // sum's slice in place: no zero-filled full-size tensor, no full-size sum. Either way the slice goes
 // in as one strided axpy over the outer rows (one kernel call, not one per row).
 static int narrow_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  int ndim = (int)n->i[0], d = (int)n->i[9];
-  int64_t start = n->i[10];
+  narrow_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  int ndim = p.in.ndim, d = p.dim;
+  int64_t start = p.start;
   fsdp_tensor** acc = n->grad_dest;
   int full_shape = acc && *acc && (*acc)->ndim == ndim;
-  for (int j = 0; full_shape && j < ndim; j++) full_shape = (*acc)->shape[j] == n->i[1 + j];
+  for (int j = 0; full_shape && j < ndim; j++) full_shape = (*acc)->shape[j] == p.in.shape[j];
   fsdp_tensor* dst;  // the full-size gradient the slice goes into
   if (full_shape && fsdp_grad_exclusive(*acc) && g->dtype == FSDP_F32) {
     dst = *acc;
   } else {
-    dst = fsdp_full(ndim, &n->i[1], 0.0, FSDP_F32, fsdp_device_of(g));
+    dst = fsdp_full(ndim, p.in.shape, 0.0, FSDP_F32, fsdp_device_of(g));
     if (!dst) return -1;
     gin[0] = dst;
   }
@@ -374,7 +400,7 @@ static int narrow_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* gc = fsdp_as_contig(g);
   if (!gc) return -1;
   // dst (outer, size, inner)[:, start:start+len, :] += g (outer, len, inner): rows of len*inner
-  int64_t outer = prod(g->shape, 0, d), run = prod(g->shape, d, ndim), size = n->i[1 + d];
+  int64_t outer = prod(g->shape, 0, d), run = prod(g->shape, d, ndim), size = p.in.shape[d];
   int64_t inner = prod(g->shape, d + 1, ndim);
   fsdp_backend_of(gc)->elem->axpy(fsdp_f32(dst) + start * inner, size * inner, fsdp_f32(gc), run, outer, run, 1.0f);
   fsdp_tensor_release(gc);
@@ -398,23 +424,27 @@ fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length)
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("NarrowBackward", narrow_backward, 1, &a);
   if (n) {
-    node_save_shape(n, a);
-    n->i[9] = d;
-    n->i[10] = start;
+    narrow_params p = {.in = shape_of(a), .dim = d, .start = start};
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   return out;
 }
 
 // ---- cat ----------------------------------------------------------------------------------------------------
-// node->i: [0] dim, [1..n] sizes of the inputs along dim
+typedef struct {
+  int dim;
+  int64_t sizes[FSDP_NODE_MAX_INPUTS];  // of the inputs along dim
+} cat_params;
+
 static int cat_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  int dim = (int)n->i[0];
+  cat_params p;
+  fsdp_node_params(n, &p, sizeof p);
   int64_t start = 0;
   for (int k = 0; k < n->n_inputs; k++) {
-    int64_t len = n->i[1 + k];
+    int64_t len = p.sizes[k];
     if (n->needs_grad[k]) {
-      gin[k] = fsdp_narrow(g, dim, start, len);
+      gin[k] = fsdp_narrow(g, p.dim, start, len);
       if (!gin[k]) return -1;
     }
     start += len;
@@ -472,20 +502,28 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
   }
   fsdp_node* node = fsdp_node_new("CatBackward", cat_backward, n, ts);
   if (node) {
-    node->i[0] = d;
-    for (int k = 0; k < n; k++) node->i[1 + k] = ts[k]->shape[d];
+    cat_params p = {.dim = d};
+    for (int k = 0; k < n; k++) p.sizes[k] = ts[k]->shape[d];
+    fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_set_output(node, out);
   }
   return out;
 }
 
 // ---- index_select -------------------------------------------------------------------------------------------
-// saved[0] = index (contiguous i64); node->i: [0] ndim, [1..ndim] input shape, [9] dim
+// saved[0] = index (contiguous i64)
+typedef struct {
+  shape_params in;  // the input's shape
+  int dim;
+} index_select_params;
+
 static int index_select_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* idx = fsdp_node_saved(n, 0);
   if (!idx) return -1;
-  int ndim = (int)n->i[0], d = (int)n->i[9];
-  const int64_t* in_shape = &n->i[1];
+  index_select_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  int ndim = p.in.ndim, d = p.dim;
+  const int64_t* in_shape = p.in.shape;
   fsdp_tensor* gx = fsdp_full(ndim, in_shape, 0.0, FSDP_F32, fsdp_device_of(g));
   fsdp_tensor* gc = fsdp_as_contig(g);
   if (!gx || !gc) {
@@ -541,9 +579,8 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   fsdp_node* n = fsdp_node_new("IndexSelectBackward", index_select_backward, 1, &a);
   if (n) {
     fsdp_node_save(n, idx);
-    n->i[0] = nd;
-    for (int j = 0; j < nd; j++) n->i[1 + j] = in_shape[j];
-    n->i[9] = d;
+    index_select_params p = {.in = shape_of(a), .dim = d};
+    fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
   fsdp_tensor_release(idx);
@@ -551,9 +588,14 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
 }
 
 // ---- dtype casts ----------------------------------------------------------------------------------------------
-// node->i[0] = input dtype
+typedef struct {
+  int dtype;  // the input's: the gradient goes back to it
+} to_dtype_params;
+
 static int to_dtype_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  fsdp_tensor* r = fsdp_new(g->ndim, g->shape, (int)n->i[0], fsdp_device_of(g));
+  to_dtype_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  fsdp_tensor* r = fsdp_new(g->ndim, g->shape, p.dtype, fsdp_device_of(g));
   if (!r) return -1;
   if (fsdp_copy_strided(r, g)) {
     fsdp_tensor_release(r);
@@ -579,7 +621,7 @@ fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
   if (dtype != FSDP_I64) {  // integer outputs never require grad
     fsdp_node* n = fsdp_node_new("ToCopyBackward", to_dtype_backward, 1, &a);
     if (n) {
-      n->i[0] = a->dtype;
+      fsdp_node_set_params(n, &(to_dtype_params){.dtype = a->dtype}, sizeof(to_dtype_params));
       fsdp_node_set_output(n, out);
     }
   }

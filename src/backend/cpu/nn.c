@@ -433,8 +433,9 @@ static void cpu_dropout(float* y, const float* x, int64_t n, float p, uint64_t s
 }
 
 // ---- attention softmax ----------------------------------------------------------------------------------
-static void cpu_attn_softmax(float* P, int64_t B, int64_t Tq, int64_t Tk, const float* mask, const int64_t* mask_boff,
-                             int64_t msq, int64_t msk, int causal) {
+static void cpu_attn_softmax(const fsdp_attn_geom* g, float* P, const float* mask, const int64_t* mask_boff) {
+  int64_t B = g->B, Tq = g->Tq, Tk = g->Tk, msq = g->mask_sq, msk = g->mask_sk;
+  int causal = g->causal;
 #pragma omp parallel for schedule(static) if (B * Tq * Tk > PAR_MIN)
   for (int64_t r = 0; r < B * Tq; r++) {
     int64_t b = r / Tq, i = r % Tq;
