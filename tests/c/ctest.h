@@ -35,7 +35,7 @@ static int ctest_pass, ctest_fail, ctest_cur_failed;
     }                                                                                \
   } while (0)
 // counts a failure for every memory category that still holds bytes (call at the end of main)
-static void ctest_expect_no_leaks(void) {
+static inline void ctest_expect_no_leaks(void) {
   int64_t cur[FSDP_MEM_NCAT];
   fsdp_memory_stats(cur, NULL);
   for (int c = 0; c < FSDP_MEM_NCAT; c++)
