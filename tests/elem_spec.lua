@@ -9,17 +9,7 @@ local R = require "op_refs"
 -- ---- naive references ---------------------------------------------------------------------------
 local f32 = function(x) return (require "ffi").new("float[1]", x)[0] end
 
--- erf by its Taylor series (|x| < 4 is plenty for these tests), double precision
-local function erf(x)
-  local sum, term, n = x, x, 0
-  repeat
-    n = n + 1
-    term = -term * x * x / n
-    local add = term / (2 * n + 1)
-    sum = sum + add
-  until math.abs(add) < 1e-17 * math.abs(sum) or n > 200
-  return 2 / math.sqrt(math.pi) * sum
-end
+local erf = R.erf  -- double precision, by its Taylor series
 
 describe("binary ops", function()
   it("name their backward node", function()

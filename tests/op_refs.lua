@@ -201,6 +201,7 @@ local function erf(x)
   until math.abs(add) < 1e-17 * math.abs(sum) or n > 300
   return 2 / math.sqrt(math.pi) * sum
 end
+R.erf = erf
 
 function R.gelu(x, p)
   if p.approximate == "tanh" then
