@@ -6,7 +6,8 @@
 #   make layers     the layers of src/: no include or call crosses them the wrong way
 #   make lint       cppcheck (warning, performance, portability) and the realloc check
 #   make format     clang-format the C sources; make format-check: fail on any difference
-#   make memcheck   C tests under valgrind; make asan-check: a training run under ASan + UBSan
+#   make memcheck   C tests under valgrind; make asan-check: a training run under ASan + UBSan;
+#                   make tsan-check: two threads training at once under ThreadSanitizer
 #   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
 #
 # Flags: OPT (default -O3 -march=native -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
@@ -144,6 +145,15 @@ asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD=$(ASAN_LIB) \
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
+# The core from two threads at once under ThreadSanitizer (build-tsan/): tests/c/tsan_probe.c trains
+# two independent models in two threads and must match a single-thread run; any race is an error
+# (one thread per OpenMP and OpenBLAS pool: neither library is built for TSan)
+tsan-check: | deps-build
+	mkdir -p build-tsan
+	$(CC) -O1 $(ARCH) -g -fsanitize=thread $(BASE_CFLAGS) $(BLAS_CFLAGS) -o build-tsan/tsan_probe tests/c/tsan_probe.c \
+	  $(SRCS) $(LDLIBS) -lpthread -ldl
+	TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 build-tsan/tsan_probe
+
 # ---- benchmarks and the demo --------------------------------------------------------------------
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON))
@@ -173,6 +183,6 @@ install: all
 	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build build-memcheck build-asan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check bench bench-fsdp demo install clean
+.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-fsdp demo install clean

@@ -15,9 +15,15 @@
  */
 #include "core/core.h"
 
-static int g_grad_enabled = 1;
-static int64_t g_seq, g_pass;
-static int g_backward_running;
+#include <pthread.h>
+
+// Threads may run independent models at once: grad mode, the running backward and its queued
+// callbacks belong to the calling thread; node and pass numbers, hook ids, the live-hook list and
+// the listener list are shared (atomic or locked).
+static _Thread_local int g_grad_enabled = 1;
+static _Thread_local int g_backward_running;
+static _Thread_local int64_t g_pass;  // this thread's current (or last) backward pass
+static _Atomic int64_t g_seq, g_pass_ids;
 
 int fsdp_is_grad_enabled(void) { return g_grad_enabled; }
 void fsdp_set_grad_enabled(int enabled) { g_grad_enabled = enabled != 0; }
@@ -240,25 +246,32 @@ static int leaf_accumulate(fsdp_tensor* leaf, fsdp_tensor* g) {
 }
 
 // ---- hooks ----------------------------------------------------------------------------------------------
-static int64_t g_hook_id;
-static fsdp_hook** g_live_hooks;
+static _Atomic int64_t g_hook_id;
+static fsdp_hook** g_live_hooks;  // with g_hooks_lock
 static int g_n_live_hooks, g_cap_live_hooks;
+static pthread_mutex_t g_hooks_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ctx) {
   CHECK_INT(t->requires_grad, "register_hook: tensor of shape %s does not require grad", SH(t));
-  if (fsdp_grow(&g_live_hooks, &g_cap_live_hooks, g_n_live_hooks + 1, sizeof *g_live_hooks, "register_hook")) return -1;
   fsdp_hook* h = calloc(1, sizeof *h);
   CHECK_INT(h, "register_hook: out of memory");
+  pthread_mutex_lock(&g_hooks_lock);
+  int grown = fsdp_grow(&g_live_hooks, &g_cap_live_hooks, g_n_live_hooks + 1, sizeof *g_live_hooks, "register_hook");
+  if (!grown) g_live_hooks[g_n_live_hooks++] = h;
+  pthread_mutex_unlock(&g_hooks_lock);
+  if (grown) {
+    free(h);
+    return -1;
+  }
   h->id = ++g_hook_id;
   h->fn = fn;
   h->ctx = ctx;
   fsdp_hook** list = t->grad_fn ? &t->grad_fn->hooks : &t->hooks;
   while (*list) list = &(*list)->next;  // run in registration order
   *list = h;
-  g_live_hooks[g_n_live_hooks++] = h;
   return h->id;
 }
-static void unlive(fsdp_hook* h) {
+static void unlive(fsdp_hook* h) {  // with g_hooks_lock held
   for (int i = 0; i < g_n_live_hooks; i++)
     if (g_live_hooks[i] == h) {
       g_live_hooks[i] = g_live_hooks[--g_n_live_hooks];
@@ -266,21 +279,26 @@ static void unlive(fsdp_hook* h) {
     }
 }
 int fsdp_remove_hook(int64_t id) {
+  pthread_mutex_lock(&g_hooks_lock);
   for (int i = 0; i < g_n_live_hooks; i++)
     if (g_live_hooks[i]->id == id) {
       g_live_hooks[i]->fn = NULL;
       unlive(g_live_hooks[i]);
-      return 0;
+      break;
     }
+  pthread_mutex_unlock(&g_hooks_lock);
   return 0;  // already gone with its tensor: removing twice is harmless
 }
 void fsdp_hooks_free(fsdp_hook* h) {
+  if (!h) return;
+  pthread_mutex_lock(&g_hooks_lock);
   while (h) {
     fsdp_hook* n = h->next;
     if (h->fn) unlive(h);
     free(h);
     h = n;
   }
+  pthread_mutex_unlock(&g_hooks_lock);
 }
 // runs hooks on *g, replacing it when a hook returns a new gradient
 static int run_hooks(fsdp_hook* h, fsdp_tensor** g) {
@@ -307,28 +325,43 @@ typedef struct {
   fsdp_listener_fn fn;
   void* ctx;
 } listener;
-static listener g_listeners[64];
+#define FSDP_MAX_LISTENERS 64
+static listener g_listeners[FSDP_MAX_LISTENERS];  // with g_listeners_lock
 static int g_n_listeners;
 static int64_t g_listener_id;
+static pthread_mutex_t g_listeners_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int64_t fsdp_autograd_add_listener(int mask, fsdp_listener_fn fn, void* ctx) {
-  CHECK_INT(g_n_listeners < 64, "autograd: too many engine listeners (64)");
-  g_listeners[g_n_listeners] = (listener){++g_listener_id, mask, fn, ctx};
-  g_n_listeners++;
-  return g_listener_id;
+  pthread_mutex_lock(&g_listeners_lock);
+  int64_t id = -1;
+  if (g_n_listeners < FSDP_MAX_LISTENERS) {
+    id = ++g_listener_id;
+    g_listeners[g_n_listeners++] = (listener){id, mask, fn, ctx};
+  }
+  pthread_mutex_unlock(&g_listeners_lock);
+  CHECK_INT(id > 0, "autograd: too many engine listeners (%d)", FSDP_MAX_LISTENERS);
+  return id;
 }
 int fsdp_autograd_remove_listener(int64_t id) {
+  pthread_mutex_lock(&g_listeners_lock);
   for (int i = 0; i < g_n_listeners; i++)
     if (g_listeners[i].id == id) {
       memmove(&g_listeners[i], &g_listeners[i + 1], (g_n_listeners - i - 1) * sizeof(listener));
       g_n_listeners--;
-      return 0;
+      break;
     }
+  pthread_mutex_unlock(&g_listeners_lock);
   return 0;
 }
+// calls the listeners of ev from a copy of the list, so a listener may add or remove listeners
 static int emit(int ev, fsdp_node* n, fsdp_tensor* t) {
-  for (int i = 0; i < g_n_listeners; i++)
-    if ((g_listeners[i].mask & ev) && g_listeners[i].fn(ev, n, t, g_listeners[i].ctx)) return -1;
+  listener ls[FSDP_MAX_LISTENERS];
+  pthread_mutex_lock(&g_listeners_lock);
+  int nl = g_n_listeners;
+  memcpy(ls, g_listeners, nl * sizeof *ls);
+  pthread_mutex_unlock(&g_listeners_lock);
+  for (int i = 0; i < nl; i++)
+    if ((ls[i].mask & ev) && ls[i].fn(ev, n, t, ls[i].ctx)) return -1;
   return 0;
 }
 
@@ -336,8 +369,8 @@ typedef struct {
   fsdp_callback_fn fn;
   void* ctx;
 } callback;
-static callback* g_callbacks;
-static int g_n_callbacks, g_cap_callbacks;
+static _Thread_local callback* g_callbacks;  // queued during this thread's backward
+static _Thread_local int g_n_callbacks, g_cap_callbacks;
 
 int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx) {
   CHECK_INT(g_backward_running, "queue_callback: only allowed while backward runs");
@@ -505,7 +538,8 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   g_n_callbacks = 0;
   node_vec nodes = {0}, ready = {0};
   leaf_vec leaves = {0};
-  int64_t pass = ++g_pass;
+  int64_t pass = ++g_pass_ids;  // unique across threads: nodes remember the pass that reached them
+  g_pass = pass;
 
   if (t->grad_fn) rc = collect(t->grad_fn, pass, &nodes, &leaves);
   else if (!(rc = fsdp_grow(&leaves.v, &leaves.cap, 1, sizeof *leaves.v, "backward"))) {

@@ -22,6 +22,7 @@
 #include "fsdp.h"
 #include "core/dtype.h"
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@ int fsdp_default_mem_category(void);
 void fsdp_set_default_mem_category(int cat);
 
 typedef struct fsdp_storage {
-  int refcount;
+  _Atomic int refcount;  // atomic: a tensor may be released from another thread
   int device;
   int cat;  // memory category
   size_t nbytes;
@@ -96,7 +97,7 @@ typedef struct fsdp_hook {
 void fsdp_hooks_free(fsdp_hook* h);
 
 struct fsdp_tensor {
-  int refcount;
+  _Atomic int refcount;  // atomic: a tensor may be released from another thread
   int ndim;
   int dtype;
   int64_t shape[FSDP_MAX_DIMS];
@@ -170,9 +171,9 @@ typedef struct fsdp_edge {
 } fsdp_edge;
 
 struct fsdp_node {
-  int refcount;
-  const char* name;  // op name, e.g. "MatmulBackward"
-  int64_t seq;       // creation order; the engine runs later nodes first
+  _Atomic int refcount;  // atomic: a tensor may be released from another thread
+  const char* name;      // op name, e.g. "MatmulBackward"
+  int64_t seq;           // creation order; the engine runs later nodes first
   fsdp_backward_fn backward;
   int n_inputs;
   fsdp_edge next[FSDP_NODE_MAX_INPUTS];

@@ -4,6 +4,9 @@
  */
 #include "core/core.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include <math.h>
 
 // ---- errors ------------------------------------------------------------------------------------
@@ -54,13 +57,17 @@ const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen) {
 const char* fsdp_version(void) { return "0.1.0"; }
 
 // ---- memory: every byte goes through here, counted per category --------------------------------
-static int64_t g_mem_cur[FSDP_MEM_NCAT], g_mem_peak[FSDP_MEM_NCAT];
-static int64_t g_gc_pressure;
-static int g_default_cat = FSDP_MEM_ACTIVATIONS;
+// Threads may run independent models at once: the counters are atomic (they count the process),
+// the GC pressure and the default category belong to the calling thread (its Lua state), and the
+// block cache is locked.
+static _Atomic int64_t g_mem_cur[FSDP_MEM_NCAT], g_mem_peak[FSDP_MEM_NCAT];
+static _Thread_local int64_t g_gc_pressure;
+static _Thread_local int g_default_cat = FSDP_MEM_ACTIVATIONS;
 
 static void mem_count(int cat, int64_t delta) {
-  g_mem_cur[cat] += delta;
-  if (g_mem_cur[cat] > g_mem_peak[cat]) g_mem_peak[cat] = g_mem_cur[cat];
+  int64_t now = atomic_fetch_add(&g_mem_cur[cat], delta) + delta;
+  int64_t peak = atomic_load(&g_mem_peak[cat]);
+  while (now > peak && !atomic_compare_exchange_weak(&g_mem_peak[cat], &peak, now)) {}
 }
 
 // Freed blocks of 64 KiB and more are kept for reuse by size (a training step allocates the
@@ -76,15 +83,18 @@ static struct {
 } g_cache[FSDP_CACHE_SLOTS];
 static int g_cache_n;
 static size_t g_cache_bytes;
+static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const fsdp_backend* g_backends[FSDP_NDEVICES];
-static void cache_evict(int i) {
+static void cache_evict(int i) {  // with g_cache_lock held
   g_backends[g_cache[i].device]->free(g_cache[i].p, g_cache[i].size);
   g_cache_bytes -= g_cache[i].size;
   g_cache[i] = g_cache[--g_cache_n];
 }
 void fsdp_memory_empty_cache(void) {
+  pthread_mutex_lock(&g_cache_lock);
   while (g_cache_n) cache_evict(g_cache_n - 1);
+  pthread_mutex_unlock(&g_cache_lock);
 }
 
 void* fsdp_alloc(size_t nbytes, int device, int cat) {
@@ -93,7 +103,8 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
   size_t padded = (nbytes + 63) & ~(size_t)63;
   if (!padded) padded = 64;
   void* p = NULL;
-  if (padded >= FSDP_CACHE_MIN)
+  if (padded >= FSDP_CACHE_MIN) {
+    pthread_mutex_lock(&g_cache_lock);
     for (int i = g_cache_n - 1; i >= 0; i--)
       if (g_cache[i].size == padded && g_cache[i].device == device) {
         p = g_cache[i].p;
@@ -101,8 +112,10 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
         g_cache[i] = g_cache[--g_cache_n];
         break;
       }
+    pthread_mutex_unlock(&g_cache_lock);
+  }
   if (!p) p = b->alloc(padded);
-  if (!p && g_cache_n) {
+  if (!p) {
     fsdp_memory_empty_cache();
     p = b->alloc(padded);
   }
@@ -120,12 +133,14 @@ void fsdp_free(void* p, size_t nbytes, int device, int cat) {
     g_backends[device]->free(p, padded);
     return;
   }
+  pthread_mutex_lock(&g_cache_lock);
   while (g_cache_n && (g_cache_n == FSDP_CACHE_SLOTS || g_cache_bytes + padded > FSDP_CACHE_MAX)) cache_evict(0);
   g_cache[g_cache_n].p = p;
   g_cache[g_cache_n].device = device;
   g_cache[g_cache_n].size = padded;
   g_cache_n++;
   g_cache_bytes += padded;
+  pthread_mutex_unlock(&g_cache_lock);
 }
 void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat) {
   mem_count(from_cat, -(int64_t)nbytes);
@@ -133,18 +148,21 @@ void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat) {
 }
 void fsdp_memory_stats(int64_t* current, int64_t* peak) {
   for (int c = 0; c < FSDP_MEM_NCAT; c++) {
-    if (current) current[c] = g_mem_cur[c];
-    if (peak) peak[c] = g_mem_peak[c];
+    if (current) current[c] = atomic_load(&g_mem_cur[c]);
+    if (peak) peak[c] = atomic_load(&g_mem_peak[c]);
   }
 }
-void fsdp_memory_reset_peaks(void) { memcpy(g_mem_peak, g_mem_cur, sizeof g_mem_peak); }
+void fsdp_memory_reset_peaks(void) {
+  for (int c = 0; c < FSDP_MEM_NCAT; c++) atomic_store(&g_mem_peak[c], atomic_load(&g_mem_cur[c]));
+}
 const int64_t* fsdp_memory_gc_pressure(void) { return &g_gc_pressure; }
 void fsdp_memory_gc_done(void) { g_gc_pressure = 0; }
 int fsdp_default_mem_category(void) { return g_default_cat; }
 void fsdp_set_default_mem_category(int cat) { g_default_cat = cat; }
 
 // ---- RNG: xoshiro256** seeded by splitmix64; same stream on every machine ---------------------
-static uint64_t g_rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 1};
+// one generator per thread: a thread's stream depends only on its own seeds and draws
+static _Thread_local uint64_t g_rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 1};
 
 static uint64_t splitmix64(uint64_t* x) {
   uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
@@ -276,11 +294,12 @@ void fsdp_storage_release(fsdp_storage* s) {
     free(s);
   }
 }
-static fsdp_materialize_fn g_materialize;
-void fsdp_set_materialize_hook(fsdp_materialize_fn fn) { g_materialize = fn; }
+static _Atomic(fsdp_materialize_fn) g_materialize;
+void fsdp_set_materialize_hook(fsdp_materialize_fn fn) { atomic_store(&g_materialize, fn); }
 int fsdp_storage_materialize(fsdp_storage* s) {
-  if (s->data || !s->owner || !g_materialize) return 0;
-  return g_materialize(s->owner);
+  fsdp_materialize_fn fn = atomic_load(&g_materialize);
+  if (s->data || !s->owner || !fn) return 0;
+  return fn(s->owner);
 }
 int fsdp_check_data(const char* op, const fsdp_tensor* t) {
   CHECK_INT(t->storage->data || t->storage->nbytes == 0,
