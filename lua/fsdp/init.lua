@@ -165,6 +165,9 @@ function fsdp._shape(...)
     if type(v) ~= "number" or v ~= math.floor(v) then
       error(("shape entries must be integers, got %s at position %d"):format(tostring(v), i), 3)
     end
+    if v >= 2 ^ 63 or v < -2 ^ 63 then
+      error(("shape entry %s at position %d is too large (sizes must fit in int64)"):format(tostring(v), i), 3)
+    end
     arr[i - 1] = v
   end
   return n, arr

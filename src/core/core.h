@@ -136,6 +136,8 @@ fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t);
 fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape, const int64_t* stride, int64_t offset);
 void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride);
 int64_t fsdp_shape_numel(int ndim, const int64_t* shape);
+// checked numel x element size of a shape; -1 with an error naming op when it is negative or overflows
+int64_t fsdp_shape_nbytes(const char* op, int ndim, const int64_t* shape, size_t es);
 bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b);
 // normalises a possibly negative dim; returns -1 (and sets an error naming op) if out of range
 int fsdp_wrap_dim(const char* op, int dim, int ndim);

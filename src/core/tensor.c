@@ -327,6 +327,22 @@ int64_t fsdp_shape_numel(int ndim, const int64_t* shape) {
   for (int i = 0; i < ndim; i++) n *= shape[i];
   return n;
 }
+// The one checked shape arithmetic: the byte count of `shape` at `es` bytes an element, or -1 with
+// an error naming op and the shape when a size is negative or the count overflows int64. Sizes of 0
+// count as 1 in the check, so a shape that passes also has contiguous strides and byte offsets that
+// fit in int64.
+int64_t fsdp_shape_nbytes(const char* op, int ndim, const int64_t* shape, size_t es) {
+  int64_t bound = (int64_t)es;
+  for (int i = 0; i < ndim; i++) {
+    CHECK_INT(shape[i] >= 0, "%s: negative size %lld in shape %s", op, (long long)shape[i], fsdp_dims_s(ndim, shape));
+    int64_t d = shape[i] > 0 ? shape[i] : 1;
+    CHECK_INT(d <= INT64_MAX / bound,
+              "%s: shape %s is too large: its elements of %zu bytes overflow int64 (at dim %d of size %lld)", op,
+              fsdp_dims_s(ndim, shape), es, i + 1, (long long)shape[i]);
+    bound *= d;
+  }
+  return fsdp_shape_numel(ndim, shape) * (int64_t)es;
+}
 void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride) {
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; i--) {
@@ -338,8 +354,7 @@ void fsdp_contiguous_strides(int ndim, const int64_t* shape, int64_t* stride) {
 static fsdp_tensor* tensor_alloc(int ndim, const int64_t* shape, int dtype) {
   CHECK_NULL(ndim >= 0 && ndim <= FSDP_MAX_DIMS, "tensor: %d dims (at most %d supported)", ndim, FSDP_MAX_DIMS);
   CHECK_NULL(dtype >= 0 && dtype < FSDP_NDTYPES, "tensor: unknown dtype %d", dtype);
-  for (int i = 0; i < ndim; i++)
-    CHECK_NULL(shape[i] >= 0, "tensor: negative size %lld in shape %s", (long long)shape[i], fsdp_dims_s(ndim, shape));
+  if (fsdp_shape_nbytes("tensor", ndim, shape, fsdp_dtype_size(dtype)) < 0) return NULL;
   fsdp_tensor* t = calloc(1, sizeof *t);
   CHECK_NULL(t, "alloc: out of memory");
   t->refcount = 1;
@@ -413,8 +428,31 @@ fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t) {
   if (r) fsdp_backend_of(r)->elem->fill(r->storage->data, r->dtype, fsdp_tensor_numel(r), 0.0);
   return r;
 }
+// whether every element of a view (shape, stride, offset, in elements of es bytes) lies inside a
+// storage of nbytes, with no int64 overflow on the way
+static bool view_in_bounds(int ndim, const int64_t* shape, const int64_t* stride, int64_t offset, size_t es,
+                           size_t nbytes) {
+  int64_t lo = offset;
+  int64_t hi = offset;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] == 0) return true;
+    int64_t reach = shape[i] - 1;
+    int64_t step = stride[i] < 0 ? -stride[i] : stride[i];
+    if (reach > 0 && (stride[i] == INT64_MIN || step > INT64_MAX / reach)) return false;
+    int64_t span = reach * step;
+    if (stride[i] >= 0 && hi > INT64_MAX - span) return false;
+    if (stride[i] < 0 && lo < INT64_MIN + span) return false;
+    if (stride[i] >= 0) hi += span;
+    else lo -= span;
+  }
+  return lo >= 0 && (uint64_t)hi < nbytes / es;
+}
 fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape, const int64_t* stride,
                            int64_t offset) {
+  size_t es = fsdp_dtype_size(t->dtype);
+  CHECK_NULL(view_in_bounds(ndim, shape, stride, offset, es, t->storage->nbytes),
+             "view: shape %s with strides %s at offset %lld does not fit in a storage of %zu bytes (%zu-byte elements)",
+             fsdp_dims_s(ndim, shape), fsdp_dims_s(ndim, stride), (long long)offset, t->storage->nbytes, es);
   fsdp_tensor* v = tensor_alloc(ndim, shape, t->dtype);
   if (!v) return NULL;
   memcpy(v->stride, stride, ndim * sizeof(int64_t));

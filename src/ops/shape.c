@@ -125,11 +125,13 @@ static int infer_shape(const char* op, const fsdp_tensor* a, int ndim, const int
     }
     out[d] = shape[d];
   }
+  if (infer < 0 && fsdp_shape_nbytes(op, ndim, out, fsdp_dtype_size(a->dtype)) < 0) return -1;
   int64_t numel = fsdp_tensor_numel(a);
   if (infer >= 0) {
     CHECK_INT(known != 0 && numel % known == 0, "%s: shape %s is invalid for input of shape %s (%lld elements)", op,
               fsdp_dims_s(ndim, shape), SH(a), (long long)numel);
     out[infer] = numel / known;
+    if (fsdp_shape_nbytes(op, ndim, out, fsdp_dtype_size(a->dtype)) < 0) return -1;
   } else {
     CHECK_INT(known == numel, "%s: shape %s is invalid for input of shape %s (%lld elements)", op,
               fsdp_dims_s(ndim, shape), SH(a), (long long)numel);
@@ -355,6 +357,7 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
       st[d] = 0;
     }
   }
+  if (fsdp_shape_nbytes("expand", ndim, s, fsdp_dtype_size(a->dtype)) < 0) return NULL;
   fsdp_tensor* out = fsdp_new_view(a, ndim, s, st, a->offset);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("ExpandBackward", expand_backward, 1, &a);
@@ -412,11 +415,10 @@ fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length)
   CHECK_NULL(a->ndim > 0, "narrow: cannot narrow a 0-dim tensor");
   int d = fsdp_wrap_dim("narrow", dim, a->ndim);
   if (d < 0) return NULL;
-  CHECK_NULL(start >= 0 && length >= 0 && start + length <= a->shape[d],
-             "narrow: range [%lld, %lld) (start %lld, length %lld, 0-based) is out of bounds for dim %d of size "
-             "%lld in a tensor of shape %s",
-             (long long)start, (long long)(start + length), (long long)start, (long long)length, d,
-             (long long)a->shape[d], SH(a));
+  CHECK_NULL(start >= 0 && length >= 0 && start <= a->shape[d] && length <= a->shape[d] - start,
+             "narrow: start %lld (0-based) with length %lld is out of bounds for dim %d of size %lld in a tensor "
+             "of shape %s",
+             (long long)start, (long long)length, d, (long long)a->shape[d], SH(a));
   int64_t shape[FSDP_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
   shape[d] = length;
