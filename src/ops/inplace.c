@@ -1,7 +1,8 @@
 /*
  * ops/inplace.c -- in-place writes outside autograd: fill_, copy_ (broadcasting the source),
  * add_, mul_ (a scalar). Each bumps the storage's version, so autograd notices a saved tensor
- * that changed.
+ * that changed. A source that overlaps the destination in memory (a:copy_(a:t()), a shifted view
+ * added into its own tensor) is copied to a temporary first, as PyTorch does.
  */
 #include "ops/ops.h"
 
@@ -12,6 +13,50 @@ static int check_inplace(const char* op, const fsdp_tensor* t) {
             op, SH(t));
   return 0;
 }
+
+// The byte range [*lo, *hi) of t's storage its elements lie in (t has elements; views are checked
+// to fit their storage when made, so nothing here overflows).
+static void byte_range(const fsdp_tensor* t, int64_t* lo, int64_t* hi) {
+  int64_t first = t->offset;
+  int64_t last = t->offset;
+  for (int i = 0; i < t->ndim; i++) {
+    int64_t span = (t->shape[i] - 1) * t->stride[i];
+    if (span >= 0) last += span;
+    else first += span;
+  }
+  int64_t es = (int64_t)fsdp_dtype_size(t->dtype);
+  *lo = first * es;
+  *hi = (last + 1) * es;
+}
+// whether writing dst element by element could change src elements not yet read: they share a
+// storage and their byte ranges intersect (conservative), and src is not dst's very layout (where
+// each element reads only itself)
+static bool overlaps(const fsdp_tensor* dst, const fsdp_tensor* src) {
+  if (dst->storage != src->storage) return false;
+  if (fsdp_tensor_numel(dst) == 0 || fsdp_tensor_numel(src) == 0) return false;
+  bool same_view = dst->dtype == src->dtype && dst->offset == src->offset && fsdp_same_shape(dst, src) &&
+                   memcmp(dst->stride, src->stride, dst->ndim * sizeof(int64_t)) == 0;
+  if (same_view) return false;
+  int64_t dlo, dhi, slo, shi;
+  byte_range(dst, &dlo, &dhi);
+  byte_range(src, &slo, &shi);
+  return dlo < shi && slo < dhi;
+}
+// src (a new reference) or, when it overlaps dst, a contiguous copy of it made before dst is written
+// (PyTorch's behaviour for in-place ops on overlapping memory)
+static fsdp_tensor* unaliased(const fsdp_tensor* dst, fsdp_tensor* src) {
+  if (!overlaps(dst, src)) {
+    fsdp_tensor_retain(src);
+    return src;
+  }
+  fsdp_tensor* tmp = fsdp_new(src->ndim, src->shape, src->dtype, fsdp_device_of(src));
+  if (tmp && fsdp_copy_strided(tmp, src)) {
+    fsdp_tensor_release(tmp);
+    return NULL;
+  }
+  return tmp;
+}
+
 int fsdp_fill_(fsdp_tensor* t, double value) {
   if (check_inplace("fill_", t)) return -1;
   if (fsdp_tensor_is_contiguous(t)) {
@@ -42,7 +87,9 @@ int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {
     }
     s = b;
   }
-  int rc = fsdp_copy_strided(dst, s);
+  fsdp_tensor* u = unaliased(dst, s);
+  int rc = u ? fsdp_copy_strided(dst, u) : -1;
+  fsdp_tensor_release(u);
   fsdp_tensor_release(b);
   if (!rc) fsdp_bump_version(dst);
   return rc;
@@ -52,7 +99,10 @@ int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha) {
   if (fsdp_check_f32("add_", t) || fsdp_check_same_device("add_", t, other)) return -1;
   CHECK_INT(fsdp_same_shape(t, other), "add_: shapes %s and %s differ", SH(t), SH(other));
   CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
-  fsdp_tensor* o = fsdp_as_contig(other);
+  fsdp_tensor* u = unaliased(t, other);
+  if (!u) return -1;
+  fsdp_tensor* o = fsdp_as_contig(u);
+  fsdp_tensor_release(u);
   if (!o) return -1;
   int64_t n = fsdp_tensor_numel(t);
   fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), n, fsdp_f32(o), n, 1, n, (float)alpha);
