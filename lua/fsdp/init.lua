@@ -270,6 +270,14 @@ function fsdp.randperm(n) return (wrap(C.fsdp_randperm(n))) end
 function fsdp.arange(a, b, c, dtype)
   if type(b) == "string" then dtype, b = b, nil elseif type(c) == "string" then dtype, c = c, nil end
   local start, stop, step = b and a or 0, b or a, c or 1
+  for _, v in ipairs({ { "start", start }, { "end", stop }, { "step", step } }) do
+    if type(v[2]) ~= "number" then
+      error(("arange: %s must be a number, got %s (%s)"):format(v[1], type(v[2]), tostring(v[2])), 2)
+    end
+    if v[2] ~= v[2] or v[2] == math.huge or v[2] == -math.huge then
+      error(("arange: %s must be finite, got %s"):format(v[1], tostring(v[2])), 2)
+    end
+  end
   if dtype == nil then
     local ints = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
     dtype = ints and "int64" or "float32"

@@ -182,7 +182,9 @@ function methods.tostring(t)
   local shape = t:shape()
   local head = ("tensor(%s, dtype=%s%s)"):format(table.concat(shape, "x"), t.dtype,
     t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""))
-  if t:numel() > 64 then return head end
+  local n = t:numel()  -- before any table of values: an empty (1e7, 0) has no values but 1e7 rows
+  if n > 64 then return head end
+  if n == 0 then return head .. " []" end
   local function fmt(v)
     if type(v) == "table" then
       local parts = {}

@@ -486,6 +486,7 @@ void* fsdp_tensor_data(const fsdp_tensor* t) { return fsdp_ptr(t); }
 int64_t fsdp_tensor_version(const fsdp_tensor* t) { return t->storage->version; }
 int fsdp_tensor_same_storage(const fsdp_tensor* a, const fsdp_tensor* b) { return a->storage == b->storage; }
 int fsdp_tensor_is_contiguous(const fsdp_tensor* t) {
+  if (fsdp_tensor_numel(t) == 0) return 1;  // as in PyTorch: no elements, any strides
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return 0;

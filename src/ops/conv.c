@@ -132,9 +132,11 @@ static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, co
   CHECK_INT(x->ndim == 4 || x->ndim == 3, "%s: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", op, SH(x));
   CHECK_INT(kernel, "%s: kernel size is missing", op);
   int k[2] = {kernel[0], kernel[1]};
-  int s[2] = {stride && stride[0] > 0 ? stride[0] : k[0], stride && stride[1] > 0 ? stride[1] : k[1]};
+  int s[2] = {stride ? stride[0] : k[0], stride ? stride[1] : k[1]};  // no stride: the kernel size
   int p[2] = {padding ? padding[0] : 0, padding ? padding[1] : 0};
   int d[2] = {dilation ? dilation[0] : 1, dilation ? dilation[1] : 1};
+  CHECK_INT(s[0] > 0 && s[1] > 0, "%s: stride (%d, %d) must be positive (leave it out for stride = kernel size (%d, %d))",
+            op, s[0], s[1], k[0], k[1]);
   CHECK_INT(k[0] > 0 && k[1] > 0 && d[0] > 0 && d[1] > 0 && p[0] >= 0 && p[1] >= 0,
             "%s: kernel (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", op, k[0], k[1],
             d[0], d[1], p[0], p[1]);

@@ -92,7 +92,11 @@ function F.conv2d(x, w, b, ...)
   local stride = pair("conv2d", "stride", o.stride, 1)
   local padding = pair("conv2d", "padding", conv_padding(o, w), 0)
   local dilation = pair("conv2d", "dilation", o.dilation, 1)
-  return (wrap(C.fsdp_conv2d(x.p, w.p, p_of(b), stride, padding, dilation, o.groups or 1)))
+  local groups = o.groups or 1
+  if type(groups) ~= "number" or groups ~= math.floor(groups) or groups < 1 then
+    error(("conv2d: groups must be a positive integer dividing both channel counts, got %s"):format(tostring(groups)), 2)
+  end
+  return (wrap(C.fsdp_conv2d(x.p, w.p, p_of(b), stride, padding, dilation, groups)))
 end
 
 -- ---- activations --------------------------------------------------------------------------------------

@@ -72,6 +72,14 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, ...)
   self.stride = pair_of(o.stride or 1)
   self.padding = type(o.padding) == "string" and o.padding or pair_of(o.padding or 0)
   self.dilation = pair_of(o.dilation or 1)
+  for i = 1, 2 do
+    check_int("Conv2d", "stride", self.stride[i], 1)
+    check_int("Conv2d", "dilation", self.dilation[i], 1)
+    if type(self.padding) == "table" then check_int("Conv2d", "padding", self.padding[i], 0) end
+  end
+  if type(self.padding) == "string" and self.padding ~= "same" and self.padding ~= "valid" then
+    error(("Conv2d: padding must be an integer, a pair, \"same\" or \"valid\", got %q"):format(self.padding), 2)
+  end
   local kh, kw = self.kernel_size[1], self.kernel_size[2]
   check_int("Conv2d", "kernel_size", kh); check_int("Conv2d", "kernel_size", kw)
   local fan_in = in_channels / groups * kh * kw
@@ -151,7 +159,10 @@ L.Dropout = Dropout
 function Dropout:__init(...)
   local o = args_of({ "p", "inplace" }, ...)
   local p = o.p or 0.5
-  if type(p) ~= "number" or p < 0 or p > 1 then
+  if type(p) ~= "number" then
+    error(("Dropout: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
+  end
+  if p < 0 or p > 1 then
     error(("Dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
   end
   self.p = p

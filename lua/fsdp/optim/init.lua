@@ -105,6 +105,10 @@ function Optimizer:add_param_group(group)
   end
   for k, v in pairs(self.defaults) do
     if g[k] == nil then g[k] = copy_value(v) end
+    if type(v) == "number" and type(g[k]) ~= "number" then
+      error(("%s: option %s of a param group must be a number, got %s (%s)"):format(self.__name, k, type(g[k]),
+        tostring(g[k])), 2)
+    end
   end
   self.param_groups[#self.param_groups + 1] = g
 end
