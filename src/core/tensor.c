@@ -433,7 +433,7 @@ fsdp_tensor* fsdp_new_zeros_like(const fsdp_tensor* t) {
 static bool view_in_bounds(int ndim, const int64_t* shape, const int64_t* stride, int64_t offset, size_t es,
                            size_t nbytes) {
   int64_t lo = offset;
-  int64_t hi = offset;
+  int64_t hi = lo;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] == 0) return true;
     int64_t reach = shape[i] - 1;

@@ -135,8 +135,9 @@ static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, co
   int s[2] = {stride ? stride[0] : k[0], stride ? stride[1] : k[1]};  // no stride: the kernel size
   int p[2] = {padding ? padding[0] : 0, padding ? padding[1] : 0};
   int d[2] = {dilation ? dilation[0] : 1, dilation ? dilation[1] : 1};
-  CHECK_INT(s[0] > 0 && s[1] > 0, "%s: stride (%d, %d) must be positive (leave it out for stride = kernel size (%d, %d))",
-            op, s[0], s[1], k[0], k[1]);
+  CHECK_INT(s[0] > 0 && s[1] > 0,
+            "%s: stride (%d, %d) must be positive (leave it out for stride = kernel size (%d, %d))", op, s[0], s[1],
+            k[0], k[1]);
   CHECK_INT(k[0] > 0 && k[1] > 0 && d[0] > 0 && d[1] > 0 && p[0] >= 0 && p[1] >= 0,
             "%s: kernel (%d, %d) and dilation (%d, %d) must be positive, padding (%d, %d) non-negative", op, k[0], k[1],
             d[0], d[1], p[0], p[1]);

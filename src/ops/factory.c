@@ -30,8 +30,8 @@ fsdp_tensor* fsdp_from_blob(int ndim, const int64_t* shape, int dtype, const voi
   return t;
 }
 fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
-  CHECK_NULL(isfinite(start) && isfinite(end) && isfinite(step),
-             "arange: start %g, end %g and step %g must be finite", start, end, step);
+  CHECK_NULL(isfinite(start) && isfinite(end) && isfinite(step), "arange: start %g, end %g and step %g must be finite",
+             start, end, step);
   CHECK_NULL(step != 0, "arange: step must be non-zero");
   double len = ceil((end - start) / step);
   CHECK_NULL(len < 0x1p62, "arange: start %g, end %g and step %g give %g elements, too many", start, end, step, len);

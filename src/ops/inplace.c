@@ -18,7 +18,7 @@ static int check_inplace(const char* op, const fsdp_tensor* t) {
 // to fit their storage when made, so nothing here overflows).
 static void byte_range(const fsdp_tensor* t, int64_t* lo, int64_t* hi) {
   int64_t first = t->offset;
-  int64_t last = t->offset;
+  int64_t last = first;
   for (int i = 0; i < t->ndim; i++) {
     int64_t span = (t->shape[i] - 1) * t->stride[i];
     if (span >= 0) last += span;
