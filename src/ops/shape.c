@@ -109,29 +109,31 @@ static int reshape_back_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin
   return gin[0] ? 0 : -1;
 }
 
-// resolves one -1 and checks the element count; writes the final shape into out
+// resolves one -1 and checks the element count; writes the final shape into out. The sizes are
+// checked for int64 overflow (fsdp_shape_nbytes) before anything multiplies them.
 static int infer_shape(const char* op, const fsdp_tensor* a, int ndim, const int64_t* shape, int64_t* out) {
   CHECK_INT(ndim >= 0 && ndim <= FSDP_MAX_DIMS, "%s: %d dims requested (at most %d supported)", op, ndim,
             FSDP_MAX_DIMS);
   int infer = -1;
-  int64_t known = 1;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == -1) {
       CHECK_INT(infer < 0, "%s: only one dimension can be -1, got shape %s", op, fsdp_dims_s(ndim, shape));
       infer = d;
     } else {
       CHECK_INT(shape[d] >= 0, "%s: invalid size %lld in shape %s", op, (long long)shape[d], fsdp_dims_s(ndim, shape));
-      known *= shape[d];
     }
     out[d] = shape[d];
   }
-  if (infer < 0 && fsdp_shape_nbytes(op, ndim, out, fsdp_dtype_size(a->dtype)) < 0) return -1;
+  size_t es = fsdp_dtype_size(a->dtype);
+  if (infer >= 0) out[infer] = 1;  // the known sizes alone
+  if (fsdp_shape_nbytes(op, ndim, out, es) < 0) return -1;
+  int64_t known = fsdp_shape_numel(ndim, out);
   int64_t numel = fsdp_tensor_numel(a);
   if (infer >= 0) {
     CHECK_INT(known != 0 && numel % known == 0, "%s: shape %s is invalid for input of shape %s (%lld elements)", op,
               fsdp_dims_s(ndim, shape), SH(a), (long long)numel);
     out[infer] = numel / known;
-    if (fsdp_shape_nbytes(op, ndim, out, fsdp_dtype_size(a->dtype)) < 0) return -1;
+    if (fsdp_shape_nbytes(op, ndim, out, es) < 0) return -1;
   } else {
     CHECK_INT(known == numel, "%s: shape %s is invalid for input of shape %s (%lld elements)", op,
               fsdp_dims_s(ndim, shape), SH(a), (long long)numel);
