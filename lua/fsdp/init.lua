@@ -5,7 +5,9 @@
 --   fsdp.C          the library namespace
 --   fsdp._wrap(p)   turns a new C tensor reference into a garbage-collected tensor handle, or
 --                   raises the C error as a Lua error (a NULL result)
---   fsdp._p(t)      the C pointer of an optional tensor (t.p, or NULL for nil)
+--   fsdp._t(v, fn, arg)  the C pointer of tensor argument `arg` of function `fn`, or a Lua error
+--                   naming both (x.numel() gets "did you mean x:numel()?")
+--   fsdp._p(v, fn, arg)  the same for an optional tensor (nil stays NULL)
 --   fsdp._check(rc) raises the C error when a status is non-zero
 --   fsdp._dim(d, n) Lua's 1-based (or negative) dim -> C's 0-based dim
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
@@ -115,10 +117,52 @@ function fsdp._release(t)
   C.fsdp_tensor_release(p)
 end
 
--- the C pointer of an optional tensor argument (nil stays NULL)
-function fsdp._p(t)
-  if t == nil then return nil end
-  return t.p
+-- ---- argument checks -----------------------------------------------------------------------------
+-- Every tensor argument from Lua reaches C through fsdp._t or fsdp._p, so nil, a number, a
+-- string, a table or a released handle is a Lua error naming the function and the argument,
+-- never a NULL that C dereferences. The check is a type test on the hot path; the message is
+-- only built on failure.
+local function describe(v)
+  if v == nil then return "nil" end
+  if ffi.istype(handle_ct, v) then return "a released tensor" end
+  if type(v) == "string" then return ("a string (%q)"):format(#v > 20 and v:sub(1, 20) .. "..." or v) end
+  return "a " .. type(v)
+end
+-- raises "fn: expected WANT as ARG, got ..." at `level` (1 = the caller of fsdp._arg_error); a
+-- bad self (x.numel() for x:numel()) adds the hint
+function fsdp._arg_error(fn, arg, want, v, level)
+  local msg = ("%s: expected %s as %s, got %s"):format(fn, want, arg, describe(v))
+  if arg == "self" then msg = ("%s -- did you mean x:%s()?"):format(msg, fn) end
+  error(msg, (level or 1) + 1)
+end
+local arg_error = fsdp._arg_error
+
+-- fsdp._t(v, fn[, arg = "self"[, want = "a tensor"]]): the C pointer of tensor argument v of
+-- function fn, or a Lua error (at the level of fn's caller)
+function fsdp._t(v, fn, arg, want)
+  if ffi.istype(handle_ct, v) then
+    local p = v.p
+    if p ~= nil then return p end
+  end
+  arg_error(fn, arg or "self", want or "a tensor", v, 3)
+end
+
+-- fsdp._p(v, fn, arg): the C pointer of an optional tensor argument (nil stays NULL)
+function fsdp._p(v, fn, arg)
+  if v == nil then return nil end
+  if ffi.istype(handle_ct, v) then
+    local p = v.p
+    if p ~= nil then return p end
+  end
+  arg_error(fn or "?", arg or "argument", "a tensor or nil", v, 3)
+end
+
+-- fsdp._fn(v, fn, arg): v when it is callable, else a Lua error
+function fsdp._fn(v, fn, arg)
+  if type(v) == "function" then return v end
+  local mt = type(v) == "table" and getmetatable(v)
+  if mt and mt.__call then return v end
+  arg_error(fn, arg, "a function", v, 3)
 end
 
 -- the identity of a tensor as a number: two handles of the same C tensor have the same key
@@ -250,8 +294,14 @@ function fsdp.ones(...)
   local n, arr = shape(unpack(args))
   return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), 0)))
 end
-function fsdp.zeros_like(t) return (fsdp.zeros(t:shape(), { dtype = t.dtype })) end
-function fsdp.ones_like(t) return (fsdp.ones(t:shape(), { dtype = t.dtype })) end
+function fsdp.zeros_like(t)
+  fsdp._t(t, "zeros_like", "input")
+  return (fsdp.zeros(t:shape(), { dtype = t.dtype }))
+end
+function fsdp.ones_like(t)
+  fsdp._t(t, "ones_like", "input")
+  return (fsdp.ones(t:shape(), { dtype = t.dtype }))
+end
 function fsdp.randn(...)
   local n, arr = shape(...)
   return (wrap(C.fsdp_randn(n, arr, 0, 1)))
@@ -285,9 +335,15 @@ function fsdp.arange(a, b, c, dtype)
   return (wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype))))
 end
 function fsdp.cat(list, dim)
+  if type(list) ~= "table" then arg_error("cat", "tensors", "a list of tensors", list, 2) end
   local n = #list
   local arr = ffi.new("fsdp_tensor*[?]", n)
-  for i = 1, n do arr[i - 1] = list[i].p end
+  for i = 1, n do arr[i - 1] = fsdp._t(list[i], "cat", ("tensors[%d]"):format(i)) end
+  for k in pairs(list) do
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      arg_error("cat", ("tensors (a hole or extra key %s)"):format(tostring(k)), "a list of tensors", list[k], 2)
+    end
+  end
   dim = dim or 1
   local nd = n > 0 and list[1]:dim() or 1
   return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd))))
@@ -301,6 +357,7 @@ function fsdp.get_rng_state()
   return { s[0], s[1], s[2], s[3] }
 end
 function fsdp.set_rng_state(st)
+  if type(st) ~= "table" or #st ~= 4 then arg_error("set_rng_state", "state", "a table of 4 numbers", st, 2) end
   local s = ffi.new("uint64_t[4]", st[1], st[2], st[3], st[4])
   C.fsdp_rng_set_state(s)
 end
@@ -310,6 +367,7 @@ function fsdp.is_grad_enabled() return C.fsdp_is_grad_enabled() ~= 0 end
 function fsdp.set_grad_enabled(on) C.fsdp_set_grad_enabled(on and 1 or 0) end
 -- fsdp.no_grad(fn, ...) runs fn with autograd recording off and returns its results
 function fsdp.no_grad(fn, ...)
+  fsdp._fn(fn, "no_grad", "fn")
   local prev = C.fsdp_is_grad_enabled()
   C.fsdp_set_grad_enabled(0)
   local res = { pcall(fn, ...) }

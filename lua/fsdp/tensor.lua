@@ -8,7 +8,8 @@ local ffi = require "ffi"
 local Tensor = {}
 local methods = {}
 Tensor.methods = methods
-local C, wrap, check, dim, dtype_of, shape_of, fsdp
+local C, wrap, check, dim, dtype_of, shape_of, fsdp, T, P
+local TN = "a tensor or a number"
 
 local handle_ct
 function Tensor.is(x) return type(x) == "cdata" and ffi.istype(handle_ct, x) end
@@ -17,6 +18,7 @@ function Tensor._init(lib)
   fsdp, C = lib, lib.C
   handle_ct = lib._handle_ct
   wrap, check, dim, dtype_of, shape_of = lib._wrap, lib._check, lib._dim, lib._dtype, lib._shape
+  T, P = lib._t, lib._p
 
   local mt = {}
   local getters = {
@@ -38,7 +40,7 @@ function Tensor._init(lib)
   }
   local setters = {
     requires_grad = function(t, v) check(C.fsdp_tensor_set_requires_grad(t.p, v and 1 or 0)) end,
-    grad = function(t, g) check(C.fsdp_tensor_set_grad(t.p, lib._p(g))) end,
+    grad = function(t, g) check(C.fsdp_tensor_set_grad(t.p, P(g, "grad", "the new .grad"))) end,
   }
   mt.__index = function(t, k)
     local m = methods[k]
@@ -56,51 +58,54 @@ function Tensor._init(lib)
   mt.__add = function(a, b)
     local r
     if type(b) == "number" then
-      r = C.fsdp_add_scalar(a.p, b)
+      r = C.fsdp_add_scalar(T(a, "add", "input", TN), b)
     elseif type(a) == "number" then
-      r = C.fsdp_add_scalar(b.p, a)
+      r = C.fsdp_add_scalar(T(b, "add", "other", TN), a)
     else
-      r = C.fsdp_add(a.p, b.p)
+      r = C.fsdp_add(T(a, "add", "input", TN), T(b, "add", "other", TN))
     end
     return (wrap(r))
   end
   mt.__sub = function(a, b)
     local r
     if type(b) == "number" then
-      r = C.fsdp_add_scalar(a.p, -b)
+      r = C.fsdp_add_scalar(T(a, "sub", "input", TN), -b)
     elseif type(a) == "number" then
-      local nb = wrap(C.fsdp_neg(b.p))
+      local nb = wrap(C.fsdp_neg(T(b, "sub", "other", TN)))
       r = C.fsdp_add_scalar(nb.p, a)
     else
-      r = C.fsdp_sub(a.p, b.p)
+      r = C.fsdp_sub(T(a, "sub", "input", TN), T(b, "sub", "other", TN))
     end
     return (wrap(r))
   end
   mt.__mul = function(a, b)
     local r
     if type(b) == "number" then
-      r = C.fsdp_mul_scalar(a.p, b)
+      r = C.fsdp_mul_scalar(T(a, "mul", "input", TN), b)
     elseif type(a) == "number" then
-      r = C.fsdp_mul_scalar(b.p, a)
+      r = C.fsdp_mul_scalar(T(b, "mul", "other", TN), a)
     else
-      r = C.fsdp_mul(a.p, b.p)
+      r = C.fsdp_mul(T(a, "mul", "input", TN), T(b, "mul", "other", TN))
     end
     return (wrap(r))
   end
   mt.__div = function(a, b)
     local r
     if type(b) == "number" then
-      r = C.fsdp_mul_scalar(a.p, 1 / b)
+      r = C.fsdp_mul_scalar(T(a, "div", "input", TN), 1 / b)
     elseif type(a) == "number" then
-      r = C.fsdp_rdiv_scalar(a, b.p)
+      r = C.fsdp_rdiv_scalar(a, T(b, "div", "other", TN))
     else
-      r = C.fsdp_div(a.p, b.p)
+      r = C.fsdp_div(T(a, "div", "input", TN), T(b, "div", "other", TN))
     end
     return (wrap(r))
   end
   mt.__pow = function(a, p)
-    if type(p) ~= "number" then error("tensor ^ tensor is not supported; use a number exponent", 2) end
-    return (wrap(C.fsdp_pow_scalar(a.p, p)))
+    if type(p) ~= "number" then
+      if Tensor.is(p) then error("pow: tensor ^ tensor is not supported; use a number exponent", 2) end
+      lib._arg_error("pow", "exponent", "a number", p, 2)
+    end
+    return (wrap(C.fsdp_pow_scalar(T(a, "pow", "input"), p)))
   end
   mt.__unm = function(a) return (wrap(C.fsdp_neg(a.p))) end
   mt.__len = function(t) return (t:size(1)) end
@@ -114,58 +119,66 @@ function Tensor._init(lib)
 end
 
 -- ---- shape and data -----------------------------------------------------------------------------
+-- Every method checks its tensor arguments with T (fsdp._t): `x.numel()` for `x:numel()`, or a
+-- table where a tensor belongs, is a Lua error naming the method and the argument.
 function methods.dim(t)
-  local n = C.fsdp_tensor_ndim(t.p)
+  local n = C.fsdp_tensor_ndim(T(t, "dim"))
   return n
 end
 function methods.numel(t)
-  local n = tonumber(C.fsdp_tensor_numel(t.p))
+  local n = tonumber(C.fsdp_tensor_numel(T(t, "numel")))
   return n
 end
 function methods.shape(t)
+  local p = T(t, "shape")
   local s = {}
-  for i = 0, C.fsdp_tensor_ndim(t.p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_size(t.p, i)) end
+  for i = 0, C.fsdp_tensor_ndim(p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_size(p, i)) end
   return s
 end
 function methods.size(t, d)
+  local p = T(t, "size")
   if d == nil then return (t:shape()) end
-  local n = tonumber(C.fsdp_tensor_size(t.p, dim(d, t:dim())))
+  local n = tonumber(C.fsdp_tensor_size(p, dim(d, C.fsdp_tensor_ndim(p))))
   return n
 end
 function methods.stride(t, d)
+  local p = T(t, "stride")
   if d == nil then
     local s = {}
-    for i = 0, C.fsdp_tensor_ndim(t.p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_stride(t.p, i)) end
+    for i = 0, C.fsdp_tensor_ndim(p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_stride(p, i)) end
     return s
   end
-  local n = tonumber(C.fsdp_tensor_stride(t.p, dim(d, t:dim())))
+  local n = tonumber(C.fsdp_tensor_stride(p, dim(d, C.fsdp_tensor_ndim(p))))
   return n
 end
-function methods.is_contiguous(t) return C.fsdp_tensor_is_contiguous(t.p) ~= 0 end
+function methods.is_contiguous(t) return C.fsdp_tensor_is_contiguous(T(t, "is_contiguous")) ~= 0 end
 function methods.data_ptr(t)
-  local ptr = C.fsdp_tensor_data(t.p)
+  local ptr = C.fsdp_tensor_data(T(t, "data_ptr"))
   return ptr
 end
 function methods.version(t)
-  local v = tonumber(C.fsdp_tensor_version(t.p))
+  local v = tonumber(C.fsdp_tensor_version(T(t, "version")))
   return v
 end
 function methods.item(t)
+  local p = T(t, "item")
   local out = ffi.new("double[1]")
-  check(C.fsdp_tensor_item(t.p, out))
+  check(C.fsdp_tensor_item(p, out))
   return out[0]
 end
 -- flat Lua array of all elements in row-major order
 function methods.tolist(t)
+  local p = T(t, "tolist")
   local n = t:numel()
   local buf = ffi.new("double[?]", math.max(n, 1))
-  check(C.fsdp_tensor_to_doubles(t.p, buf))
+  check(C.fsdp_tensor_to_doubles(p, buf))
   local r = {}
   for i = 1, n do r[i] = buf[i - 1] end
   return r
 end
 -- nested Lua tables shaped like the tensor (a number for a 0-dim tensor)
 function methods.totable(t)
+  T(t, "totable")
   local flat, shape = t:tolist(), t:shape()
   if #shape == 0 then return flat[1] end
   local pos = 0
@@ -179,6 +192,7 @@ function methods.totable(t)
   return (build(1))
 end
 function methods.tostring(t)
+  T(t, "tostring")
   local shape = t:shape()
   local head = ("tensor(%s, dtype=%s%s)"):format(table.concat(shape, "x"), t.dtype,
     t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""))
@@ -199,55 +213,63 @@ end
 -- ---- autograd --------------------------------------------------------------------------------------
 -- x:backward([grad], [{retain_graph = true}])
 function methods.backward(t, grad, opts)
+  local p = T(t, "backward")
   if type(grad) == "table" and not Tensor.is(grad) then opts, grad = grad, nil end
   local retain = opts and opts.retain_graph and 1 or 0
-  check(C.fsdp_backward(t.p, fsdp._p(grad), retain))
+  check(C.fsdp_backward(p, P(grad, "backward", "gradient"), retain))
 end
 -- Backward calls back into Lua (tensor hooks, listeners, FSDP's queued callbacks); LuaJIT must
 -- not call such a C function from compiled code, so this one function stays interpreted.
 jit.off(methods.backward)
-function methods.register_hook(t, fn) return (fsdp.autograd.register_hook(t, fn)) end
-function methods.detach(t) return (wrap(C.fsdp_detach(t.p))) end
+function methods.register_hook(t, fn)
+  T(t, "register_hook")
+  fsdp._fn(fn, "register_hook", "fn")
+  return (fsdp.autograd.register_hook(t, fn))
+end
+function methods.detach(t) return (wrap(C.fsdp_detach(T(t, "detach")))) end
 function methods.requires_grad_(t, flag)
-  check(C.fsdp_tensor_set_requires_grad(t.p, flag == false and 0 or 1))
+  check(C.fsdp_tensor_set_requires_grad(T(t, "requires_grad_"), flag == false and 0 or 1))
   return t
 end
 
 -- ---- in place (no autograd) --------------------------------------------------------------------------
-function methods.zero_(t) check(C.fsdp_fill_(t.p, 0)); return t end
-function methods.fill_(t, v) check(C.fsdp_fill_(t.p, v)); return t end
-function methods.copy_(t, src) check(C.fsdp_copy_(t.p, src.p)); return t end
+function methods.zero_(t) check(C.fsdp_fill_(T(t, "zero_"), 0)); return t end
+function methods.fill_(t, v) check(C.fsdp_fill_(T(t, "fill_"), v)); return t end
+function methods.copy_(t, src) check(C.fsdp_copy_(T(t, "copy_"), T(src, "copy_", "src"))); return t end
 function methods.add_(t, other, alpha)
+  local p = T(t, "add_")
   if type(other) == "number" then
     local one = fsdp.full(t:shape(), other)
-    check(C.fsdp_add_(t.p, one.p, alpha or 1))
+    check(C.fsdp_add_(p, one.p, alpha or 1))
   else
-    check(C.fsdp_add_(t.p, other.p, alpha or 1))
+    check(C.fsdp_add_(p, T(other, "add_", "other", TN), alpha or 1))
   end
   return t
 end
-function methods.mul_(t, s) check(C.fsdp_mul_scalar_(t.p, s)); return t end
-function methods.uniform_(t, lo, hi) check(C.fsdp_uniform_(t.p, lo or 0, hi or 1)); return t end
-function methods.normal_(t, mean, std) check(C.fsdp_normal_(t.p, mean or 0, std or 1)); return t end
+function methods.mul_(t, s) check(C.fsdp_mul_scalar_(T(t, "mul_"), s)); return t end
+function methods.uniform_(t, lo, hi) check(C.fsdp_uniform_(T(t, "uniform_"), lo or 0, hi or 1)); return t end
+function methods.normal_(t, mean, std) check(C.fsdp_normal_(T(t, "normal_"), mean or 0, std or 1)); return t end
 
 -- ---- elementwise ---------------------------------------------------------------------------------------
-function methods.add(a, b) return a + b end
-function methods.sub(a, b) return a - b end
-function methods.mul(a, b) return a * b end
-function methods.div(a, b) return a / b end
-function methods.pow(a, p) return a ^ p end
-function methods.neg(a) return (wrap(C.fsdp_neg(a.p))) end
-function methods.exp(a) return (wrap(C.fsdp_exp(a.p))) end
-function methods.log(a) return (wrap(C.fsdp_log(a.p))) end
-function methods.sqrt(a) return (wrap(C.fsdp_sqrt(a.p))) end
-function methods.abs(a) return (wrap(C.fsdp_abs(a.p))) end
-function methods.tanh(a) return (wrap(C.fsdp_tanh(a.p))) end
-function methods.sigmoid(a) return (wrap(C.fsdp_sigmoid(a.p))) end
-function methods.relu(a) return (wrap(C.fsdp_relu(a.p))) end
-function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(a.p, approximate == "tanh" and 1 or 0))) end
+-- (the operators check `other`; these check self, so x.add(y) names add's self)
+function methods.add(a, b) T(a, "add"); return a + b end
+function methods.sub(a, b) T(a, "sub"); return a - b end
+function methods.mul(a, b) T(a, "mul"); return a * b end
+function methods.div(a, b) T(a, "div"); return a / b end
+function methods.pow(a, p) T(a, "pow"); return a ^ p end
+function methods.neg(a) return (wrap(C.fsdp_neg(T(a, "neg")))) end
+function methods.exp(a) return (wrap(C.fsdp_exp(T(a, "exp")))) end
+function methods.log(a) return (wrap(C.fsdp_log(T(a, "log")))) end
+function methods.sqrt(a) return (wrap(C.fsdp_sqrt(T(a, "sqrt")))) end
+function methods.abs(a) return (wrap(C.fsdp_abs(T(a, "abs")))) end
+function methods.tanh(a) return (wrap(C.fsdp_tanh(T(a, "tanh")))) end
+function methods.sigmoid(a) return (wrap(C.fsdp_sigmoid(T(a, "sigmoid")))) end
+function methods.relu(a) return (wrap(C.fsdp_relu(T(a, "relu")))) end
+function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(T(a, "gelu"), approximate == "tanh" and 1 or 0))) end
 function methods.eq(a, b)
+  local p = T(a, "eq")
   if type(b) == "number" then b = fsdp.full({}, b, a.dtype) end
-  return (wrap(C.fsdp_eq(a.p, b.p)))
+  return (wrap(C.fsdp_eq(p, T(b, "eq", "other", TN))))
 end
 
 -- ---- reductions --------------------------------------------------------------------------------------------
@@ -261,79 +283,108 @@ local function dims_arg(t, d)
   return #list, arr
 end
 function methods.sum(t, d, keepdim)
+  local p = T(t, "sum")
   local n, arr = dims_arg(t, d)
-  return (wrap(C.fsdp_sum(t.p, n, arr, keepdim and 1 or 0)))
+  return (wrap(C.fsdp_sum(p, n, arr, keepdim and 1 or 0)))
 end
 function methods.mean(t, d, keepdim)
+  local p = T(t, "mean")
   local n, arr = dims_arg(t, d)
-  return (wrap(C.fsdp_mean(t.p, n, arr, keepdim and 1 or 0)))
+  return (wrap(C.fsdp_mean(p, n, arr, keepdim and 1 or 0)))
 end
 -- x:max() -> 0-dim max; x:max(dim[, keepdim]) -> values, indices. Index VALUES are 0-based as in
 -- PyTorch (they feed index_select, embedding and cross_entropy); dims are 1-based.
 function methods.max(t, d, keepdim)
-  if d == nil then return (wrap(C.fsdp_max_all(t.p))) end
+  local p = T(t, "max")
+  if d == nil then return (wrap(C.fsdp_max_all(p))) end
   local idx = ffi.new("fsdp_tensor*[1]")
-  local v = wrap(C.fsdp_max(t.p, dim(d, t:dim()), keepdim and 1 or 0, idx))
+  local v = wrap(C.fsdp_max(p, dim(d, t:dim()), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
 function methods.argmax(t, d, keepdim)
+  local p = T(t, "argmax")
   if d == nil then return (t:reshape(-1):argmax(1)) end
-  return (wrap(C.fsdp_argmax(t.p, dim(d, t:dim()), keepdim and 1 or 0)))
+  return (wrap(C.fsdp_argmax(p, dim(d, t:dim()), keepdim and 1 or 0)))
 end
 
 -- ---- linear algebra -----------------------------------------------------------------------------------------
-function methods.matmul(a, b) return (wrap(C.fsdp_matmul(a.p, b.p))) end
-function methods.bmm(a, b) return (wrap(C.fsdp_bmm(a.p, b.p))) end
+function methods.matmul(a, b) return (wrap(C.fsdp_matmul(T(a, "matmul"), T(b, "matmul", "other")))) end
+function methods.bmm(a, b) return (wrap(C.fsdp_bmm(T(a, "bmm"), T(b, "bmm", "other")))) end
 
 -- ---- views and shape ----------------------------------------------------------------------------------------
 function methods.view(t, ...)
+  local p = T(t, "view")
   local n, arr = shape_of(...)
-  return (wrap(C.fsdp_view(t.p, n, arr)))
+  return (wrap(C.fsdp_view(p, n, arr)))
 end
 function methods.reshape(t, ...)
+  local p = T(t, "reshape")
   local n, arr = shape_of(...)
-  return (wrap(C.fsdp_reshape(t.p, n, arr)))
+  return (wrap(C.fsdp_reshape(p, n, arr)))
 end
-function methods.view_as(t, other) return (t:view(other:shape())) end
+function methods.view_as(t, other)
+  T(t, "view_as")
+  T(other, "view_as", "other")
+  return (t:view(other:shape()))
+end
 function methods.expand(t, ...)
+  local p = T(t, "expand")
   local n, arr = shape_of(...)
-  return (wrap(C.fsdp_expand(t.p, n, arr)))
+  return (wrap(C.fsdp_expand(p, n, arr)))
 end
-function methods.expand_as(t, other) return (t:expand(other:shape())) end
+function methods.expand_as(t, other)
+  T(t, "expand_as")
+  T(other, "expand_as", "other")
+  return (t:expand(other:shape()))
+end
 function methods.flatten(t, s, e)
+  local p = T(t, "flatten")
   local nd = t:dim()
-  return (wrap(C.fsdp_flatten(t.p, dim(s or 1, nd), dim(e or -1, nd))))
+  return (wrap(C.fsdp_flatten(p, dim(s or 1, nd), dim(e or -1, nd))))
 end
 function methods.transpose(t, a, b)
+  local p = T(t, "transpose")
   local nd = t:dim()
-  return (wrap(C.fsdp_transpose(t.p, dim(a, nd), dim(b, nd))))
+  return (wrap(C.fsdp_transpose(p, dim(a, nd), dim(b, nd))))
 end
 function methods.t(t)
+  T(t, "t")
   if t:dim() < 2 then return t end
   return (t:transpose(1, 2))
 end
 function methods.permute(t, ...)
+  local p = T(t, "permute")
   local list = type((...)) == "table" and (...) or { ... }
   local arr = ffi.new("int[?]", #list)
   for i = 1, #list do arr[i - 1] = dim(list[i], #list) end
-  return (wrap(C.fsdp_permute(t.p, #list, arr)))
+  return (wrap(C.fsdp_permute(p, #list, arr)))
 end
 function methods.unsqueeze(t, d)
+  local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
   local nd = t:dim() + 1
-  return (wrap(C.fsdp_unsqueeze(t.p, dim(d, nd))))
+  return (wrap(C.fsdp_unsqueeze(p, dim(d, nd))))
 end
-function methods.squeeze(t, d) return (wrap(C.fsdp_squeeze(t.p, dim(d, t:dim())))) end
-function methods.contiguous(t) return (wrap(C.fsdp_contiguous(t.p))) end
-function methods.clone(t) return (wrap(C.fsdp_clone(t.p))) end
+function methods.squeeze(t, d)
+  local p = T(t, "squeeze")
+  return (wrap(C.fsdp_squeeze(p, dim(d, t:dim()))))
+end
+function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
+function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
 -- x:narrow(dim, start, length) with a 1-based start (Torch7)
 function methods.narrow(t, d, start, len)
-  return (wrap(C.fsdp_narrow(t.p, dim(d, t:dim()), start - 1, len)))
+  local p = T(t, "narrow")
+  if type(start) ~= "number" then fsdp._arg_error("narrow", "start", "a number", start, 2) end
+  return (wrap(C.fsdp_narrow(p, dim(d, t:dim()), start - 1, len)))
 end
-function methods.index_select(t, d, index) return (wrap(C.fsdp_index_select(t.p, dim(d, t:dim()), index.p))) end
+function methods.index_select(t, d, index)
+  local p = T(t, "index_select")
+  return (wrap(C.fsdp_index_select(p, dim(d, t:dim()), T(index, "index_select", "index"))))
+end
 -- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
 -- itself when x is already there (as PyTorch does)
 function methods.to(t, what)
+  T(t, "to")
   local device, dtype
   if type(what) == "table" then
     device, dtype = what.device, what.dtype
@@ -346,14 +397,20 @@ function methods.to(t, what)
   if dtype ~= nil then t = wrap(C.fsdp_to_dtype(t.p, dtype_of(dtype))) end
   return t
 end
-function methods.cpu(t) return (t:to("cpu")) end
-function methods.float(t) return (t:to("float32")) end
-function methods.long(t) return (t:to("int64")) end
-function methods.bfloat16(t) return (t:to("bfloat16")) end
-function methods.half(t) return (t:to("float16")) end
+function methods.cpu(t) T(t, "cpu"); return (t:to("cpu")) end
+function methods.float(t) T(t, "float"); return (t:to("float32")) end
+function methods.long(t) T(t, "long"); return (t:to("int64")) end
+function methods.bfloat16(t) T(t, "bfloat16"); return (t:to("bfloat16")) end
+function methods.half(t) T(t, "half"); return (t:to("float16")) end
 
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
-function methods.softmax(t, d) return (wrap(C.fsdp_softmax(t.p, dim(d, t:dim())))) end
-function methods.log_softmax(t, d) return (wrap(C.fsdp_log_softmax(t.p, dim(d, t:dim())))) end
+function methods.softmax(t, d)
+  local p = T(t, "softmax")
+  return (wrap(C.fsdp_softmax(p, dim(d, t:dim()))))
+end
+function methods.log_softmax(t, d)
+  local p = T(t, "log_softmax")
+  return (wrap(C.fsdp_log_softmax(p, dim(d, t:dim()))))
+end
 
 return Tensor

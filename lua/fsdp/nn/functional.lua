@@ -7,7 +7,7 @@
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
-local wrap, dim, p_of = fsdp._wrap, fsdp._dim, fsdp._p
+local wrap, dim, T, P = fsdp._wrap, fsdp._dim, fsdp._t, fsdp._p
 local is_tensor = fsdp.is_tensor
 
 local F = {}
@@ -59,7 +59,9 @@ end
 
 -- ---- linear and convolution ------------------------------------------------------------------------
 -- x (*, in), w (out, in), b (out) or nil
-function F.linear(x, w, b) return (wrap(C.fsdp_linear(x.p, w.p, p_of(b)))) end
+function F.linear(x, w, b)
+  return (wrap(C.fsdp_linear(T(x, "linear", "input"), T(w, "linear", "weight"), P(b, "linear", "bias"))))
+end
 
 -- padding may be an int, a pair, "valid" (0) or "same" (stride 1, symmetric padding)
 local function conv_padding(o, w)
@@ -88,6 +90,7 @@ end
 -- F.conv2d(x, w, b, stride, padding, dilation, groups) or F.conv2d(x, w, b, {stride =, ...})
 -- x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or nil
 function F.conv2d(x, w, b, ...)
+  local px, pw, pb = T(x, "conv2d", "input"), T(w, "conv2d", "weight"), P(b, "conv2d", "bias")
   local o = args_of({ "stride", "padding", "dilation", "groups" }, ...)
   local stride = pair("conv2d", "stride", o.stride, 1)
   local padding = pair("conv2d", "padding", conv_padding(o, w), 0)
@@ -96,25 +99,32 @@ function F.conv2d(x, w, b, ...)
   if type(groups) ~= "number" or groups ~= math.floor(groups) or groups < 1 then
     error(("conv2d: groups must be a positive integer dividing both channel counts, got %s"):format(tostring(groups)), 2)
   end
-  return (wrap(C.fsdp_conv2d(x.p, w.p, p_of(b), stride, padding, dilation, groups)))
+  return (wrap(C.fsdp_conv2d(px, pw, pb, stride, padding, dilation, groups)))
 end
 
 -- ---- activations --------------------------------------------------------------------------------------
-function F.relu(x) return (wrap(C.fsdp_relu(x.p))) end
-function F.tanh(x) return (wrap(C.fsdp_tanh(x.p))) end
-function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(x.p))) end
+function F.relu(x) return (wrap(C.fsdp_relu(T(x, "relu", "input")))) end
+function F.tanh(x) return (wrap(C.fsdp_tanh(T(x, "tanh", "input")))) end
+function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(T(x, "sigmoid", "input")))) end
 -- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
 function F.gelu(x, opts)
+  local px = T(x, "gelu", "input")
   local approx = opts
   if type(opts) == "table" then approx = opts.approximate end
   if approx == nil then approx = "none" end
   if approx ~= "none" and approx ~= "tanh" then
     error(("gelu: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(approx)), 2)
   end
-  return (wrap(C.fsdp_gelu(x.p, approx == "tanh" and 1 or 0)))
+  return (wrap(C.fsdp_gelu(px, approx == "tanh" and 1 or 0)))
 end
-function F.softmax(x, d) return (wrap(C.fsdp_softmax(x.p, dim(d, x:dim())))) end
-function F.log_softmax(x, d) return (wrap(C.fsdp_log_softmax(x.p, dim(d, x:dim())))) end
+function F.softmax(x, d)
+  local px = T(x, "softmax", "input")
+  return (wrap(C.fsdp_softmax(px, dim(d, x:dim()))))
+end
+function F.log_softmax(x, d)
+  local px = T(x, "log_softmax", "input")
+  return (wrap(C.fsdp_log_softmax(px, dim(d, x:dim()))))
+end
 
 -- ---- losses (mean reduction) ---------------------------------------------------------------------------
 -- logits (N, C) or (N, C, d1, ...), target int64 (N) or (N, d1, ...) with 0-based class indices
@@ -122,16 +132,16 @@ function F.cross_entropy(logits, target, opts)
   local o = opts or {}
   check_reduction("cross_entropy", o)
   local ignore = o.ignore_index or -100
-  return (wrap(C.fsdp_cross_entropy(logits.p, target.p, ignore, o.label_smoothing or 0)))
+  return (wrap(C.fsdp_cross_entropy(T(logits, "cross_entropy", "input"), T(target, "cross_entropy", "target"), ignore, o.label_smoothing or 0)))
 end
 function F.nll_loss(logp, target, opts)
   local o = opts or {}
   check_reduction("nll_loss", o)
-  return (wrap(C.fsdp_nll_loss(logp.p, target.p, o.ignore_index or -100)))
+  return (wrap(C.fsdp_nll_loss(T(logp, "nll_loss", "input"), T(target, "nll_loss", "target"), o.ignore_index or -100)))
 end
 function F.mse_loss(a, b, opts)
   check_reduction("mse_loss", opts or {})
-  return (wrap(C.fsdp_mse_loss(a.p, b.p)))
+  return (wrap(C.fsdp_mse_loss(T(a, "mse_loss", "input"), T(b, "mse_loss", "target"))))
 end
 
 -- ---- normalization, embedding, dropout -------------------------------------------------------------------
@@ -140,6 +150,7 @@ local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
 -- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
 -- normalized_shape (an int or a table), w and b of that shape or nil
 function F.layer_norm(x, normalized_shape, w, b, eps)
+  local px, pw, pb = T(x, "layer_norm", "input"), P(w, "layer_norm", "weight"), P(b, "layer_norm", "bias")
   if is_opts(eps) then eps = eps.eps end
   local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
   if type(ns) ~= "table" then error("layer_norm: normalized_shape must be an integer or a table of integers", 2) end
@@ -150,12 +161,13 @@ function F.layer_norm(x, normalized_shape, w, b, eps)
   if not ok then
     error(("layer_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
   end
-  return (wrap(C.fsdp_layer_norm(x.p, k, p_of(w), p_of(b), eps or 1e-5)))
+  return (wrap(C.fsdp_layer_norm(px, k, pw, pb, eps or 1e-5)))
 end
 
 -- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
 -- indices idx (any shape) -> (idx..., D). The padding row gets no gradient.
 function F.embedding(idx, weight, opts)
+  local pi, pw = T(idx, "embedding", "input"), T(weight, "embedding", "weight")
   local pad = type(opts) == "table" and opts.padding_idx or opts
   local V = weight:size(1)
   if pad == nil then
@@ -166,49 +178,54 @@ function F.embedding(idx, weight, opts)
       error(("embedding: padding_idx %d out of range for %d embeddings"):format(pad, V), 2)
     end
   end
-  return (wrap(C.fsdp_embedding(weight.p, idx.p, pad)))
+  return (wrap(C.fsdp_embedding(pw, pi, pad)))
 end
 
 -- F.dropout(x, p = 0.5, training = true)
 function F.dropout(x, p, training)
+  local px = T(x, "dropout", "input")
   if is_opts(p) then training, p = p.training, p.p end
   p = p or 0.5
   if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
-  return (wrap(C.fsdp_dropout(x.p, p, training == false and 0 or 1)))
+  return (wrap(C.fsdp_dropout(px, p, training == false and 0 or 1)))
 end
 
 -- ---- pooling and shape ------------------------------------------------------------------------------------
 -- F.max_pool2d(x, kernel_size, stride = kernel_size, padding = 0, dilation = 1, ceil_mode = false)
 function F.max_pool2d(x, kernel_size, ...)
+  local px = T(x, "max_pool2d", "input")
   local o = args_of({ "stride", "padding", "dilation", "ceil_mode" }, ...)
   local k = pair("max_pool2d", "kernel_size", kernel_size)
   local s = pair("max_pool2d", "stride", o.stride or kernel_size)
   local p = pair("max_pool2d", "padding", o.padding, 0)
   local d = pair("max_pool2d", "dilation", o.dilation, 1)
-  return (wrap(C.fsdp_max_pool2d(x.p, k, s, p, d, o.ceil_mode and 1 or 0)))
+  return (wrap(C.fsdp_max_pool2d(px, k, s, p, d, o.ceil_mode and 1 or 0)))
 end
 
 -- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
 --              count_include_pad = true)
 function F.avg_pool2d(x, kernel_size, ...)
+  local px = T(x, "avg_pool2d", "input")
   local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad" }, ...)
   if o.divisor_override ~= nil then error("avg_pool2d: divisor_override is not supported", 2) end
   local k = pair("avg_pool2d", "kernel_size", kernel_size)
   local s = pair("avg_pool2d", "stride", o.stride or kernel_size)
   local p = pair("avg_pool2d", "padding", o.padding, 0)
-  return (wrap(C.fsdp_avg_pool2d(x.p, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1)))
+  return (wrap(C.fsdp_avg_pool2d(px, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1)))
 end
 
 -- output_size: an int or {h, w}
 function F.adaptive_avg_pool2d(x, output_size)
+  local px = T(x, "adaptive_avg_pool2d", "input")
   local _, hw = pair("adaptive_avg_pool2d", "output_size", output_size)
-  return (wrap(C.fsdp_adaptive_avg_pool2d(x.p, hw[1], hw[2])))
+  return (wrap(C.fsdp_adaptive_avg_pool2d(px, hw[1], hw[2])))
 end
 
 -- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
 function F.flatten(x, start_dim, end_dim)
+  local px = T(x, "flatten", "input")
   local nd = x:dim()
-  return (wrap(C.fsdp_flatten(x.p, dim(start_dim or 1, nd), dim(end_dim or -1, nd))))
+  return (wrap(C.fsdp_flatten(px, dim(start_dim or 1, nd), dim(end_dim or -1, nd))))
 end
 
 -- ---- attention --------------------------------------------------------------------------------------------
@@ -219,12 +236,11 @@ end
 -- narrow/reshape/transpose need no copy), and the output is laid out in memory like q: for heads
 -- (B, H, T, D) stored as (B, T, H, D), out:transpose(2, 3):reshape(B, T, H * D) is a view.
 function F.scaled_dot_product_attention(q, k, v, ...)
+  local sdpa = "scaled_dot_product_attention"
+  local pq, pk, pv = T(q, sdpa, "query"), T(k, sdpa, "key"), T(v, sdpa, "value")
   local o = args_of({ "attn_mask", "dropout_p", "is_causal", "scale" }, ...)
   local causal = o.is_causal or o.causal
-  if o.attn_mask ~= nil and not is_tensor(o.attn_mask) then
-    error("scaled_dot_product_attention: attn_mask must be a float tensor (additive mask)", 2)
-  end
-  return (wrap(C.fsdp_scaled_dot_product_attention(q.p, k.p, v.p, p_of(o.attn_mask), causal and 1 or 0,
+  return (wrap(C.fsdp_scaled_dot_product_attention(pq, pk, pv, P(o.attn_mask, sdpa, "attn_mask (an additive float mask)"), causal and 1 or 0,
     o.dropout_p or 0, o.scale or 0)))
 end
 

@@ -19,6 +19,18 @@ local function pair_of(v)
   if type(v) == "table" then return { v[1], v[2] } end
   return { v, v }
 end
+-- a kernel, stride or output size: an integer >= 1 or a pair of them
+local function check_size(cls, what, v)
+  if type(v) == "table" and #v == 2 then
+    check_int(cls, what, v[1])
+    check_int(cls, what, v[2])
+  elseif type(v) ~= "number" then
+    error(("%s: %s must be an integer or a pair {h, w}, got %s"):format(cls, what, type(v)), 4)
+  else
+    check_int(cls, what, v)
+  end
+  return v
+end
 local function pair_str(p) return ("(%s, %s)"):format(tostring(p[1]), tostring(p[2])) end
 local function pybool(b) return b and "True" or "False" end
 
@@ -136,6 +148,7 @@ for _, name in ipairs { "Softmax", "LogSoftmax" } do
   local fn = name == "Softmax" and F.softmax or F.log_softmax
   function cls:__init(d)
     if d == nil then error(name .. ": dim is required (1-based, negative from the end)", 3) end
+    if type(d) ~= "number" then error(("%s: dim must be an integer, got %s"):format(name, type(d)), 3) end
     self.dim = d
   end
   function cls:forward(x) return (fn(x, self.dim)) end
@@ -177,6 +190,7 @@ L.MaxPool2d = MaxPool2d
 function MaxPool2d:__init(kernel_size, ...)
   local o = args_of({ "stride", "padding", "dilation", "return_indices", "ceil_mode" }, ...)
   if o.return_indices then error("MaxPool2d: return_indices is not supported", 2) end
+  check_size("MaxPool2d", "kernel_size", kernel_size)
   self.kernel_size, self.stride = kernel_size, o.stride or kernel_size
   self.padding, self.dilation, self.ceil_mode = o.padding or 0, o.dilation or 1, o.ceil_mode and true or false
 end
@@ -195,6 +209,7 @@ L.AvgPool2d = AvgPool2d
 function AvgPool2d:__init(kernel_size, ...)
   local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override" }, ...)
   if o.divisor_override ~= nil then error("AvgPool2d: divisor_override is not supported", 2) end
+  check_size("AvgPool2d", "kernel_size", kernel_size)
   self.kernel_size, self.stride, self.padding = kernel_size, o.stride or kernel_size, o.padding or 0
   self.ceil_mode, self.count_include_pad = o.ceil_mode and true or false, o.count_include_pad ~= false
 end
@@ -209,7 +224,9 @@ end
 -- nn.AdaptiveAvgPool2d(output_size): an int or {h, w}
 local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
 L.AdaptiveAvgPool2d = AdaptiveAvgPool2d
-function AdaptiveAvgPool2d:__init(output_size) self.output_size = output_size end
+function AdaptiveAvgPool2d:__init(output_size)
+  self.output_size = check_size("AdaptiveAvgPool2d", "output_size", output_size)
+end
 function AdaptiveAvgPool2d:forward(x) return (F.adaptive_avg_pool2d(x, self.output_size)) end
 function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. size_str(self.output_size) end
 

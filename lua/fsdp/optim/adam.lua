@@ -14,19 +14,9 @@ local function check_hparam(ok, fmt, ...)
   if not ok then error(fmt:format(...), 5) end
 end
 
--- a numeric option given as another type (lr = "0.1") would fail in a comparison with no name
-local function check_numbers(name, opts, keys)
-  for _, k in ipairs(keys) do
-    local v = opts[k]
-    if v ~= nil and type(v) ~= "number" then
-      error(("%s: option %s must be a number, got %s (%s)"):format(name, k, type(v), tostring(v)), 5)
-    end
-  end
-end
-
+-- opts may also be a number: the learning rate (torch.optim.Adam(params, 1e-3))
 local function defaults(name, opts, wd_default)
-  opts = opts or {}
-  check_numbers(name, opts, { "lr", "eps", "weight_decay" })
+  opts = require("fsdp.optim")._options(name, opts)
   local betas = opts.betas or { 0.9, 0.999 }
   local d = {
     lr = opts.lr or 1e-3, betas = { betas[1], betas[2] }, eps = opts.eps or 1e-8,

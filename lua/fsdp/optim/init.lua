@@ -61,6 +61,26 @@ function Optimizer._new_state(p, zero)
   return t
 end
 
+-- The options argument of every optimizer: nil, a table of hyperparameters, or a number, which is
+-- the learning rate (torch.optim.SGD(params, 0.1)). Options of the wrong type are an error naming
+-- the optimizer and the option; values are range-checked by each optimizer.
+local option_types = {
+  lr = "number", momentum = "number", dampening = "number", weight_decay = "number", eps = "number",
+  nesterov = "boolean", maximize = "boolean", amsgrad = "boolean", betas = "table",
+}
+function optim._options(name, opts)
+  if opts == nil then return {} end
+  if type(opts) == "number" then return { lr = opts } end
+  if type(opts) ~= "table" or is_tensor(opts) then
+    fsdp._arg_error(name, "options", "a table {lr = ..., ...} or a number (the learning rate)", opts, 3)
+  end
+  for k, want in pairs(option_types) do
+    local v = opts[k]
+    if v ~= nil and type(v) ~= want then fsdp._arg_error(name, "option " .. k, "a " .. want, v, 3) end
+  end
+  return opts
+end
+
 -- params: a list of tensors, or a list of param groups {params = {...}, lr = ..., ...}
 -- defaults: the optimizer's hyperparameters (filled into every group that lacks them)
 function Optimizer:__init(params, defaults)

@@ -15,19 +15,9 @@ local function check_hparam(ok, fmt, ...)
   if not ok then error(fmt:format(...), 4) end
 end
 
--- a numeric option given as another type (lr = "0.1") would fail in a comparison with no name
-local function check_numbers(opts, keys)
-  for _, k in ipairs(keys) do
-    local v = opts[k]
-    if v ~= nil and type(v) ~= "number" then
-      error(("SGD: option %s must be a number, got %s (%s)"):format(k, type(v), tostring(v)), 4)
-    end
-  end
-end
-
+-- opts may also be a number: the learning rate, as in torch.optim.SGD(params, 0.1)
 function SGD:__init(params, opts)
-  opts = opts or {}
-  check_numbers(opts, { "lr", "momentum", "dampening", "weight_decay" })
+  opts = require("fsdp.optim")._options("SGD", opts)
   local d = {
     lr = opts.lr or 1e-3, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov or false, maximize = opts.maximize or false,

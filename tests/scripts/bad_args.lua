@@ -1,0 +1,323 @@
+-- Child process of tests/bad_args_spec.lua: nil and wrong-type arguments to every public tensor
+-- method, fsdp function, functional op, layer and optimizer.
+--   luajit tests/scripts/bad_args.lua ROOT list       -> "CASE<tab>i<tab>want<tab>frag1|frag2<tab>name"
+--   luajit tests/scripts/bad_args.lua ROOT run FIRST  -> runs cases FIRST..n, one line each
+-- Before each case it prints "START i", after it "RES i OK" or "RES i ERR <message>"; a crash
+-- shows as a START without its RES (the spec then reruns from the next case). At the end it
+-- checks that the process still computes: "ALIVE <(fsdp.ones(2) + 1):sum():item()>".
+local ROOT, mode, first = arg[1], arg[2], tonumber(arg[3] or 1)
+package.path = ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;" .. package.path
+package.cpath = ROOT .. "/?.so;" .. package.cpath
+local fsdp = require "fsdp"
+local F, nn, optim = fsdp.F, fsdp.nn, fsdp.optim
+
+-- ---- valid inputs --------------------------------------------------------------------------------
+local function x23() return fsdp.randn(2, 3) end
+local function leaf23() return fsdp.randn(2, 3):requires_grad_() end
+local function scalar_loss() return (fsdp.randn(3):requires_grad_() * 2):sum() end
+local function x32() return fsdp.randn(3, 2) end
+local function idx() return fsdp.tensor({ 0, 1 }, "int64") end
+local function img() return fsdp.randn(1, 2, 4, 4) end
+local function cw() return fsdp.randn(3, 2, 3, 3) end
+local function one() return fsdp.ones(1) end
+local function qkv() return fsdp.randn(1, 2, 4) end
+
+-- The bad values for an argument of each kind (those a kind accepts are left out):
+--   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
+--   FN a function         TB? a tensor, nil or an options table
+local bad_values = {
+  T = { "nil", "number", "string", "table" },
+  ["T?"] = { "number", "string", "table" },
+  TN = { "nil", "string", "table" },
+  ["TB?"] = { "number", "string" },
+  FN = { "nil", "number", "string", "table" },
+}
+local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
+
+-- ---- tensor methods: self maker, then each argument as {kind, name, valid value maker} ----------------
+-- (an argument without a kind is not a tensor argument and keeps its valid value)
+local function v(x) return function() return x end end
+local methods = {
+  dim = { x23 }, numel = { x23 }, shape = { x23 }, size = { x23, { nil, "dim", v(1) } },
+  stride = { x23, { nil, "dim", v(1) } }, is_contiguous = { x23 }, data_ptr = { x23 }, version = { x23 },
+  item = { one }, tolist = { x23 }, totable = { x23 }, tostring = { x23 },
+  backward = { scalar_loss, { "TB?", "gradient", v(nil) } },
+  register_hook = { leaf23, { "FN", "fn", v(function() end) } },
+  detach = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { nil, "value", v(2) } },
+  copy_ = { x23, { "T", "src", x23 } }, add_ = { x23, { "TN", "other", x23 } },
+  mul_ = { x23, { nil, "value", v(2) } }, uniform_ = { x23 }, normal_ = { x23 },
+  add = { x23, { "TN", "other", x23 } }, sub = { x23, { "TN", "other", x23 } },
+  mul = { x23, { "TN", "other", x23 } }, div = { x23, { "TN", "other", x23 } },
+  pow = { x23, { nil, "exponent", v(2) } }, eq = { x23, { "TN", "other", x23 } },
+  neg = { x23 }, exp = { x23 }, log = { x23 }, sqrt = { x23 }, abs = { x23 }, tanh = { x23 },
+  sigmoid = { x23 }, relu = { x23 }, gelu = { x23 },
+  sum = { x23 }, mean = { x23 }, max = { x23 }, argmax = { x23 },
+  matmul = { x23, { "T", "other", x32 } }, bmm = { function() return fsdp.randn(1, 2, 3) end,
+    { "T", "other", function() return fsdp.randn(1, 3, 2) end } },
+  view = { x23, { nil, "shape", v(6) } }, reshape = { x23, { nil, "shape", v(6) } },
+  view_as = { x23, { "T", "other", x32 } }, expand = { one, { nil, "shape", v(3) } },
+  expand_as = { one, { "T", "other", x23 } }, flatten = { x23 },
+  transpose = { x23, { nil, "dim0", v(1) }, { nil, "dim1", v(2) } }, t = { x23 },
+  permute = { x23, { nil, "dims", v(2) }, { nil, "dims", v(1) } }, unsqueeze = { x23, { nil, "dim", v(1) } },
+  squeeze = { one, { nil, "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
+  narrow = { x23, { nil, "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
+  index_select = { x23, { nil, "dim", v(1) }, { "T", "index", idx } },
+  to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, float = { x23 }, long = { x23 },
+  bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { nil, "dim", v(1) } },
+  log_softmax = { x23, { nil, "dim", v(1) } },
+}
+
+-- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------
+local fsdp_fns = {
+  zeros_like = { { "T", "input", x23 } }, ones_like = { { "T", "input", x23 } },
+  cat = { { "T?", "tensors[2]", x23, list = true } },  -- {x, nil} is {x}
+  no_grad = { { "FN", "fn", v(function() end) } },
+  -- no tensor argument (shape, dtype and number arguments are checked by fsdp._shape and the C ops)
+  tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
+  arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},
+  is_grad_enabled = {}, set_grad_enabled = {}, memory_stats = {}, reset_peak_memory_stats = {},
+  backends = {}, is_tensor = {},
+}
+-- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
+local comm_fns = { init = true, rank = true, world_size = true, barrier = true, all_reduce = true, broadcast = true,
+  all_gather = true, reduce_scatter = true, comm_stats = true, save = true, load = true }
+
+local F_fns = {
+  linear = { { "T", "input", x23 }, { "T", "weight", function() return fsdp.randn(4, 3) end },
+    { "T?", "bias", v(nil) } },
+  conv2d = { { "T", "input", img }, { "T", "weight", cw }, { "T?", "bias", v(nil) } },
+  relu = { { "T", "input", x23 } }, tanh = { { "T", "input", x23 } }, sigmoid = { { "T", "input", x23 } },
+  gelu = { { "T", "input", x23 } }, softmax = { { "T", "input", x23 }, { nil, "dim", v(1) } },
+  log_softmax = { { "T", "input", x23 }, { nil, "dim", v(1) } },
+  cross_entropy = { { "T", "input", x23 }, { "T", "target", idx } },
+  nll_loss = { { "T", "input", x23 }, { "T", "target", idx } },
+  mse_loss = { { "T", "input", x23 }, { "T", "target", x23 } },
+  layer_norm = { { "T", "input", x23 }, { nil, "normalized_shape", v(3) }, { "T?", "weight", v(nil) },
+    { "T?", "bias", v(nil) } },
+  embedding = { { "T", "input", idx }, { "T", "weight", x32 } },
+  dropout = { { "T", "input", x23 } },
+  max_pool2d = { { "T", "input", img }, { nil, "kernel_size", v(2) } },
+  avg_pool2d = { { "T", "input", img }, { nil, "kernel_size", v(2) } },
+  adaptive_avg_pool2d = { { "T", "input", img }, { nil, "output_size", v(1) } },
+  flatten = { { "T", "input", x23 } },
+  scaled_dot_product_attention = { { "T", "query", qkv }, { "T", "key", qkv }, { "T", "value", qkv },
+    { "TB?", "attn_mask", v(nil) } },
+}
+
+-- ---- cases ----------------------------------------------------------------------------------------------
+-- each: { name = shown name, fn = function() ... end, want = "error" | "ok" | "lr",
+--         frags = fragments the error message must contain }
+local cases = {}
+local function add(name, fn, want, frags) cases[#cases + 1] = { name = name, fn = fn, want = want, frags = frags } end
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+-- the cases of one function f(args...) whose arguments are described by `spec`
+local function arg_cases(label, fname, f, spec, self_maker)
+  local function valid_args()
+    local a = {}
+    for i, s in ipairs(spec) do
+      local val = s[3]()
+      if s.list then val = { x23(), val } end
+      a[i] = val
+    end
+    return a
+  end
+  for i, s in ipairs(spec) do
+    if s[1] then
+      for _, kind in ipairs(bad_values[s[1]]) do
+        add(("%s %s=%s"):format(label, s[2], kind), function()
+          local a = valid_args()
+          local bad = values[kind]
+          if s.list then a[i][2] = bad else a[i] = bad end
+          if self_maker then return f(self_maker(), unpack(a, 1, #spec)) end
+          return f(unpack(a, 1, #spec))
+        end, "error", { fname, s[2] })
+      end
+    end
+  end
+end
+
+local Tmethods = fsdp.Tensor.methods
+for _, name in ipairs(sorted_keys(Tmethods)) do
+  local spec = methods[name]
+  if not spec then
+    add("x:" .. name .. " (no case list)", function() error("add tensor method " .. name .. " to bad_args.lua") end,
+      "ok")
+  else
+    local f, self_maker = Tmethods[name], spec[1]
+    local rest = { unpack(spec, 2) }
+    local function valid_rest()
+      local a = {}
+      for i, s in ipairs(rest) do a[i] = s[3]() end
+      return a
+    end
+    add(("x.%s() (nil self)"):format(name), function() return f(nil, unpack(valid_rest(), 1, #rest)) end,
+      "error", { name, "did you mean x:" .. name .. "()" })
+    for _, kind in ipairs { "number", "string", "table" } do
+      add(("x.%s(%s) (self)"):format(name, kind), function() return f(values[kind], unpack(valid_rest(), 1, #rest)) end,
+        "error", { name, "self" })
+    end
+    arg_cases("x:" .. name, name, f, rest, self_maker)
+  end
+end
+
+-- the operators, with a bad value on either side
+for _, op in ipairs { { "add", function(a, b) return a + b end }, { "sub", function(a, b) return a - b end },
+                      { "mul", function(a, b) return a * b end }, { "div", function(a, b) return a / b end } } do
+  for _, kind in ipairs { "nil", "string", "table" } do
+    add(("x %s %s"):format(op[1], kind), function() return op[2](x23(), values[kind]) end, "error", { op[1] })
+    add(("%s %s x"):format(kind, op[1]), function() return op[2](values[kind], x23()) end, "error", { op[1] })
+  end
+end
+for _, kind in ipairs { "nil", "string", "table" } do
+  add("x ^ " .. kind, function() return x23() ^ values[kind] end, "error", { "pow" })
+end
+for _, kind in ipairs { "string", "table" } do
+  add("x.grad = " .. kind, function() local t = leaf23(); t.grad = values[kind] end, "error", { "grad" })
+end
+add("x.grad = 1", function() local t = leaf23(); t.grad = 1 end, "error", { "grad" })
+add("released handle", function() local t = x23(); fsdp._release(t); return t:sum() end, "error", { "sum", "released" })
+
+for _, name in ipairs(sorted_keys(fsdp)) do
+  local f = fsdp[name]
+  if type(f) == "function" and name:sub(1, 1) ~= "_" and not comm_fns[name] then
+    local spec = fsdp_fns[name]
+    if not spec then add("fsdp." .. name .. " (no case list)", function() error("add fsdp." .. name) end, "ok")
+    else arg_cases("fsdp." .. name, name, f, spec) end
+  end
+end
+for _, kind in ipairs { "nil", "number", "string" } do
+  add("fsdp.cat(" .. kind .. ")", function() return fsdp.cat(values[kind]) end, "error", { "cat", "tensors" })
+end
+
+for _, name in ipairs(sorted_keys(F)) do
+  local f = F[name]
+  if type(f) == "function" and name:sub(1, 1) ~= "_" then
+    local spec = F_fns[name]
+    if not spec then add("F." .. name .. " (no case list)", function() error("add F." .. name) end, "ok")
+    else arg_cases("F." .. name, name, f, spec) end
+  end
+end
+
+-- ---- layers: constructor arguments, then forward inputs --------------------------------------------------
+-- class -> { constructor args (valid), positions that must be numbers (or pairs), forward input makers }
+local layers = {
+  Linear = { { 3, 4 }, { 1, 2 }, { x23 } },
+  Conv2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } },
+  ReLU = { {}, {}, { x23 } }, Tanh = { {}, {}, { x23 } }, Sigmoid = { {}, {}, { x23 } }, GELU = { {}, {}, { x23 } },
+  Identity = { {}, {}, nil },
+  Softmax = { { 1 }, { 1 }, { x23 } }, LogSoftmax = { { 1 }, { 1 }, { x23 } },
+  Flatten = { {}, {}, { x23 } }, Dropout = { {}, {}, { x23 } },
+  MaxPool2d = { { 2 }, { 1 }, { img } }, AvgPool2d = { { 2 }, { 1 }, { img } },
+  AdaptiveAvgPool2d = { { 1 }, { 1 }, { img } },
+  LayerNorm = { { 3 }, { 1 }, { x23 } }, Embedding = { { 3, 2 }, { 1, 2 }, { idx } },
+  CrossEntropyLoss = { {}, {}, { x23, idx } }, NLLLoss = { {}, {}, { x23, idx } }, MSELoss = { {}, {}, { x23, x23 } },
+  Sequential = { nil, {}, { x32 } }, ModuleList = { nil, {}, nil },
+}
+local layer_names = {}
+for k, cls in pairs(nn) do
+  if type(cls) == "table" and nn.is_module ~= cls and k ~= "Module" and k ~= "functional" and k ~= "init"
+     and getmetatable(cls) and rawget(cls, "__name") then
+    layer_names[#layer_names + 1] = k
+  end
+end
+table.sort(layer_names)
+for _, name in ipairs(layer_names) do
+  local spec, cls = layers[name], nn[name]
+  if not spec then add("nn." .. name .. " (no case list)", function() error("add nn." .. name) end, "ok")
+  else
+    local ctor, numeric, inputs = spec[1] or {}, spec[2], spec[3]
+    local function make()
+      if name == "Sequential" then return cls(nn.Linear(2, 3)) end
+      if name == "ModuleList" then return cls({ nn.Linear(2, 3) }) end
+      return cls(unpack(ctor))
+    end
+    for _, pos in ipairs(numeric) do
+      for _, kind in ipairs { "nil", "string", "table" } do
+        add(("nn.%s(arg %d = %s)"):format(name, pos, kind), function()
+          local a = { unpack(ctor) }
+          a[pos] = values[kind]
+          return cls(unpack(a, 1, #ctor))
+        end, "error", { name })
+      end
+    end
+    if name == "Sequential" or name == "ModuleList" then
+      for _, kind in ipairs { "number", "string" } do
+        add(("nn.%s(%s)"):format(name, kind), function() return cls(values[kind]) end, "error", { name })
+      end
+    end
+    if inputs then
+      for i = 1, #inputs do
+        for _, kind in ipairs(bad_values.T) do
+          add(("nn.%s forward input %d = %s"):format(name, i, kind), function()
+            local m = make()
+            local a = {}
+            for j, mk in ipairs(inputs) do a[j] = mk() end
+            a[i] = values[kind]
+            return m(unpack(a, 1, #inputs))
+          end, "error", { name == "Sequential" and "Linear" or name })
+        end
+      end
+    end
+  end
+end
+
+-- ---- optimizers --------------------------------------------------------------------------------------------
+local function params() return { fsdp.randn(2):requires_grad_() } end
+for _, name in ipairs { "SGD", "Adam", "AdamW" } do
+  local cls = optim[name]
+  for _, p in ipairs { { "nil", nil }, { "number", 1 }, { "string", "s" }, { "empty table", {} },
+                       { "{1}", { 1 } }, { "{\"s\"}", { "s" } }, { "{{}}", { {} } }, { "{{params = 1}}", { { params = 1 } } } } do
+    add(("optim.%s(params = %s)"):format(name, p[1]), function() return cls(p[2], { lr = 0.1 }) end, "error",
+      { name, "param" })
+  end
+  local bad_opts = { { "lr", "s" }, { "lr", {} }, { "weight_decay", "s" }, { "maximize", "s" } }
+  if name == "SGD" then
+    bad_opts[#bad_opts + 1] = { "momentum", "s" }
+    bad_opts[#bad_opts + 1] = { "dampening", {} }
+    bad_opts[#bad_opts + 1] = { "nesterov", 1 }
+  else
+    bad_opts[#bad_opts + 1] = { "eps", "s" }
+    bad_opts[#bad_opts + 1] = { "betas", "s" }
+    bad_opts[#bad_opts + 1] = { "betas", { "a", 0.9 } }
+    bad_opts[#bad_opts + 1] = { "amsgrad", "s" }
+  end
+  for _, o in ipairs(bad_opts) do
+    add(("optim.%s({%s = %s})"):format(name, o[1], type(o[2])), function()
+      return cls(params(), { [o[1]] = o[2] })
+    end, "error", { name, o[1] == "betas" and "beta" or o[1] })
+  end
+  add(("optim.%s(params, \"s\")"):format(name), function() return cls(params(), "s") end, "error", { name })
+  add(("optim.%s(params, 0.1)"):format(name), function()
+    local opt = cls(params(), 0.1)
+    if opt.param_groups[1].lr ~= 0.1 then error("lr is " .. tostring(opt.param_groups[1].lr)) end
+  end, "ok")
+end
+
+-- ---- run -----------------------------------------------------------------------------------------------
+if mode == "list" then
+  for i, c in ipairs(cases) do
+    print(("CASE\t%d\t%s\t%s\t%s"):format(i, c.want, table.concat(c.frags or {}, "|"), c.name))
+  end
+  os.exit(0)
+end
+io.stdout:setvbuf("no")
+for i = first, #cases do
+  local c = cases[i]
+  io.write(("START %d\n"):format(i))
+  local ok, err = pcall(c.fn)
+  if ok then
+    io.write(("RES %d OK\n"):format(i))
+  else
+    io.write(("RES %d ERR %s\n"):format(i, (tostring(err):gsub("\n", " "))))
+  end
+  if i % 50 == 0 then collectgarbage() end
+end
+collectgarbage()
+io.write(("ALIVE %s\n"):format(tostring((fsdp.ones(2) + 1):sum():item())))
