@@ -242,6 +242,11 @@ int fsdp_is_backward_running(void);
 // hook on a tensor's gradient (leaf: before accumulation; non-leaf: before its node runs)
 int64_t fsdp_tensor_register_hook(fsdp_tensor* t, fsdp_grad_hook_fn fn, void* ctx);
 int fsdp_remove_hook(int64_t handle);
+// ids of hooks freed with their tensor (never removed) since the last call, so a binding can drop
+// what it keeps per hook: copies up to cap of them into ids, returns how many it copied.
+// *fsdp_hooks_freed_pending() is how many are queued (a cheap test before calling).
+int fsdp_hooks_take_freed(int64_t* ids, int cap);
+const int* fsdp_hooks_freed_pending(void);
 // listeners for engine events, event_mask is an OR of fsdp_event
 int64_t fsdp_autograd_add_listener(int event_mask, fsdp_listener_fn fn, void* ctx);
 int fsdp_autograd_remove_listener(int64_t handle);

@@ -7,7 +7,8 @@ local C = fsdp.C
 
 local autograd = {}
 
-local hooks = {}      -- id -> fn(grad) -> replacement or nil
+local hooks = {}      -- ctx -> fn(grad) -> replacement or nil
+local hook_ctx = {}   -- C hook id -> ctx, to drop hooks[ctx] when the C hook dies with its tensor
 local listeners = {}  -- id -> fn(event_name, node_name, tensor)
 local callbacks = {}  -- queued Lua callbacks for the running backward
 local next_ctx = 0
@@ -26,15 +27,46 @@ local hook_cb = ffi.cast("fsdp_grad_hook_fn", function(grad, ctx, err)
   return r.p
 end)
 
+-- A hook's Lua function lives until remove() or until its tensor (a leaf, or a non-leaf's graph
+-- node) is freed: C queues the ids of hooks freed with their tensor, and fsdp._hooks_freed drops
+-- their functions. Tensor finalizers, fsdp._release and backward call it when the queue is not
+-- empty, so a function is unreferenced in the same collection that frees its tensor.
+local freed_ids = ffi.new("int64_t[64]")
+local freed_pending = C.fsdp_hooks_freed_pending()
+function fsdp._hooks_freed()
+  while freed_pending[0] > 0 do
+    local n = C.fsdp_hooks_take_freed(freed_ids, 64)
+    for i = 0, n - 1 do
+      local id = tonumber(freed_ids[i])
+      local ctx = hook_ctx[id]
+      if ctx then
+        hooks[ctx] = nil
+        hook_ctx[id] = nil
+      end
+    end
+  end
+end
+
 -- t:register_hook(fn): fn(grad) runs when t's gradient is computed; returning a tensor replaces it.
 -- Returns a handle with :remove().
 function autograd.register_hook(t, fn)
+  local p = fsdp._t(t, "register_hook")
+  fsdp._fn(fn, "register_hook", "fn")
+  fsdp._hooks_freed()
   next_ctx = next_ctx + 1
   local ctx = next_ctx
-  local id = C.fsdp_tensor_register_hook(t.p, hook_cb, ffi.cast("void*", ctx))
+  local id = C.fsdp_tensor_register_hook(p, hook_cb, ffi.cast("void*", ctx))
   if id < 0 then fsdp._raise(2) end
+  local key = tonumber(id)
   hooks[ctx] = fn
-  return { remove = function() C.fsdp_remove_hook(id); hooks[ctx] = nil end }
+  hook_ctx[key] = ctx
+  return {
+    remove = function()
+      C.fsdp_remove_hook(id)
+      hooks[ctx] = nil
+      hook_ctx[key] = nil
+    end,
+  }
 end
 
 local event_names = {

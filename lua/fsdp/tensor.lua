@@ -112,8 +112,13 @@ function Tensor._init(lib)
   mt.__tostring = function(t) return (t:tostring()) end
   -- two handles of one C tensor are the same tensor (x.grad returns a new handle each time)
   mt.__eq = function(a, b) return Tensor.is(a) and Tensor.is(b) and a.p == b.p end
+  -- releasing may free hooked tensors; their hooks' Lua functions go in the same collection
+  local hooks_pending = C.fsdp_hooks_freed_pending()
   mt.__gc = function(t)
-    if t.p ~= nil then C.fsdp_tensor_release(t.p) end
+    if t.p ~= nil then
+      C.fsdp_tensor_release(t.p)
+      if hooks_pending[0] ~= 0 then lib._hooks_freed() end
+    end
   end
   ffi.metatype(handle_ct, mt)
 end
@@ -216,14 +221,15 @@ function methods.backward(t, grad, opts)
   local p = T(t, "backward")
   if type(grad) == "table" and not Tensor.is(grad) then opts, grad = grad, nil end
   local retain = opts and opts.retain_graph and 1 or 0
-  check(C.fsdp_backward(p, P(grad, "backward", "gradient"), retain))
+  local rc = C.fsdp_backward(p, P(grad, "backward", "gradient"), retain)
+  fsdp._hooks_freed()  -- the graph backward freed may have held hooks
+  check(rc)
 end
 -- Backward calls back into Lua (tensor hooks, listeners, FSDP's queued callbacks); LuaJIT must
 -- not call such a C function from compiled code, so this one function stays interpreted.
 jit.off(methods.backward)
 function methods.register_hook(t, fn)
   T(t, "register_hook")
-  fsdp._fn(fn, "register_hook", "fn")
   return (fsdp.autograd.register_hook(t, fn))
 end
 function methods.detach(t) return (wrap(C.fsdp_detach(T(t, "detach")))) end

@@ -289,17 +289,35 @@ int fsdp_remove_hook(int64_t id) {
   pthread_mutex_unlock(&g_hooks_lock);
   return 0;  // already gone with its tensor: removing twice is harmless
 }
+// ids of live hooks freed with their tensor, until fsdp_hooks_take_freed collects them (if the
+// queue cannot grow, the id is dropped: the binding then keeps its entry, nothing breaks)
+static int64_t* g_freed_hooks;
+static int g_n_freed_hooks, g_cap_freed_hooks;
 void fsdp_hooks_free(fsdp_hook* h) {
   if (!h) return;
   pthread_mutex_lock(&g_hooks_lock);
   while (h) {
     fsdp_hook* n = h->next;
-    if (h->fn) unlive(h);
+    if (h->fn) {
+      unlive(h);
+      if (fsdp_grow(&g_freed_hooks, &g_cap_freed_hooks, g_n_freed_hooks + 1, sizeof *g_freed_hooks, "hooks") == 0)
+        g_freed_hooks[g_n_freed_hooks++] = h->id;
+      else
+        fsdp_clear_error();
+    }
     free(h);
     h = n;
   }
   pthread_mutex_unlock(&g_hooks_lock);
 }
+int fsdp_hooks_take_freed(int64_t* ids, int cap) {
+  int n = g_n_freed_hooks < cap ? g_n_freed_hooks : cap;
+  if (n <= 0) return 0;
+  g_n_freed_hooks -= n;
+  memcpy(ids, g_freed_hooks + g_n_freed_hooks, (size_t)n * sizeof *ids);
+  return n;
+}
+const int* fsdp_hooks_freed_pending(void) { return &g_n_freed_hooks; }
 // runs hooks on *g, replacing it when a hook returns a new gradient
 static int run_hooks(fsdp_hook* h, fsdp_tensor** g) {
   for (; h; h = h->next) {
