@@ -291,8 +291,9 @@ int fsdp_remove_hook(int64_t id) {
 }
 // ids of live hooks freed with their tensor, until fsdp_hooks_take_freed collects them (if the
 // queue cannot grow, the id is dropped: the binding then keeps its entry, nothing breaks)
-static int64_t* g_freed_hooks;
-static int g_n_freed_hooks, g_cap_freed_hooks;
+// (per thread: the thread that frees a tensor is the one whose Lua state holds its hooks)
+static _Thread_local int64_t* g_freed_hooks;
+static _Thread_local int g_n_freed_hooks, g_cap_freed_hooks;
 void fsdp_hooks_free(fsdp_hook* h) {
   if (!h) return;
   pthread_mutex_lock(&g_hooks_lock);
