@@ -629,6 +629,16 @@ static int read_full(int fd, void* buf, size_t n, int64_t offset) {
   return 0;
 }
 
+// what a non-regular file is, for the message
+static const char* file_kind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
+
 fsdp_st_file* fsdp_st_open(const char* path) {
   CHECK_NULL(path && *path, "safetensors: open: empty path");
   fsdp_st_file* f = calloc(1, sizeof *f);
@@ -640,14 +650,17 @@ fsdp_st_file* fsdp_st_open(const char* path) {
     fsdp_errorf("safetensors: out of memory");
     goto fail;
   }
-  f->fd = open(path, O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: open() of a FIFO with no writer would block forever (and ignore Ctrl-C); it is
+  // refused below. A regular file's reads ignore the flag.
+  f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd < 0) {
     fsdp_errorf("safetensors: cannot open '%s': %s", path, strerror(errno));
     goto fail;
   }
   struct stat st;
+  memset(&st, 0, sizeof st);
   if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    fsdp_errorf("safetensors: '%s' is not a regular file", path);
+    fsdp_errorf("safetensors: '%s' is not a regular file (%s)", path, file_kind(st.st_mode));
     goto fail;
   }
   int64_t size = (int64_t)st.st_size;

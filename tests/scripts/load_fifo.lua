@@ -1,0 +1,13 @@
+-- Reads a FIFO that has no writer (arg[1]: "load" for fsdp.load, "checkpoint" for a checkpoint
+-- directory whose `latest` is the FIFO; arg[2]: the path). Must fail at once with a clear
+-- message, never block in open(). Prints "error: <msg>" and exits 1 (0 would mean it loaded).
+local fsdp = require "fsdp"
+local mode, path = arg[1], arg[2]
+local ok, err
+if mode == "load" then
+  ok, err = pcall(fsdp.load, path)
+else
+  ok, err = pcall(require("fsdp.checkpoint").read, path)
+end
+io.write(ok and "loaded\n" or ("error: " .. tostring(err) .. "\n"))
+os.exit(ok and 0 or 1)
