@@ -26,6 +26,8 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 struct fsdp_work {
   int kind, arg;           // fsdp_coll_kind (or FSDP_COLL_FINALIZE), reduce op or root
@@ -59,6 +61,8 @@ static struct {
   int timeout_set, rs_algo;
   int init_done, init_status;
   char init_err[FSDP_COMM_ERRLEN];
+  pthread_t owner;  // the thread that initialized the communicator: the only one that may use it
+  long owner_tid;
 } g = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv_queue = PTHREAD_COND_INITIALIZER,
@@ -295,19 +299,45 @@ static void* comm_thread(void* arg) {
   }
 }
 
+// ---- one thread per communicator --------------------------------------------------------------
+// Collectives are numbered in call order on each rank; two threads submitting to one communicator
+// would number them differently on different ranks (and touch the tensors' refcounts from two
+// threads), so every call must come from the thread that initialized it.
+static long thread_id(void) { return (long)syscall(SYS_gettid); }
+
+static void thread_label(char* buf, size_t n, pthread_t t, long tid) {
+  char name[32] = "";
+  if (pthread_getname_np(t, name, sizeof name) != 0) name[0] = 0;
+  snprintf(buf, n, "%ld ('%s')", tid, name);
+}
+
+static int check_owner(const char* op, const char* tag) {
+  if (!g.initialized || pthread_equal(g.owner, pthread_self())) return 0;
+  char a[64], b[64];
+  thread_label(a, sizeof a, g.owner, g.owner_tid);
+  thread_label(b, sizeof b, pthread_self(), thread_id());
+  CHECK_INT(0,
+            "%s%s%s%s: the communicator belongs to thread %s (which initialized it), but this call comes from "
+            "thread %s; use one communicator from one thread only",
+            op, tag ? " '" : "", tag ? tag : "", tag ? "'" : "", a, b);
+}
+
+static int comm_finalize(void);
+
 // ---- init / finalize ------------------------------------------------------------------------------
 static void comm_atexit(void) {
   if (!g.initialized) return;
   pthread_mutex_lock(&g.mu);
   int was_broken = g.broken;  // then the script already got this error
   pthread_mutex_unlock(&g.mu);
-  if (fsdp_comm_finalize() != 0 && !was_broken)
+  if (comm_finalize() != 0 && !was_broken)  // exit() may run on any thread
     fprintf(stderr, "fsdp: rank %d: at exit: %s\n", g.rank, fsdp_last_error());
 }
 
 int fsdp_comm_init(const char* backend) {
   const char* want = backend && *backend ? backend : NULL;
   if (g.initialized) {
+    if (check_owner("comm init", NULL)) return -1;
     CHECK_INT(!want || strcmp(want, g.be->name) == 0,
               "comm init: already initialized with backend '%s', cannot switch to '%s'", g.be->name, want);
     return 0;
@@ -359,6 +389,8 @@ int fsdp_comm_init(const char* backend) {
     pthread_join(g.thread, NULL);
     CHECK_INT(0, "comm init (%s): %s", be->name, g.init_err);
   }
+  g.owner = pthread_self();
+  g.owner_tid = thread_id();
   g.initialized = 1;
   if (!g.atexit_registered) {
     atexit(comm_atexit);
@@ -430,8 +462,8 @@ static fsdp_work* submit(fsdp_work* w, int64_t payload) {
   return w;
 }
 
-static int ensure_init(const char* op) {
-  if (g.initialized) return 0;
+static int ensure_init(const char* op, const char* tag) {
+  if (g.initialized) return check_owner(op, tag);
   if (fsdp_comm_init(NULL) == 0) return 0;
   char msg[FSDP_COMM_ERRLEN];
   snprintf(msg, sizeof msg, "%s", fsdp_last_error());
@@ -445,6 +477,11 @@ static void wait_done(fsdp_work* w) {
 }
 
 int fsdp_comm_finalize(void) {
+  if (check_owner("comm finalize", NULL)) return -1;
+  return comm_finalize();
+}
+
+static int comm_finalize(void) {
   if (!g.initialized) return 0;
   fsdp_work* w = work_new(FSDP_COLL_FINALIZE, 0, "");
   CHECK_INT(w, "comm finalize: out of memory");
@@ -520,7 +557,7 @@ static int check_op(const char* op, int reduce) {
 // ---- the collectives ---------------------------------------------------------------------------------
 fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
   const char* op = "all_gather";
-  if (ensure_init(op) || check_tensor(op, "out", out) || check_tensor(op, "in", in)) return NULL;
+  if (ensure_init(op, tag) || check_tensor(op, "out", out) || check_tensor(op, "in", in)) return NULL;
   int64_t n = fsdp_tensor_numel(in), N = g.size;
   CHECK_NULL(out->dtype == in->dtype, "all_gather '%s': out %s %s and in %s %s differ in dtype", tag ? tag : "",
              SH(out), DT(out), SH(in), DT(in));
@@ -549,7 +586,7 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
 
 fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, const char* tag) {
   const char* op = "reduce_scatter";
-  if (ensure_init(op) || check_tensor(op, "out", out) || check_tensor(op, "in", in) || check_op(op, reduce) ||
+  if (ensure_init(op, tag) || check_tensor(op, "out", out) || check_tensor(op, "in", in) || check_op(op, reduce) ||
       fsdp_check_f32(op, in) || fsdp_check_f32(op, out))
     return NULL;
   int64_t n = fsdp_tensor_numel(out), N = g.size;
@@ -569,7 +606,7 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
 
 fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
   const char* op = "all_reduce";
-  if (ensure_init(op) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t)) return NULL;
+  if (ensure_init(op, tag) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t)) return NULL;
   fsdp_work* w = work_new(FSDP_COLL_ALL_REDUCE, reduce, tag);
   if (!w) return NULL;
   w->meta.dtype = FSDP_F32;
@@ -583,7 +620,7 @@ fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
 
 fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
   const char* op = "broadcast";
-  if (ensure_init(op) || check_tensor(op, "tensor", t)) return NULL;
+  if (ensure_init(op, tag) || check_tensor(op, "tensor", t)) return NULL;
   CHECK_NULL(root >= 0 && root < g.size, "broadcast '%s': root %d is not a rank (world size %d; %s %s)", tag ? tag : "",
              root, g.size, SH(t), DT(t));
   fsdp_work* w = work_new(FSDP_COLL_BROADCAST, root, tag);
@@ -598,7 +635,7 @@ fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
 }
 
 fsdp_work* fsdp_barrier_async(const char* tag) {
-  if (ensure_init("barrier")) return NULL;
+  if (ensure_init("barrier", tag)) return NULL;
   fsdp_work* w = work_new(FSDP_COLL_BARRIER, 0, tag);
   if (!w) return NULL;
   return submit(w, 0);
@@ -615,6 +652,7 @@ int fsdp_barrier(void) {
 // ---- work handles ------------------------------------------------------------------------------------
 int fsdp_work_wait(fsdp_work* w) {
   CHECK_INT(w, "work wait: NULL work handle");
+  if (check_owner("work wait", w->meta.tag)) return -1;
   wait_done(w);
   int rc = work_finish(w);
   CHECK_INT(w->status == 0, "%s", w->err);
@@ -630,7 +668,7 @@ int fsdp_work_test(fsdp_work* w) {
 }
 
 void fsdp_work_free(fsdp_work* w) {
-  if (!w) return;
+  if (!w || check_owner("work free", w->meta.tag)) return;  // refused: leaked, never raced
   wait_done(w);
   work_finish(w);
   free(w);

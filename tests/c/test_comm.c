@@ -1,9 +1,10 @@
 /*
  * test_comm.c -- the communicator with the "self" backend (one rank): every collective's value,
  * async handles waited out of order, non-contiguous tensors, stats, argument errors, finalize
- * and re-init. Multi-rank behaviour is tested by tests/comm_spec.lua through bin/fsdprun.
+ * and re-init, calls from a second thread (refused, naming both threads). Multi-rank behaviour is tested by tests/comm_spec.lua through bin/fsdprun.
  * Run under valgrind by `make memcheck`.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,11 +186,53 @@ TEST(test_finalize_and_reinit) {
   EXPECT(fsdp_comm_finalize() == 0);
 }
 
+// what a second thread sees when it uses the communicator the main thread initialized
+typedef struct {
+  fsdp_tensor* x;
+  fsdp_work* main_work;
+  int all_reduce_refused, wait_refused, finalize_refused;
+  char msg[512];
+} other_thread_result;
+
+static void* other_thread(void* arg) {
+  other_thread_result* r = arg;
+  fsdp_work* w = fsdp_all_reduce(r->x, FSDP_REDUCE_SUM, "from another thread");
+  r->all_reduce_refused = w == NULL;
+  snprintf(r->msg, sizeof r->msg, "%s", fsdp_last_error());
+  if (w) fsdp_work_free(w);
+  r->wait_refused = fsdp_work_wait(r->main_work) != 0;
+  r->finalize_refused = fsdp_comm_finalize() != 0;
+  return NULL;
+}
+
+TEST(test_second_thread_refused) {
+  EXPECT(fsdp_comm_init("self") == 0);
+  other_thread_result r = {0};
+  r.x = vec(3, FSDP_F32, 1);
+  r.main_work = fsdp_barrier_async("main thread's");
+  pthread_t t;
+  EXPECT(pthread_create(&t, NULL, other_thread, &r) == 0);
+  pthread_join(t, NULL);
+  EXPECT(r.all_reduce_refused && r.wait_refused && r.finalize_refused);
+  EXPECT(strstr(r.msg, "all_reduce 'from another thread': the communicator belongs to thread ") != NULL);
+  EXPECT(strstr(r.msg, "but this call comes from thread ") != NULL);
+  if (!strstr(r.msg, "belongs to thread")) printf("  message: %s\n", r.msg);
+  EXPECT(fsdp_comm_is_initialized() == 1);  // the owner carries on
+  EXPECT(fsdp_work_wait(r.main_work) == 0);
+  fsdp_work_free(r.main_work);
+  fsdp_work* w = fsdp_all_reduce(r.x, FSDP_REDUCE_SUM, "owner");
+  EXPECT(w && fsdp_work_wait(w) == 0);
+  fsdp_work_free(w);
+  fsdp_tensor_release(r.x);
+  EXPECT(fsdp_comm_finalize() == 0);
+}
+
 int main(void) {
   RUN(test_init_self);
   RUN(test_collectives_values);
   RUN(test_async_out_of_order_and_noncontiguous);
   RUN(test_errors);
   RUN(test_finalize_and_reinit);
+  RUN(test_second_thread_refused);
   return ctest_summary("test_comm");
 }
