@@ -15,6 +15,13 @@
  * After a mismatch, a timeout or a transport error the communicator is broken: every later
  * collective fails at once with the same message, so no rank ever hangs.
  *
+ * Every wait is bounded: the backend bounds the agreement and each wait of the data movement by
+ * the timeout (a rank that stops at any point makes the others fail, naming it), and the caller's
+ * wait is a watchdog on the comm thread itself: the backend beats whenever a wait progresses, and
+ * a caller that sees no beat for 1.5 * timeout + 10 s breaks the communicator and fails. The item
+ * it waited for is then orphaned: the comm thread frees it if it ever finishes, and its tensors
+ * are never released (the backend may still write them).
+ *
  * The comm thread is the only thread that calls the backend, MPI_Init_thread and MPI_Finalize
  * included. fsdp_comm_finalize (also run at exit) drains the queue, lets the ranks agree that
  * everyone is shutting down, finalizes the backend (skipped when broken: the job is failing
@@ -26,6 +33,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,7 +48,7 @@ struct fsdp_work {
   int algo;      // reduce-scatter algorithm
   double timeout;
   fsdp_comm_meta meta;
-  int done, status, finished;
+  int done, status, finished, orphaned;
   char err[FSDP_COMM_ERRLEN];
   struct fsdp_work* next;
 };
@@ -61,6 +69,9 @@ static struct {
   int timeout_set, rs_algo;
   int init_done, init_status;
   char init_err[FSDP_COMM_ERRLEN];
+  int64_t beat_ms;
+  int64_t stall_seq;  // test hook FSDP_COMM_STALL_AT=<rank>:<collective #>: that rank's comm
+  int stall_rank;     // thread stops the process (SIGSTOP) right after agreeing (comm_stall_spec)  // monotonic milliseconds of the comm thread's last progress
   pthread_t owner;  // the thread that initialized the communicator: the only one that may use it
   long owner_tid;
 } g = {
@@ -76,8 +87,8 @@ static const char* op_names[] = {"sum", "avg", "max"};
 
 // ---- the "self" backend: one rank, collectives are copies -----------------------------------
 // (the signatures are the backend table's; one rank needs few of the arguments)
-static int self_init(int* rank, int* size, char* err) {
-  (void)err;
+static int self_init(int* rank, int* size, void (*beat)(void), char* err) {
+  (void)err, (void)beat;
   *rank = 0;
   *size = 1;
   return 0;
@@ -217,6 +228,14 @@ static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int 
 }
 
 // ---- the communication thread -----------------------------------------------------------------
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void beat(void) { __atomic_store_n(&g.beat_ms, (int64_t)(mono_s() * 1e3), __ATOMIC_RELAXED); }
+
 static void set_broken(const char* msg) {
   pthread_mutex_lock(&g.mu);
   if (!g.broken) {
@@ -244,6 +263,7 @@ static void run_work(fsdp_work* w) {
     w->status = -1;
     return;
   }
+  if (g.stall_seq == w->meta.seq && g.stall_rank == g.rank) raise(SIGSTOP);  // test hook, see init
   char err[FSDP_COMM_ERRLEN] = "";
   int rc = 0;
   switch (w->kind) {
@@ -269,7 +289,7 @@ static void* comm_thread(void* arg) {
   (void)arg;
   int rank = 0, size = 1;
   char err[FSDP_COMM_ERRLEN] = "";
-  int rc = g.be->init(&rank, &size, err);
+  int rc = g.be->init(&rank, &size, beat, err);
   pthread_mutex_lock(&g.mu);
   g.rank = rank;
   g.size = size;
@@ -288,11 +308,14 @@ static void* comm_thread(void* arg) {
     if (!g.head) g.tail = NULL;
     pthread_mutex_unlock(&g.mu);
 
+    beat();
     run_work(w);
+    beat();
     int last = w->kind == FSDP_COLL_FINALIZE;
 
     pthread_mutex_lock(&g.mu);
     w->done = 1;
+    if (w->orphaned) free(w);  // its waiter gave up (see wait_done); its tensor refs are leaked
     pthread_cond_broadcast(&g.cv_done);
     pthread_mutex_unlock(&g.mu);
     if (last) return NULL;  // finalize is the last item: nothing may be queued after it
@@ -363,6 +386,12 @@ int fsdp_comm_init(const char* backend) {
     const char* t = getenv("FSDP_COMM_TIMEOUT");
     g.timeout = t && atof(t) > 0 ? atof(t) : 300.0;
   }
+  const char* stall = getenv("FSDP_COMM_STALL_AT");
+  g.stall_seq = 0;
+  if (stall && strchr(stall, ':')) {
+    g.stall_rank = atoi(stall);
+    g.stall_seq = atoll(strchr(stall, ':') + 1);
+  }
   const char* algo = getenv("FSDP_RS_ALGO");
   if (algo && *algo) g.rs_algo = atoi(algo) == 1;
 
@@ -377,6 +406,7 @@ int fsdp_comm_init(const char* backend) {
   g.broken = 0;
   g.seq = 0;
   g.head = g.tail = NULL;
+  beat();
   memset(g.counts, 0, sizeof g.counts);
   memset(g.bytes, 0, sizeof g.bytes);
   CHECK_INT(pthread_create(&g.thread, NULL, comm_thread, NULL) == 0,
@@ -470,10 +500,41 @@ static int ensure_init(const char* op, const char* tag) {
   CHECK_INT(0, "%s: %s", op, msg);
 }
 
-static void wait_done(fsdp_work* w) {
+// waits until the comm thread finished w; 0, or -1 when the comm thread made no progress for
+// 1.5 * timeout + 10 s (its own waits are bounded by the timeout, so it is stuck somewhere no
+// deadline reaches): then the communicator is broken, w->err says why, and w stays the thread's
+static int wait_done(fsdp_work* w) {
+  double limit = 1.5 * w->timeout + 10.0;
   pthread_mutex_lock(&g.mu);
-  while (!w->done) pthread_cond_wait(&g.cv_done, &g.mu);
+  while (!w->done) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait(&g.cv_done, &g.mu, &ts);
+    double idle = mono_s() - 1e-3 * (double)__atomic_load_n(&g.beat_ms, __ATOMIC_RELAXED);
+    if (w->done || idle <= limit) continue;
+    snprintf(w->err, sizeof w->err,
+             "%s '%s' (collective #%lld): the communication thread made no progress for %.0f s (timeout %g s); "
+             "the communicator is broken",
+             kind_names[w->kind], w->meta.tag, (long long)w->meta.seq, idle, w->timeout);
+    if (!g.broken) {
+      g.broken = 1;
+      snprintf(g.broken_msg, sizeof g.broken_msg, "%s", w->err);
+    }
+    pthread_mutex_unlock(&g.mu);
+    return -1;
+  }
   pthread_mutex_unlock(&g.mu);
+  return 0;
+}
+
+// gives w to the comm thread for good when it is still running it (wait_done failed)
+static int orphan_if_running(fsdp_work* w) {
+  pthread_mutex_lock(&g.mu);
+  int running = !w->done;
+  if (running) w->orphaned = 1;
+  pthread_mutex_unlock(&g.mu);
+  return running;
 }
 
 int fsdp_comm_finalize(void) {
@@ -492,7 +553,16 @@ static int comm_finalize(void) {
   g.tail = w;
   pthread_cond_signal(&g.cv_queue);
   pthread_mutex_unlock(&g.mu);
-  wait_done(w);  // the thread drains everything queued before, then agrees and finalizes
+  // the thread drains everything queued before, then agrees and finalizes
+  if (wait_done(w) != 0) {  // stuck: leave it (exit ends it), never join
+    char msg[FSDP_COMM_ERRLEN];
+    snprintf(msg, sizeof msg, "%s", w->err);
+    if (!orphan_if_running(w)) free(w);
+    pthread_detach(g.thread);
+    g.initialized = 0;
+    if (g.be != &self_backend) g.mpi_finalized = 1;
+    CHECK_INT(0, "comm finalize: %s", msg);
+  }
   pthread_join(g.thread, NULL);
   g.initialized = 0;
   if (g.be != &self_backend) g.mpi_finalized = 1;  // finalized, or abandoned after an error: no second init
@@ -653,7 +723,7 @@ int fsdp_barrier(void) {
 int fsdp_work_wait(fsdp_work* w) {
   CHECK_INT(w, "work wait: NULL work handle");
   if (check_owner("work wait", w->meta.tag)) return -1;
-  wait_done(w);
+  if (wait_done(w) != 0) CHECK_INT(0, "%s", w->err);
   int rc = work_finish(w);
   CHECK_INT(w->status == 0, "%s", w->err);
   return rc;
@@ -669,7 +739,7 @@ int fsdp_work_test(fsdp_work* w) {
 
 void fsdp_work_free(fsdp_work* w) {
   if (!w || check_owner("work free", w->meta.tag)) return;  // refused: leaked, never raced
-  wait_done(w);
+  if (wait_done(w) != 0 && orphan_if_running(w)) return;
   work_finish(w);
   free(w);
 }

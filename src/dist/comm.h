@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FSDP_COMM_ABI 1
+#define FSDP_COMM_ABI 2
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5  // internal kind: the agreement made before MPI_Finalize
@@ -47,13 +47,16 @@ typedef void (*fsdp_comm_decide_fn)(const fsdp_comm_meta* all, const int* arrive
 typedef struct fsdp_comm_backend {
   int abi;  // FSDP_COMM_ABI
   const char* name;
-  int (*init)(int* rank, int* size, char* err);
+  // beat: called by the backend whenever a wait made progress (comm.c's watchdog reads it)
+  int (*init)(int* rank, int* size, void (*beat)(void), char* err);
   void (*finalize)(void);
   // every rank's record goes to rank 0, which decides; every rank gets the verdict. Waits at
   // most timeout_s (plus a grace on ranks != 0, so rank 0's verdict, which names the missing
   // ranks, normally wins). Returns 0 with the verdict filled, -1 when this rank itself timed
   // out or MPI failed (the message is in v->msg, v->status != 0).
   int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v);
+  // The data calls below never block: each wait is bounded by the timeout of the agreement that
+  // preceded it; a rank that stops mid-way makes them return -1 with err naming the missing ranks.
   // out (size * bytes) = every rank's `in` (bytes each), rank order. in may be out + rank * bytes.
   int (*all_gather)(void* out, const void* in, size_t bytes, char* err);
   // out (n floats) = this rank's chunk of the reduction of every rank's in (size * n floats)

@@ -8,6 +8,14 @@
  * verdicts back, all non-blocking and polled against a deadline so a missing rank is named,
  * never waited for forever), `data` carries the payloads.
  *
+ * Every wait is bounded. The payloads move by non-blocking calls (Iallgather, Iallreduce, Ibcast,
+ * Ireduce_scatter_block, Isend/Irecv for the ring), each polled with MPI_Test against a deadline
+ * of timeout_s from its start, so a rank that stops after the ranks agreed (SIGSTOP, a debugger)
+ * makes the others fail instead of blocking in MPI forever. After such a timeout the ranks that are
+ * still running tell each other so (TAG_ALIVE on `meta`, for a short grace); the ones not heard
+ * from are named as missing (with 2 ranks: the other one). The abandoned requests are never
+ * progressed again: comm.c marks the communicator broken and makes no further backend call.
+ *
  * Reduce-scatter, algorithm 0 (default): a ring. With N ranks and chunk c = in[c*n .. (c+1)*n),
  * at step s (0 .. N-2) rank r sends its partial sum of chunk r-s-1 to rank r+1 and receives the
  * partial sum of chunk r-s-2 from rank r-1, adding its own contribution; after N-1 steps it holds
@@ -26,6 +34,7 @@
 #define TAG_META 11
 #define TAG_VERDICT 12
 #define TAG_RING 13
+#define TAG_ALIVE 14
 #define MAX_PIECE (1 << 28)  // elements per MPI call, under INT_MAX bytes for the byte paths too
 
 static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
@@ -38,6 +47,8 @@ static fsdp_comm_meta g_mine;  // non-blocking buffers stay valid even if abando
 static fsdp_comm_verdict g_verdict;
 static float *g_scratch_a, *g_scratch_b;
 static size_t g_scratch_n;
+static void (*g_beat)(void);  // tells comm.c this thread is making progress
+static double g_timeout = 300.0;
 
 static const char* kind_name(int k) {
   static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "shutdown"};
@@ -76,9 +87,86 @@ static int mpi_fail(char* err, int rc, const char* what) {
     if (rc_ != MPI_SUCCESS) return mpi_fail(err, rc_, what); \
   } while (0)
 
+// ---- bounded waits ----------------------------------------------------------------------------------
+// After a data-phase timeout: which ranks are still running? Every rank that timed out sends its
+// rank to every other on `meta` and listens for the others for a short grace; "rank 2" or
+// "ranks 1, 3" (the ones not heard from; with 2 ranks, simply the other one). Happens at most once
+// per process (the communicator is broken afterwards), so the static buffers are never reused.
+static void name_missing(double timeout_s, char* who, size_t n) {
+  static int mine;
+  int N = g_size, nmiss = 0;
+  size_t len = 0;
+  if (N == 2) {
+    snprintf(who, n, "rank %d", 1 - g_rank);
+    return;
+  }
+  int* theirs = calloc(N, sizeof *theirs);
+  MPI_Request* rr = calloc(N, sizeof *rr);
+  if (!theirs || !rr) {
+    free(theirs);
+    free(rr);
+    snprintf(who, n, "another rank");
+    return;
+  }
+  mine = g_rank;
+  for (int r = 0; r < N; r++) {
+    rr[r] = MPI_REQUEST_NULL;
+    if (r == g_rank) continue;
+    MPI_Request sreq;
+    MPI_Isend(&mine, 1, MPI_INT, r, TAG_ALIVE, meta_comm, &sreq);
+    MPI_Request_free(&sreq);
+    MPI_Irecv(&theirs[r], 1, MPI_INT, r, TAG_ALIVE, meta_comm, &rr[r]);
+  }
+  double deadline = now_s() + 0.5 + 0.1 * timeout_s;
+  int spins = 0, flag = 0;
+  while (now_s() < deadline) {
+    MPI_Testall(N, rr, &flag, MPI_STATUSES_IGNORE);
+    if (flag) break;
+    backoff(&spins);
+  }
+  for (int r = 0; r < N; r++) {
+    int heard = r == g_rank;
+    if (!heard) MPI_Test(&rr[r], &heard, MPI_STATUS_IGNORE);
+    if (heard) continue;
+    len += snprintf(who + len, len < n ? n - len : 0, "%s%d", nmiss++ ? ", " : "", r);
+  }
+  if (nmiss == 0) {
+    snprintf(who, n, "another rank (every rank answered after the timeout)");
+  } else {  // "ranks " / "rank " in front
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%.190s", who);
+    snprintf(who, n, "%s%.190s", nmiss > 1 ? "ranks " : "rank ", tmp);
+  }
+  free(theirs);
+  free(rr);  // the unfinished receives are abandoned with the broken communicator
+}
+
+// polls n requests until all completed; after timeout_s without them: -1, err names the missing ranks
+static int wait_all(MPI_Request* reqs, int n, const char* what, char* err) {
+  double deadline = now_s() + g_timeout;
+  int spins = 0;
+  for (;;) {
+    int flag = 0;
+    int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, what);
+    if (flag) break;
+    if (now_s() > deadline) {
+      char who[256];
+      name_missing(g_timeout, who, sizeof who);
+      snprintf(err, FSDP_COMM_ERRLEN, "timed out after %g s waiting for %s to move the data (%s)", g_timeout, who,
+               what);
+      return -1;
+    }
+    backoff(&spins);
+  }
+  if (g_beat) g_beat();
+  return 0;
+}
+
 // ---- init / finalize ----------------------------------------------------------------------------
-static int mpi_init(int* rank, int* size, char* err) {
+static int mpi_init(int* rank, int* size, void (*beat)(void), char* err) {
   int inited = 0, provided = 0;
+  g_beat = beat;
   MPI_Initialized(&inited);
   if (!inited) {
     MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
@@ -179,14 +267,17 @@ static int agree_root(double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_ve
       MPI_Request_free(&req);
     }
   }
-  // the arrived ranks posted their receives before sending their records: these complete
+  // the arrived ranks posted their receives before sending their records: these complete (but
+  // a rank may stop right now; then the verdict is abandoned, and the data phase names it)
   spins = 0;
+  deadline = now_s() + timeout_s;
   for (;;) {
     int flag = 0;
     MPI_Testall(nwait, g_reqs, &flag, MPI_STATUSES_IGNORE);
-    if (flag) break;
+    if (flag || now_s() > deadline) break;
     backoff(&spins);
   }
+  if (g_beat) g_beat();
   return 0;
 }
 
@@ -217,16 +308,19 @@ static int agree_other(double timeout_s, fsdp_comm_verdict* v) {
     return -1;
   }
   memcpy(v, &g_verdict, sizeof *v);
-  if (v->status == 0) {
-    MPI_Wait(&sreq, MPI_STATUS_IGNORE);  // rank 0 has every record when it says go
+  if (v->status == 0) {  // rank 0 has every record when it says go: this completes at once
+    for (spins = 0, flag = 0; !flag && now_s() < deadline; backoff(&spins)) MPI_Test(&sreq, &flag, MPI_STATUS_IGNORE);
+    if (!flag) MPI_Request_free(&sreq);
   } else {
     MPI_Request_free(&sreq);
   }
+  if (g_beat) g_beat();
   return 0;
 }
 
 static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v) {
   g_mine = *mine;
+  g_timeout = timeout_s;  // also bounds each wait of the data movement that follows
   if (g_size == 1) {
     int arrived = 1;
     decide(&g_mine, &arrived, 1, 0, timeout_s, v);
@@ -243,8 +337,9 @@ static int mpi_all_gather(void* out, const void* in, size_t bytes, char* err) {
     return -1;
   }
   const void* src = (const char*)in == (const char*)out + (size_t)g_rank * bytes ? MPI_IN_PLACE : in;
-  MPI_TRY(MPI_Allgather(src, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, data_comm), "MPI_Allgather");
-  return 0;
+  MPI_Request req;
+  MPI_TRY(MPI_Iallgather(src, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, data_comm, &req), "MPI_Iallgather");
+  return wait_all(&req, 1, "MPI_Iallgather", err);
 }
 
 // dst = a op b over n floats (dst may alias a or b); the loop vectorizes
@@ -263,9 +358,10 @@ static void scale_f32(float* x, size_t n, float s) {
 static int sendrecv_f32(const float* send, int to, float* recv, int from, size_t n, char* err) {
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
-    MPI_TRY(MPI_Sendrecv(send + off, len, MPI_FLOAT, to, TAG_RING, recv + off, len, MPI_FLOAT, from, TAG_RING,
-                         data_comm, MPI_STATUS_IGNORE),
-            "MPI_Sendrecv");
+    MPI_Request req[2];
+    MPI_TRY(MPI_Irecv(recv + off, len, MPI_FLOAT, from, TAG_RING, data_comm, &req[0]), "MPI_Irecv");
+    MPI_TRY(MPI_Isend(send + off, len, MPI_FLOAT, to, TAG_RING, data_comm, &req[1]), "MPI_Isend");
+    if (wait_all(req, 2, "ring step MPI_Isend/MPI_Irecv", err)) return -1;
   }
   return 0;
 }
@@ -318,12 +414,17 @@ static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int
       snprintf(err, FSDP_COMM_ERRLEN, "out of memory (%zu floats)", n);
       return -1;
     }
-    int rc = MPI_Reduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm);
+    MPI_Request req;
+    int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm, &req);
+    if (rc != MPI_SUCCESS) {
+      if (overlap) free(dst);
+      return mpi_fail(err, rc, "MPI_Ireduce_scatter_block");
+    }
+    if (wait_all(&req, 1, "MPI_Ireduce_scatter_block", err)) return -1;  // dst stays: MPI may still write it
     if (overlap) {
-      if (rc == MPI_SUCCESS) memcpy(out, dst, n * sizeof(float));
+      memcpy(out, dst, n * sizeof(float));
       free(dst);
     }
-    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Reduce_scatter_block");
   } else if (ring_reduce_scatter(out, in, n, op, err)) {
     return -1;
   }
@@ -334,8 +435,10 @@ static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int
 static int mpi_all_reduce(float* buf, size_t n, int op, char* err) {
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
-    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm),
-            "MPI_Allreduce");
+    MPI_Request req;
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm, &req),
+            "MPI_Iallreduce");
+    if (wait_all(&req, 1, "MPI_Iallreduce", err)) return -1;
   }
   if (op == 1) scale_f32(buf, n, 1.0f / g_size);
   return 0;
@@ -344,14 +447,17 @@ static int mpi_all_reduce(float* buf, size_t n, int op, char* err) {
 static int mpi_broadcast(void* buf, size_t bytes, int root, char* err) {
   for (size_t off = 0; off < bytes; off += MAX_PIECE) {
     int len = (int)(bytes - off < MAX_PIECE ? bytes - off : MAX_PIECE);
-    MPI_TRY(MPI_Bcast((char*)buf + off, len, MPI_BYTE, root, data_comm), "MPI_Bcast");
+    MPI_Request req;
+    MPI_TRY(MPI_Ibcast((char*)buf + off, len, MPI_BYTE, root, data_comm, &req), "MPI_Ibcast");
+    if (wait_all(&req, 1, "MPI_Ibcast", err)) return -1;
   }
   return 0;
 }
 
 static int mpi_barrier(char* err) {
-  MPI_TRY(MPI_Barrier(data_comm), "MPI_Barrier");
-  return 0;
+  MPI_Request req;
+  MPI_TRY(MPI_Ibarrier(data_comm, &req), "MPI_Ibarrier");
+  return wait_all(&req, 1, "MPI_Ibarrier", err);
 }
 
 static const fsdp_comm_backend mpi_backend = {
