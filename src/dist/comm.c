@@ -71,7 +71,7 @@ static struct {
   char init_err[FSDP_COMM_ERRLEN];
   int64_t beat_ms;
   int64_t stall_seq;  // test hook FSDP_COMM_STALL_AT=<rank>:<collective #>: that rank's comm
-  int stall_rank;     // thread stops the process (SIGSTOP) right after agreeing (comm_stall_spec)  // monotonic milliseconds of the comm thread's last progress
+  int stall_rank;  // thread stops the process (SIGSTOP) right after agreeing (comm_stall_spec)  // monotonic milliseconds of the comm thread's last progress
   pthread_t owner;  // the thread that initialized the communicator: the only one that may use it
   long owner_tid;
 } g = {
@@ -676,7 +676,8 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
 
 fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
   const char* op = "all_reduce";
-  if (ensure_init(op, tag) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t)) return NULL;
+  if (ensure_init(op, tag) || check_tensor(op, "tensor", t) || check_op(op, reduce) || fsdp_check_f32(op, t))
+    return NULL;
   fsdp_work* w = work_new(FSDP_COLL_ALL_REDUCE, reduce, tag);
   if (!w) return NULL;
   w->meta.dtype = FSDP_F32;
