@@ -123,6 +123,26 @@ describe("fsdprun", function()
     assert.truthy(dt < 30, "took " .. dt .. " s")
   end)
 
+  it("refuses the same bytes in different shapes: broadcast, and parameters at fsdp.wrap", function()
+    if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
+    local cases = {
+      broadcast = "rank 0 called broadcast(tag 'weights', shape (2, 3)) but rank 1 called broadcast(tag 'weights', shape (3, 2))",
+      wrap = "rank 0 called broadcast(tag 'Sequential: 0.weight', shape (4, 1, 3, 2)) but rank 1 called "
+        .. "broadcast(tag 'Sequential: 0.weight', shape (4, 1, 2, 3))",
+      wrap_nosync = "rank 0 called barrier(tag 'Sequential: 0.weight', shape (4, 1, 3, 2)) but rank 1 called "
+        .. "barrier(tag 'Sequential: 0.weight', shape (4, 1, 2, 3))",
+    }
+    for mode, msg in pairs(cases) do
+      local rc, out, dt = sh(fsdprun .. " -n 2 " .. scripts .. "comm_shape_mismatch.lua " .. mode)
+      assert.is_not.equal(0, rc, out)
+      for r = 0, 1 do
+        assert.truthy(out:find(("rank %d error: "):format(r), 1, true), mode .. ":\n" .. out)
+      end
+      assert.truthy(out:find(msg, 1, true), mode .. ":\n" .. out)
+      assert.truthy(dt < 30, "took " .. dt .. " s")
+    end
+  end)
+
   it("times out naming the rank that skipped a collective", function()
     if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
     local rc, out, dt = sh(fsdprun .. " -n 4 " .. scripts .. "comm_timeout.lua", "FSDP_COMM_TIMEOUT=1.5")

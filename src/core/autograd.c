@@ -303,8 +303,7 @@ void fsdp_hooks_free(fsdp_hook* h) {
       unlive(h);
       if (fsdp_grow(&g_freed_hooks, &g_cap_freed_hooks, g_n_freed_hooks + 1, sizeof *g_freed_hooks, "hooks") == 0)
         g_freed_hooks[g_n_freed_hooks++] = h->id;
-      else
-        fsdp_clear_error();
+      else fsdp_clear_error();
     }
     free(h);
     h = n;

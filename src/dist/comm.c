@@ -171,13 +171,33 @@ static const fsdp_comm_backend* load_mpi_backend(void) {
 
 // ---- the collective check (runs on rank 0, see fsdp_comm_backend.agree) -------------------------
 // "all_gather(tag 'x', 4096 bytes)", adding op/root/dtype/seq only where `other` differs
+static int same_shape(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+static size_t shape_str(char* buf, size_t n, const fsdp_comm_meta* m) {
+  size_t len = snprintf(buf, n, "(");
+  for (int d = 0; d < m->ndim && len < n; d++)
+    len += snprintf(buf + len, n - len, d ? ", %lld" : "%lld", (long long)m->shape[d]);
+  if (len < n) len += snprintf(buf + len, n - len, ")");
+  return len;
+}
+
 static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_comm_meta* o) {
   int k = m->kind >= 0 && m->kind <= FSDP_COLL_FINALIZE ? m->kind : FSDP_COLL_FINALIZE;
   if (k == FSDP_COLL_FINALIZE) {
     snprintf(buf, n, "shutdown (its script ended or failed)");
     return;
   }
-  size_t len = snprintf(buf, n, "%s(tag '%s', %lld bytes", kind_names[k], m->tag, (long long)m->bytes);
+  size_t len = snprintf(buf, n, "%s(tag '%s', ", kind_names[k], m->tag);
+  if (m->ndim >= 0 && !same_shape(m, o)) {
+    len += snprintf(buf + len, n - len, "shape ");
+    len += shape_str(buf + len, n - len, m);
+  } else {
+    len += snprintf(buf + len, n - len, "%lld bytes", (long long)m->bytes);
+  }
   if (m->arg != o->arg && (k == FSDP_COLL_REDUCE_SCATTER || k == FSDP_COLL_ALL_REDUCE))
     len += snprintf(buf + len, n - len, ", op %s", op_names[m->arg >= 0 && m->arg <= 2 ? m->arg : 0]);
   if (m->arg != o->arg && k == FSDP_COLL_BROADCAST) len += snprintf(buf + len, n - len, ", root %d", m->arg);
@@ -188,7 +208,7 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
 
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
   return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes || a->seq != b->seq ||
-         strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0;
+         strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 || !same_shape(a, b);
 }
 
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
@@ -444,8 +464,17 @@ static fsdp_work* work_new(int kind, int arg, const char* tag) {
   w->meta.kind = kind;
   w->meta.arg = arg;
   w->meta.rank = g.rank;
+  w->meta.ndim = -1;
   snprintf(w->meta.tag, sizeof w->meta.tag, "%s", tag ? tag : "");
   return w;
+}
+_Static_assert(FSDP_COMM_MAX_DIMS == FSDP_MAX_DIMS, "comm.h's FSDP_COMM_MAX_DIMS must be fsdp.h's FSDP_MAX_DIMS");
+
+// the shape and dtype that every rank must agree on for this collective
+static void set_contract(fsdp_work* w, const fsdp_tensor* t) {
+  w->meta.dtype = t->dtype;
+  w->meta.ndim = t->ndim;
+  memcpy(w->meta.shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
 }
 
 // drops the tensor refs (caller's thread only); after a success, fills the user's destination
@@ -645,7 +674,7 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
   }
   fsdp_work* w = work_new(FSDP_COLL_ALL_GATHER, 0, tag);
   if (!w) return NULL;
-  w->meta.dtype = in->dtype;
+  set_contract(w, in);
   w->count = bytes;
   if (set_src(w, in) || set_dest(w, out, 0)) {
     work_discard(w);
@@ -665,7 +694,7 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
              SH(in), (long long)fsdp_tensor_numel(in), (long long)N, SH(out), (long long)(N * n), DT(in));
   fsdp_work* w = work_new(FSDP_COLL_REDUCE_SCATTER, reduce, tag);
   if (!w) return NULL;
-  w->meta.dtype = FSDP_F32;
+  set_contract(w, out);
   w->count = (size_t)n;
   if (set_src(w, in) || set_dest(w, out, 0)) {
     work_discard(w);
@@ -680,7 +709,7 @@ fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
     return NULL;
   fsdp_work* w = work_new(FSDP_COLL_ALL_REDUCE, reduce, tag);
   if (!w) return NULL;
-  w->meta.dtype = FSDP_F32;
+  set_contract(w, t);
   w->count = (size_t)fsdp_tensor_numel(t);
   if (set_dest(w, t, 1)) {
     work_discard(w);
@@ -696,7 +725,7 @@ fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
              root, g.size, SH(t), DT(t));
   fsdp_work* w = work_new(FSDP_COLL_BROADCAST, root, tag);
   if (!w) return NULL;
-  w->meta.dtype = t->dtype;
+  set_contract(w, t);
   w->count = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
   if (set_dest(w, t, 1)) {
     work_discard(w);
@@ -709,6 +738,15 @@ fsdp_work* fsdp_barrier_async(const char* tag) {
   if (ensure_init("barrier", tag)) return NULL;
   fsdp_work* w = work_new(FSDP_COLL_BARRIER, 0, tag);
   if (!w) return NULL;
+  return submit(w, 0);
+}
+
+// a barrier at which every rank must hold a tensor of t's shape and dtype (t is not sent)
+fsdp_work* fsdp_comm_agree_shape(const fsdp_tensor* t, const char* tag) {
+  if (ensure_init("shape check", tag)) return NULL;
+  fsdp_work* w = work_new(FSDP_COLL_BARRIER, 0, tag);
+  if (!w) return NULL;
+  set_contract(w, t);
   return submit(w, 0);
 }
 

@@ -17,12 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FSDP_COMM_ABI 2
+#define FSDP_COMM_ABI 3
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5  // internal kind: the agreement made before MPI_Finalize
 
 // The record every rank contributes before a collective; all ranks must agree on it.
+#define FSDP_COMM_MAX_DIMS 8  // FSDP_MAX_DIMS of fsdp.h (comm.c checks that they agree)
 typedef struct fsdp_comm_meta {
   int32_t kind;  // fsdp_coll_kind (or FSDP_COLL_FINALIZE)
   int32_t arg;   // reduce op, or broadcast root
@@ -31,7 +32,12 @@ typedef struct fsdp_comm_meta {
   int64_t bytes;  // payload: the full (unsharded) buffer's bytes
   int64_t seq;    // 1-based number of this collective on this rank
   char tag[FSDP_COMM_TAGLEN];
-} fsdp_comm_meta;  // 128 bytes, sent as raw bytes
+  // the shape every rank must pass (the tensor of broadcast and all_reduce, each rank's piece of
+  // all_gather and reduce_scatter, the checked tensor of a shape agreement); ndim -1: none
+  int32_t ndim;
+  int32_t pad;
+  int64_t shape[FSDP_COMM_MAX_DIMS];
+} fsdp_comm_meta;  // 200 bytes, sent as raw bytes
 
 // Rank 0's decision, sent to every rank: status 0 = go ahead, else msg says why not.
 typedef struct fsdp_comm_verdict {
@@ -69,5 +75,12 @@ typedef struct fsdp_comm_backend {
 // exported by libfsdp_mpi.so
 typedef const fsdp_comm_backend* (*fsdp_comm_backend_getter)(void);
 const fsdp_comm_backend* fsdp_comm_mpi_backend(void);
+
+// ---- for the rest of dist (comm.c implements it; backends never see it) -------------------------------
+// a barrier at which every rank must hold a tensor of t's shape and dtype (fsdp.wrap's check of
+// its parameters when it does not broadcast them); NULL with the error set when it cannot start
+struct fsdp_tensor;
+struct fsdp_work;
+struct fsdp_work* fsdp_comm_agree_shape(const struct fsdp_tensor* t, const char* tag);
 
 #endif

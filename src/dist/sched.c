@@ -22,6 +22,7 @@
  * unit creation order in the catch-all.
  */
 #include "dist/unit.h"
+#include "dist/comm.h"
 
 fsdp_unit** fsdp_units;
 int fsdp_n_units;
@@ -197,11 +198,13 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   free(keep);
   free_params(u);
   // every rank starts from rank 0's values
-  if (u->opts.sync_module_states && fsdp_comm_world_size() > 1)
+  // every rank's parameters must have the same shapes and dtypes: broadcasting rank 0's values
+  // checks that on the way (each collective's agreement compares shapes), else a shape check does
+  if (fsdp_comm_world_size() > 1)
     for (int i = 0; i < n; i++) {
       char tag[256];  // the parameter's name makes a shape mismatch between ranks self-explanatory
       snprintf(tag, sizeof tag, "%s: %s", u->path, names && names[i] ? names[i] : "?");
-      fsdp_work* w = fsdp_broadcast(ts[i], 0, tag);
+      fsdp_work* w = u->opts.sync_module_states ? fsdp_broadcast(ts[i], 0, tag) : fsdp_comm_agree_shape(ts[i], tag);
       int rc = w ? fsdp_work_wait(w) : -1;
       fsdp_work_free(w);
       if (rc) return -1;
