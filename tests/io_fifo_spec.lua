@@ -1,5 +1,5 @@
 -- Files that are not regular files (a FIFO with no writer) are refused at once with a clear
--- message by every reader of the library: fsdp.load and a checkpoint's `latest`. Each read runs in
+-- message by every reader of the library: fsdp.load, data-set files and a checkpoint's `latest`. Each read runs in
 -- a child process under a timeout, so a hang fails the test instead of blocking it.
 local H = require "helpers"
 
@@ -23,6 +23,15 @@ describe("reading a FIFO with no writer", function()
     local rc, out, dt = run("load", fifo)
     assert.equal(1, rc, out)  -- 124: timeout killed a blocked open()
     assert.truthy(out:find("'" .. fifo .. "' is not a regular file (a FIFO)", 1, true), out)
+    assert.truthy(dt < 1, ("took %.2f s"):format(dt))
+  end)
+
+  it("data-set files (fsdp.data.idx) refuse it within a second", function()
+    local fifo = dir .. "/train-images-idx3-ubyte.gz"
+    assert.equal(0, os.execute("mkfifo '" .. fifo .. "'"))
+    local rc, out, dt = run("idx", fifo)
+    assert.equal(1, rc, out)
+    assert.truthy(out:find(fifo .. " is a FIFO, not a data file", 1, true), out)
     assert.truthy(dt < 1, ("took %.2f s"):format(dt))
   end)
 

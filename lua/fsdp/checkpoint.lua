@@ -51,10 +51,6 @@ for _, decl in ipairs {
   "int closedir(fsdp_ckpt_DIR* d);",
   "struct fsdp_ckpt_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
   "struct fsdp_ckpt_dirent* readdir(fsdp_ckpt_DIR* d);",
-  -- struct statx has one layout on every Linux architecture (unlike struct stat): 256 bytes
-  "struct fsdp_ckpt_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid; "
-    .. "uint16_t mode, spare0; uint8_t rest[224]; };",
-  "int statx(int dirfd, const char* path, int flags, unsigned int mask, struct fsdp_ckpt_statx* buf);",
 } do pcall(ffi.cdef, decl) end
 local libc = ffi.C
 local linux = ffi.os == "Linux"
@@ -62,19 +58,8 @@ local O_RDONLY, O_WRONLY_CREAT_TRUNC = 0, 1 + 64 + 512  -- Linux values
 
 local function errno_str() return ffi.string(libc.strerror(ffi.errno())) end
 
--- nil when `path` is a regular file (or cannot be checked here), else what it is: io.open() of a
--- FIFO with no writer would block forever, so every file read here is checked first
-local file_kinds = { [0x1000] = "a FIFO", [0x2000] = "a character device", [0x4000] = "a directory",
-  [0x6000] = "a block device", [0xA000] = "a symbolic link", [0xC000] = "a socket" }
-local function not_regular(path)
-  if not linux then return nil end
-  local buf = ffi.new("struct fsdp_ckpt_statx")
-  local ok, rc = pcall(function() return libc.statx(-100, path, 0, 1, buf) end)  -- AT_FDCWD, STATX_TYPE
-  if not ok or rc ~= 0 then return nil end  -- no statx, or no file: io.open says why
-  local kind = bit.band(buf.mode, 0xF000)
-  if kind == 0x8000 then return nil end
-  return file_kinds[kind] or "not a plain file"
-end
+-- nil when `path` is a regular file, else what it is (a FIFO would block io.open forever)
+local not_regular = fsdp._not_regular_file
 
 local function mkdir_p(path, what)
   local cur = path:sub(1, 1) == "/" and "/" or ""

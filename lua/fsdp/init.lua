@@ -18,7 +18,28 @@ local fsdp = {}
 -- this file's directory, and the checkout it sits in when it is a source checkout (lua/fsdp)
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local checkout = here:match("^(.*)/lua/fsdp$") or (here .. "/../..")
+-- nil when `path` is a regular file (or cannot be checked here), else what it is ("a FIFO", ...):
+-- io.open() of a FIFO with no writer blocks forever, so every file fsdp reads is checked first.
+-- (struct statx has one layout on every Linux architecture, unlike struct stat: 256 bytes.)
+pcall(ffi.cdef, [[
+struct fsdp_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid;
+                    uint16_t mode, spare0; uint8_t rest[224]; };
+int statx(int dirfd, const char* path, int flags, unsigned int mask, struct fsdp_statx* buf);
+]])
+local file_kinds = { [0x1000] = "a FIFO", [0x2000] = "a character device", [0x4000] = "a directory",
+  [0x6000] = "a block device", [0xA000] = "a symbolic link", [0xC000] = "a socket" }
+function fsdp._not_regular_file(path)
+  if ffi.os ~= "Linux" then return nil end
+  local buf = ffi.new("struct fsdp_statx")
+  local ok, rc = pcall(function() return ffi.C.statx(-100, path, 0, 1, buf) end)  -- AT_FDCWD, STATX_TYPE
+  if not ok or rc ~= 0 then return nil end  -- no statx, or no file: io.open says why
+  local kind = bit.band(buf.mode, 0xF000)
+  if kind == 0x8000 then return nil end
+  return file_kinds[kind] or "not a plain file"
+end
+
 local function exists(path)
+  if fsdp._not_regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f then f:close() end
   return f ~= nil

@@ -26,6 +26,7 @@ M.files = {
 M.files.t10k = M.files.test
 
 local function exists(path)
+  if fsdp._not_regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f then f:close() return true end
   return false

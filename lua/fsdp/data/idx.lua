@@ -43,6 +43,8 @@ M.zlib = zlib
 
 -- open for reading, or raise an error naming the path (and how to get the data set)
 local function open(path)
+  local kind = fsdp._not_regular_file(path)
+  if kind then error(("idx: %s is %s, not a data file"):format(path, kind), 0) end
   local f = io.open(path, "rb")
   if not f then
     error(("idx: file %s not found; %s (or pass another data directory)"):format(path, M.INSTALL_HINT), 0)
