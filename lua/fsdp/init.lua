@@ -191,6 +191,14 @@ function fsdp._fn(v, fn, arg)
   arg_error(fn, arg, "a function", v, 3)
 end
 
+-- fsdp._n(v, fn, arg[, default]): number argument v of fn (default when v is nil and there is
+-- one), or a Lua error naming fn and arg
+function fsdp._n(v, fn, arg, default)
+  if type(v) == "number" then return v end
+  if v == nil and default ~= nil then return default end
+  arg_error(fn, arg, "a number", v, 3)
+end
+
 -- the identity of a tensor as a number: two handles of the same C tensor have the same key
 function fsdp._addr(p)
   local n = tonumber(ffi.cast("intptr_t", p))

@@ -8,7 +8,7 @@ local ffi = require "ffi"
 local Tensor = {}
 local methods = {}
 Tensor.methods = methods
-local C, wrap, check, dim, dtype_of, shape_of, fsdp, T, P
+local C, wrap, check, dim, dtype_of, shape_of, fsdp, T, P, N
 local TN = "a tensor or a number"
 
 local handle_ct
@@ -18,7 +18,7 @@ function Tensor._init(lib)
   fsdp, C = lib, lib.C
   handle_ct = lib._handle_ct
   wrap, check, dim, dtype_of, shape_of = lib._wrap, lib._check, lib._dim, lib._dtype, lib._shape
-  T, P = lib._t, lib._p
+  T, P, N = lib._t, lib._p, lib._n
 
   local mt = {}
   local getters = {
@@ -240,21 +240,27 @@ end
 
 -- ---- in place (no autograd) --------------------------------------------------------------------------
 function methods.zero_(t) check(C.fsdp_fill_(T(t, "zero_"), 0)); return t end
-function methods.fill_(t, v) check(C.fsdp_fill_(T(t, "fill_"), v)); return t end
+function methods.fill_(t, v) check(C.fsdp_fill_(T(t, "fill_"), N(v, "fill_", "value"))); return t end
 function methods.copy_(t, src) check(C.fsdp_copy_(T(t, "copy_"), T(src, "copy_", "src"))); return t end
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
     local one = fsdp.full(t:shape(), other)
-    check(C.fsdp_add_(p, one.p, alpha or 1))
+    check(C.fsdp_add_(p, one.p, N(alpha, "add_", "alpha", 1)))
   else
-    check(C.fsdp_add_(p, T(other, "add_", "other", TN), alpha or 1))
+    check(C.fsdp_add_(p, T(other, "add_", "other", TN), N(alpha, "add_", "alpha", 1)))
   end
   return t
 end
-function methods.mul_(t, s) check(C.fsdp_mul_scalar_(T(t, "mul_"), s)); return t end
-function methods.uniform_(t, lo, hi) check(C.fsdp_uniform_(T(t, "uniform_"), lo or 0, hi or 1)); return t end
-function methods.normal_(t, mean, std) check(C.fsdp_normal_(T(t, "normal_"), mean or 0, std or 1)); return t end
+function methods.mul_(t, s) check(C.fsdp_mul_scalar_(T(t, "mul_"), N(s, "mul_", "value"))); return t end
+function methods.uniform_(t, lo, hi)
+  check(C.fsdp_uniform_(T(t, "uniform_"), N(lo, "uniform_", "from", 0), N(hi, "uniform_", "to", 1)))
+  return t
+end
+function methods.normal_(t, mean, std)
+  check(C.fsdp_normal_(T(t, "normal_"), N(mean, "normal_", "mean", 0), N(std, "normal_", "std", 1)))
+  return t
+end
 
 -- ---- elementwise ---------------------------------------------------------------------------------------
 -- (the operators check `other`; these check self, so x.add(y) names add's self)

@@ -25,12 +25,15 @@ local function qkv() return fsdp.randn(1, 2, 4) end
 -- The bad values for an argument of each kind (those a kind accepts are left out):
 --   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
 --   FN a function         TB? a tensor, nil or an options table
+--   N  a number           N?  a number or nil (a default)
 local bad_values = {
   T = { "nil", "number", "string", "table" },
   ["T?"] = { "number", "string", "table" },
   TN = { "nil", "string", "table" },
   ["TB?"] = { "number", "string" },
   FN = { "nil", "number", "string", "table" },
+  N = { "nil", "string", "table" },
+  ["N?"] = { "string", "table" },
 }
 local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
 
@@ -43,9 +46,11 @@ local methods = {
   item = { one }, tolist = { x23 }, totable = { x23 }, tostring = { x23 },
   backward = { scalar_loss, { "TB?", "gradient", v(nil) } },
   register_hook = { leaf23, { "FN", "fn", v(function() end) } },
-  detach = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { nil, "value", v(2) } },
-  copy_ = { x23, { "T", "src", x23 } }, add_ = { x23, { "TN", "other", x23 } },
-  mul_ = { x23, { nil, "value", v(2) } }, uniform_ = { x23 }, normal_ = { x23 },
+  detach = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { "N", "value", v(2) } },
+  copy_ = { x23, { "T", "src", x23 } }, add_ = { x23, { "TN", "other", x23 }, { "N?", "alpha", v(1) } },
+  mul_ = { x23, { "N", "value", v(2) } },
+  uniform_ = { x23, { "N?", "from", v(0) }, { "N?", "to", v(1) } },
+  normal_ = { x23, { "N?", "mean", v(0) }, { "N?", "std", v(1) } },
   add = { x23, { "TN", "other", x23 } }, sub = { x23, { "TN", "other", x23 } },
   mul = { x23, { "TN", "other", x23 } }, div = { x23, { "TN", "other", x23 } },
   pow = { x23, { nil, "exponent", v(2) } }, eq = { x23, { "TN", "other", x23 } },
