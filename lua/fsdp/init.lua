@@ -9,7 +9,7 @@
 --                   naming both (x.numel() gets "did you mean x:numel()?")
 --   fsdp._p(v, fn, arg)  the same for an optional tensor (nil stays NULL)
 --   fsdp._check(rc) raises the C error when a status is non-zero
---   fsdp._dim(d, n) Lua's 1-based (or negative) dim -> C's 0-based dim
+--   fsdp._dim(d, n[, fn]) Lua's 1-based (or negative) dim -> C's 0-based dim (errors name fn)
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
 local ffi = require "ffi"
 
@@ -208,9 +208,11 @@ function fsdp._key(t) return (fsdp._addr(t.p)) end
 
 
 -- ---- dims, shapes and dtypes --------------------------------------------------------------------
-function fsdp._dim(d, ndim)
+-- (fn, the calling function's name, starts the message)
+function fsdp._dim(d, ndim, fn)
   if type(d) ~= "number" or d == 0 or d ~= math.floor(d) then
-    error(("dimension must be a non-zero integer (1-based, negative from the end), got %s"):format(tostring(d)), 3)
+    error(("%sdimension must be a non-zero integer (1-based, negative from the end), got %s")
+      :format(fn and (fn .. ": ") or "", type(d) == "string" and ("%q"):format(d) or tostring(d)), 3)
   end
   if d > 0 then return d - 1 end
   return d
@@ -380,7 +382,7 @@ function fsdp.cat(list, dim)
   end
   dim = dim or 1
   local nd = n > 0 and list[1]:dim() or 1
-  return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd))))
+  return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd, "cat"))))
 end
 
 -- ---- process, seeds, grad mode, memory -----------------------------------------------------------

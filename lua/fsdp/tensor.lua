@@ -143,7 +143,7 @@ end
 function methods.size(t, d)
   local p = T(t, "size")
   if d == nil then return (t:shape()) end
-  local n = tonumber(C.fsdp_tensor_size(p, dim(d, C.fsdp_tensor_ndim(p))))
+  local n = tonumber(C.fsdp_tensor_size(p, dim(d, C.fsdp_tensor_ndim(p), "size")))
   return n
 end
 function methods.stride(t, d)
@@ -153,7 +153,7 @@ function methods.stride(t, d)
     for i = 0, C.fsdp_tensor_ndim(p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_stride(p, i)) end
     return s
   end
-  local n = tonumber(C.fsdp_tensor_stride(p, dim(d, C.fsdp_tensor_ndim(p))))
+  local n = tonumber(C.fsdp_tensor_stride(p, dim(d, C.fsdp_tensor_ndim(p), "stride")))
   return n
 end
 function methods.is_contiguous(t) return C.fsdp_tensor_is_contiguous(T(t, "is_contiguous")) ~= 0 end
@@ -286,22 +286,22 @@ end
 
 -- ---- reductions --------------------------------------------------------------------------------------------
 -- dims: nil (all), a number, or a table of numbers
-local function dims_arg(t, d)
+local function dims_arg(t, d, fn)
   if d == nil then return 0, nil end
   local list = type(d) == "table" and d or { d }
   local arr = ffi.new("int[?]", #list)
   local nd = t:dim()
-  for i = 1, #list do arr[i - 1] = dim(list[i], nd) end
+  for i = 1, #list do arr[i - 1] = dim(list[i], nd, fn) end
   return #list, arr
 end
 function methods.sum(t, d, keepdim)
   local p = T(t, "sum")
-  local n, arr = dims_arg(t, d)
+  local n, arr = dims_arg(t, d, "sum")
   return (wrap(C.fsdp_sum(p, n, arr, keepdim and 1 or 0)))
 end
 function methods.mean(t, d, keepdim)
   local p = T(t, "mean")
-  local n, arr = dims_arg(t, d)
+  local n, arr = dims_arg(t, d, "mean")
   return (wrap(C.fsdp_mean(p, n, arr, keepdim and 1 or 0)))
 end
 -- x:max() -> 0-dim max; x:max(dim[, keepdim]) -> values, indices. Index VALUES are 0-based as in
@@ -310,13 +310,13 @@ function methods.max(t, d, keepdim)
   local p = T(t, "max")
   if d == nil then return (wrap(C.fsdp_max_all(p))) end
   local idx = ffi.new("fsdp_tensor*[1]")
-  local v = wrap(C.fsdp_max(p, dim(d, t:dim()), keepdim and 1 or 0, idx))
+  local v = wrap(C.fsdp_max(p, dim(d, t:dim(), "max"), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
 function methods.argmax(t, d, keepdim)
   local p = T(t, "argmax")
   if d == nil then return (t:reshape(-1):argmax(1)) end
-  return (wrap(C.fsdp_argmax(p, dim(d, t:dim()), keepdim and 1 or 0)))
+  return (wrap(C.fsdp_argmax(p, dim(d, t:dim(), "argmax"), keepdim and 1 or 0)))
 end
 
 -- ---- linear algebra -----------------------------------------------------------------------------------------
@@ -352,12 +352,12 @@ end
 function methods.flatten(t, s, e)
   local p = T(t, "flatten")
   local nd = t:dim()
-  return (wrap(C.fsdp_flatten(p, dim(s or 1, nd), dim(e or -1, nd))))
+  return (wrap(C.fsdp_flatten(p, dim(s or 1, nd, "flatten"), dim(e or -1, nd, "flatten"))))
 end
 function methods.transpose(t, a, b)
   local p = T(t, "transpose")
   local nd = t:dim()
-  return (wrap(C.fsdp_transpose(p, dim(a, nd), dim(b, nd))))
+  return (wrap(C.fsdp_transpose(p, dim(a, nd, "transpose"), dim(b, nd, "transpose"))))
 end
 function methods.t(t)
   T(t, "t")
@@ -368,18 +368,18 @@ function methods.permute(t, ...)
   local p = T(t, "permute")
   local list = type((...)) == "table" and (...) or { ... }
   local arr = ffi.new("int[?]", #list)
-  for i = 1, #list do arr[i - 1] = dim(list[i], #list) end
+  for i = 1, #list do arr[i - 1] = dim(list[i], #list, "permute") end
   return (wrap(C.fsdp_permute(p, #list, arr)))
 end
 function methods.unsqueeze(t, d)
   local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
   local nd = t:dim() + 1
-  return (wrap(C.fsdp_unsqueeze(p, dim(d, nd))))
+  return (wrap(C.fsdp_unsqueeze(p, dim(d, nd, "unsqueeze"))))
 end
 function methods.squeeze(t, d)
   local p = T(t, "squeeze")
-  return (wrap(C.fsdp_squeeze(p, dim(d, t:dim()))))
+  return (wrap(C.fsdp_squeeze(p, dim(d, t:dim(), "squeeze"))))
 end
 function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
 function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
@@ -387,11 +387,11 @@ function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
 function methods.narrow(t, d, start, len)
   local p = T(t, "narrow")
   if type(start) ~= "number" then fsdp._arg_error("narrow", "start", "a number", start, 2) end
-  return (wrap(C.fsdp_narrow(p, dim(d, t:dim()), start - 1, len)))
+  return (wrap(C.fsdp_narrow(p, dim(d, t:dim(), "narrow"), start - 1, len)))
 end
 function methods.index_select(t, d, index)
   local p = T(t, "index_select")
-  return (wrap(C.fsdp_index_select(p, dim(d, t:dim()), T(index, "index_select", "index"))))
+  return (wrap(C.fsdp_index_select(p, dim(d, t:dim(), "index_select"), T(index, "index_select", "index"))))
 end
 -- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
 -- itself when x is already there (as PyTorch does)
@@ -418,11 +418,11 @@ function methods.half(t) T(t, "half"); return (t:to("float16")) end
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
 function methods.softmax(t, d)
   local p = T(t, "softmax")
-  return (wrap(C.fsdp_softmax(p, dim(d, t:dim()))))
+  return (wrap(C.fsdp_softmax(p, dim(d, t:dim(), "softmax"))))
 end
 function methods.log_softmax(t, d)
   local p = T(t, "log_softmax")
-  return (wrap(C.fsdp_log_softmax(p, dim(d, t:dim()))))
+  return (wrap(C.fsdp_log_softmax(p, dim(d, t:dim(), "log_softmax"))))
 end
 
 return Tensor

@@ -25,7 +25,7 @@ local function qkv() return fsdp.randn(1, 2, 4) end
 -- The bad values for an argument of each kind (those a kind accepts are left out):
 --   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
 --   FN a function         TB? a tensor, nil or an options table
---   N  a number           N?  a number or nil (a default)
+--   N  a number           N?  a number or nil (a default)   D?  a dim (nil: the method's default)
 local bad_values = {
   T = { "nil", "number", "string", "table" },
   ["T?"] = { "number", "string", "table" },
@@ -34,6 +34,7 @@ local bad_values = {
   FN = { "nil", "number", "string", "table" },
   N = { "nil", "string", "table" },
   ["N?"] = { "string", "table" },
+  ["D?"] = { "string", "table" },
 }
 local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
 
@@ -41,8 +42,8 @@ local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
 -- (an argument without a kind is not a tensor argument and keeps its valid value)
 local function v(x) return function() return x end end
 local methods = {
-  dim = { x23 }, numel = { x23 }, shape = { x23 }, size = { x23, { nil, "dim", v(1) } },
-  stride = { x23, { nil, "dim", v(1) } }, is_contiguous = { x23 }, data_ptr = { x23 }, version = { x23 },
+  dim = { x23 }, numel = { x23 }, shape = { x23 }, size = { x23, { "D?", "dim", v(1) } },
+  stride = { x23, { "D?", "dim", v(1) } }, is_contiguous = { x23 }, data_ptr = { x23 }, version = { x23 },
   item = { one }, tolist = { x23 }, totable = { x23 }, tostring = { x23 },
   backward = { scalar_loss, { "TB?", "gradient", v(nil) } },
   register_hook = { leaf23, { "FN", "fn", v(function() end) } },
@@ -63,13 +64,13 @@ local methods = {
   view_as = { x23, { "T", "other", x32 } }, expand = { one, { nil, "shape", v(3) } },
   expand_as = { one, { "T", "other", x23 } }, flatten = { x23 },
   transpose = { x23, { nil, "dim0", v(1) }, { nil, "dim1", v(2) } }, t = { x23 },
-  permute = { x23, { nil, "dims", v(2) }, { nil, "dims", v(1) } }, unsqueeze = { x23, { nil, "dim", v(1) } },
-  squeeze = { one, { nil, "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
-  narrow = { x23, { nil, "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
-  index_select = { x23, { nil, "dim", v(1) }, { "T", "index", idx } },
+  permute = { x23, { nil, "dims", v(2) }, { nil, "dims", v(1) } }, unsqueeze = { x23, { "D?", "dim", v(1) } },
+  squeeze = { one, { "D?", "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
+  narrow = { x23, { "D?", "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
+  index_select = { x23, { "D?", "dim", v(1) }, { "T", "index", idx } },
   to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, float = { x23 }, long = { x23 },
-  bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { nil, "dim", v(1) } },
-  log_softmax = { x23, { nil, "dim", v(1) } },
+  bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { "D?", "dim", v(1) } },
+  log_softmax = { x23, { "D?", "dim", v(1) } },
 }
 
 -- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------
@@ -92,8 +93,8 @@ local F_fns = {
     { "T?", "bias", v(nil) } },
   conv2d = { { "T", "input", img }, { "T", "weight", cw }, { "T?", "bias", v(nil) } },
   relu = { { "T", "input", x23 } }, tanh = { { "T", "input", x23 } }, sigmoid = { { "T", "input", x23 } },
-  gelu = { { "T", "input", x23 } }, softmax = { { "T", "input", x23 }, { nil, "dim", v(1) } },
-  log_softmax = { { "T", "input", x23 }, { nil, "dim", v(1) } },
+  gelu = { { "T", "input", x23 } }, softmax = { { "T", "input", x23 }, { "D?", "dim", v(1) } },
+  log_softmax = { { "T", "input", x23 }, { "D?", "dim", v(1) } },
   cross_entropy = { { "T", "input", x23 }, { "T", "target", idx } },
   nll_loss = { { "T", "input", x23 }, { "T", "target", idx } },
   mse_loss = { { "T", "input", x23 }, { "T", "target", x23 } },

@@ -119,11 +119,11 @@ function F.gelu(x, opts)
 end
 function F.softmax(x, d)
   local px = T(x, "softmax", "input")
-  return (wrap(C.fsdp_softmax(px, dim(d, x:dim()))))
+  return (wrap(C.fsdp_softmax(px, dim(d, x:dim(), "softmax"))))
 end
 function F.log_softmax(x, d)
   local px = T(x, "log_softmax", "input")
-  return (wrap(C.fsdp_log_softmax(px, dim(d, x:dim()))))
+  return (wrap(C.fsdp_log_softmax(px, dim(d, x:dim(), "log_softmax"))))
 end
 
 -- ---- losses (mean reduction) ---------------------------------------------------------------------------
@@ -225,7 +225,7 @@ end
 function F.flatten(x, start_dim, end_dim)
   local px = T(x, "flatten", "input")
   local nd = x:dim()
-  return (wrap(C.fsdp_flatten(px, dim(start_dim or 1, nd), dim(end_dim or -1, nd))))
+  return (wrap(C.fsdp_flatten(px, dim(start_dim or 1, nd, "flatten"), dim(end_dim or -1, nd, "flatten"))))
 end
 
 -- ---- attention --------------------------------------------------------------------------------------------
