@@ -98,6 +98,16 @@ end
 -- ---- run ---------------------------------------------------------------------------------------------
 print(("fsdp %s benchmark: %d thread(s), %d round(s) of %d warmup + %d timed steps, median ms per training step")
   :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.rounds, opts.warmup, opts.iters))
+-- the machine: CPU model, widest vector ISA, OpenBLAS's kernels, and one core's measured FMA peak
+local cpu_model = "unknown CPU"
+local f = io.open("/proc/cpuinfo", "r")
+if f then
+  cpu_model = f:read("*a"):match("model name%s*:%s*([^\n]+)") or cpu_model
+  f:close()
+end
+local peak = fsdp.C.fsdp_cpu_fma_peak(0.3)
+print(("CPU: %s, %s; OpenBLAS kernels %s; FMA peak %.1f GFLOP/s per core (measured)")
+  :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()), peak))
 io.stdout:flush()
 local rows, torch_ver = {}, nil
 for name in opts.models:gmatch("[^,]+") do
@@ -155,13 +165,16 @@ end
 -- ours/torch can go; the rest of our step is what sits above the floor.
 local floor_ok, gemm_floor = pcall(require, "gemm_floor")
 if floor_ok then
-  print(("\nGEMM floor: the step's Linear GEMMs alone, raw OpenBLAS sgemm on one thread each, divided by %d threads")
+  print(("\nGEMM floor: the step's Linear GEMMs alone, raw OpenBLAS sgemm on one thread each, divided by %d threads;")
     :format(opts.threads))
+  print("  their rate per thread as a fraction of the FMA peak above (the roofline of these GEMMs on this BLAS)")
   for _, r in ipairs(rows) do
-    local ms = gemm_floor.floor_ms(r.name, opts.threads)
+    local ms, gflop = gemm_floor.floor_ms(r.name, opts.threads)
     if ms then
-      print(("  %-12s floor %8.2f ms   fsdp above floor %7.2f ms   floor/torch %s"):format(r.name, ms,
-        r.ours and r.ours - ms or 0 / 0, r.torch and ("%.2f"):format(ms / r.torch) or "-"))
+      local rate = gflop / (ms * opts.threads) * 1e3
+      print(("  %-12s floor %8.2f ms   fsdp above floor %7.2f ms   floor/torch %s   GEMMs %6.1f GFLOP/s = %3.0f%% of peak")
+        :format(r.name, ms, r.ours and r.ours - ms or 0 / 0, r.torch and ("%.2f"):format(ms / r.torch) or "-", rate,
+          100 * rate / peak))
     end
   end
 end

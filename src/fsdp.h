@@ -73,6 +73,13 @@ void fsdp_set_error(const char* msg);
 void fsdp_clear_error(void);
 void fsdp_set_num_threads(int n);
 int fsdp_get_num_threads(void);
+// the CPU (backend/cpu/cpuinfo.c): its widest vector ISA ("avx512f", "avx2+fma" or "sse2"), the
+// kernels OpenBLAS picked for it (openblas_get_corename(): "Haswell", "SkylakeX", "Prescott", ...),
+// and one core's float32 FMA peak in GFLOP/s (a register-only FMA loop of that ISA, run for about
+// `seconds` on the calling thread)
+const char* fsdp_cpu_isa(void);
+const char* fsdp_cpu_blas_core(void);
+double fsdp_cpu_fma_peak(double seconds);
 
 // ---- memory ------------------------------------------------------------------------------
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT)

@@ -1,0 +1,17 @@
+-- backend/cpu/cpuinfo.c: what make bench reports about the machine. The ISA is one of the three
+-- the library knows, OpenBLAS names the kernels it picked, and the FMA peak is a positive rate
+-- no faster than 64 flops per cycle at 10 GHz could give (a sanity bound, not a timing test).
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+
+describe("cpu info", function()
+  it("names the ISA and OpenBLAS's kernels, and measures a plausible FMA peak", function()
+    local isa = ffi.string(fsdp.C.fsdp_cpu_isa())
+    assert.truthy(isa == "avx512f" or isa == "avx2+fma" or isa == "sse2", isa)
+    local flags = io.open("/proc/cpuinfo"):read("*a")
+    if isa == "avx512f" then assert.truthy(flags:find(" avx512f"), "avx512f reported but not in /proc/cpuinfo") end
+    assert.truthy(#ffi.string(fsdp.C.fsdp_cpu_blas_core()) > 0)
+    local peak = fsdp.C.fsdp_cpu_fma_peak(0.05)
+    assert.truthy(peak > 0.5 and peak < 640, "peak " .. peak .. " GFLOP/s")
+  end)
+end)
