@@ -1,6 +1,7 @@
 -- fsdp, the development version (scm): `luarocks make` in a checkout builds and installs it.
--- It runs on LuaJIT only (the FFI is the whole binding). The C build needs gcc, make, pkg-config
--- and OpenBLAS (libopenblas-dev); with mpicc (libopenmpi-dev) it also builds the MPI backend.
+-- It runs on LuaJIT only (the FFI is the whole binding). The C build needs gcc, make, pkg-config,
+-- OpenBLAS (libopenblas-dev) and oneDNN (libdnnl-dev); with mpicc (libopenmpi-dev) it also builds
+-- the MPI backend.
 rockspec_format = "3.0"
 package = "fsdp"
 version = "scm-1"
@@ -24,6 +25,7 @@ dependencies = {
 }
 external_dependencies = {
   OPENBLAS = { library = "openblas" },
+  DNNL = { header = "oneapi/dnnl/dnnl.h", library = "dnnl" },
 }
 build = {
   type = "make",

@@ -1,5 +1,6 @@
 -- The GEMM floor of a training step: the step's Linear-layer GEMMs (bench/models.lua linear_gemms:
--- forward, input grad, weight grad), each timed alone through raw OpenBLAS sgemm on one thread,
+-- forward, input grad, weight grad), each timed alone through the raw sgemm of the library fsdp
+-- chose (oneDNN or OpenBLAS, see backend/cpu/linalg.c) on one thread,
 -- summed and divided by the thread count. That is the step's time if everything but those GEMMs
 -- were free and the threads shared them perfectly, packing included (OpenBLAS packs either way);
 -- attention's products, the optimizer and all elementwise work count as zero.
@@ -18,6 +19,7 @@ if arg and arg[0] and arg[0]:match("gemm_floor%.lua$") then -- run as a script: 
 end
 local ffi = require "ffi"
 local fsdp = require "fsdp"
+local G = {}
 local models = require "models"
 local U = require "util"
 
@@ -29,8 +31,16 @@ int openblas_get_num_threads(void);
 ]])
 local blas = ffi.load("openblas")
 local RowMajor, NoTrans, Trans = 101, 111, 112
+pcall(ffi.cdef, [[
+int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+]])
+-- the library fsdp runs its GEMMs on (backend/cpu/linalg.c chooses at the first GEMM)
+fsdp.randn(8, 8):matmul(fsdp.randn(8, 8))
+local backend = ffi.string(fsdp.C.fsdp_cpu_gemm_backend())
+local dnnl = backend:match("^onednn") and ffi.load("dnnl") or nil
+G.library = dnnl and "oneDNN" or "OpenBLAS"
 
-local G = {}
 
 -- a GEMM's operands: A (M, K) or, transposed, (K, M); B (K, N) or (N, K); C (M, N)
 local function operands(g)
@@ -42,7 +52,12 @@ local function operands(g)
 end
 -- C += op(A) op(B) (beta 1: no zeroing pass; the floor counts the product alone)
 local function gemm(o)
-  blas.cblas_sgemm(RowMajor, o[1], o[2], o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1, o[10], o[4])
+  if dnnl then
+    dnnl.dnnl_sgemm(o[1] == Trans and 84 or 78, o[2] == Trans and 84 or 78, o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1,
+      o[10], o[4])  -- 'T' / 'N'
+  else
+    blas.cblas_sgemm(RowMajor, o[1], o[2], o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1, o[10], o[4])
+  end
 end
 
 local function step_list(name)
@@ -72,7 +87,8 @@ function G.floor_ms(name, threads, reps)
   if not list then return nil end
   reps = reps or 5
   local saved = blas.openblas_get_num_threads()
-  blas.openblas_set_num_threads(1)
+  local saved_omp = fsdp.C.fsdp_get_num_threads()
+  fsdp.set_num_threads(1)  -- OpenBLAS and OpenMP (oneDNN's threads) alike
   gemm(operands({ false, false, 64, 1024, 384 })) -- a wide GEMM first: src/backend/cpu/linalg.c openblas_warm_thread
   local ops, flop = {}, 0
   for _, g in ipairs(list) do
@@ -80,6 +96,7 @@ function G.floor_ms(name, threads, reps)
     flop = flop + 2 * g[3] * g[4] * g[5]
   end
   local total = time_list(ops, reps)
+  fsdp.set_num_threads(saved_omp)
   blas.openblas_set_num_threads(saved)
   return total * 1e3 / threads, flop * 1e-9
 end

@@ -106,8 +106,10 @@ if f then
   f:close()
 end
 local peak = fsdp.C.fsdp_cpu_fma_peak(0.3)
-print(("CPU: %s, %s; OpenBLAS kernels %s; FMA peak %.1f GFLOP/s per core (measured)")
-  :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()), peak))
+fsdp.randn(8, 8):matmul(fsdp.randn(8, 8))  -- the first GEMM chooses the GEMM library
+print(("CPU: %s, %s; OpenBLAS kernels %s; GEMMs: %s; FMA peak %.1f GFLOP/s per core (measured)")
+  :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()),
+    ffi.string(fsdp.C.fsdp_cpu_gemm_backend()), peak))
 io.stdout:flush()
 local rows, torch_ver = {}, nil
 for name in opts.models:gmatch("[^,]+") do
@@ -165,8 +167,8 @@ end
 -- ours/torch can go; the rest of our step is what sits above the floor.
 local floor_ok, gemm_floor = pcall(require, "gemm_floor")
 if floor_ok then
-  print(("\nGEMM floor: the step's Linear GEMMs alone, raw OpenBLAS sgemm on one thread each, divided by %d threads;")
-    :format(opts.threads))
+  print(("\nGEMM floor: the step's Linear GEMMs alone, raw %s sgemm on one thread each, divided by %d threads;")
+    :format(gemm_floor.library, opts.threads))
   print("  their rate per thread as a fraction of the FMA peak above (the roofline of these GEMMs on this BLAS)")
   for _, r in ipairs(rows) do
     local ms, gflop = gemm_floor.floor_ms(r.name, opts.threads)

@@ -80,6 +80,9 @@ int fsdp_get_num_threads(void);
 const char* fsdp_cpu_isa(void);
 const char* fsdp_cpu_blas_core(void);
 double fsdp_cpu_fma_peak(double seconds);
+// which library runs the GEMMs and why ("onednn (measured faster)", "openblas (FSDP_GEMM)", ...;
+// backend/cpu/linalg.c chooses at the first GEMM)
+const char* fsdp_cpu_gemm_backend(void);
 
 // ---- memory ------------------------------------------------------------------------------
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT)

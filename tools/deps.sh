@@ -18,7 +18,7 @@
 # errors speak then.
 set -euo pipefail
 
-build="gcc make pkg-config luajit libopenblas-dev libopenmpi-dev openmpi-bin"
+build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
 demo="$build dataset-fashion-mnist gnuplot-nox"
 test="$demo libluajit-5.1-dev lua-busted luarocks"
 ci="$test git cppcheck valgrind clang-format"

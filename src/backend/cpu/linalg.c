@@ -1,12 +1,14 @@
 /*
  * backend/cpu/linalg.c -- CPU kernels of the linalg family (see core/kernels_linalg.h): GEMMs through
- * OpenBLAS, convolution (im2col + GEMM, or Winograd F(2x2, 3x3) for 3x3 same-size convolutions
+ * oneDNN or OpenBLAS (chosen by measurement), convolution (im2col + GEMM, or Winograd F(2x2, 3x3) for 3x3 same-size convolutions
  * with enough channels) and pooling loops.
  */
 #include "core/core.h"
 #include "backend/cpu/cpu.h"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
@@ -58,7 +60,7 @@ static void openblas_warm_thread(void) {
 // beta = 0 zeroes C with memset and asks OpenBLAS for C += A B: its own beta = 0 pass (a scalar
 // loop over C before the product) measured 2-3x slower than memset and was ~3% of an MLP step.
 // The sums are the same (OpenBLAS's kernel adds the product to the zeroed C either way).
-static void blas_gemm(const fsdp_gemm_args* g) {
+static void openblas_gemm(const fsdp_gemm_args* g) {
   openblas_warm_thread();
   float beta = g->beta;
   if (beta == 0.0f && g->K > 0) {
@@ -67,6 +69,99 @@ static void blas_gemm(const fsdp_gemm_args* g) {
   }
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
               (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, beta, g->C, (int)g->ldc);
+}
+
+// oneDNN's sgemm (row-major); it picks its kernels from the CPU's features at run time
+static void onednn_gemm(const fsdp_gemm_args* g) {
+  dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta,
+             g->C, g->ldc);
+}
+
+// ---- which GEMM: chosen by measurement --------------------------------------------------------------
+// OpenBLAS picks its kernels from a table of CPU models and falls back to old generic ones on a
+// model it does not know (0.3.21 runs Prescott's SSE3 kernels on recent Xeons, Haswell's AVX2
+// on Zen 5); oneDNN picks from the CPU's features. At the first GEMM both run the same three
+// GEMMs of the sizes our models use, on one thread, and the faster wins; OpenBLAS never does
+// while it runs a generic core. FSDP_GEMM=openblas or onednn forces one.
+typedef void (*gemm_fn)(const fsdp_gemm_args* g);
+static gemm_fn g_gemm;
+static const char* g_gemm_name = "not chosen yet (no GEMM has run)";
+static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
+
+// OpenBLAS's names for its generic and pre-AVX kernels (never a choice while one of these runs)
+static int openblas_core_is_generic(void) {
+  static const char* generic[] = {"Prescott",   "Core2",     "Penryn", "Dunnington", "Nehalem",   "Atom",   "Katmai",
+                                  "Coppermine", "Northwood", "Banias", "Opteron",    "Barcelona", "Generic"};
+  const char* core = fsdp_cpu_blas_core();
+  for (size_t i = 0; i < sizeof generic / sizeof *generic; i++)
+    if (strcmp(core, generic[i]) == 0) return 1;
+  return 0;
+}
+
+static double time_gemms(gemm_fn fn, float* buf) {
+  static const int64_t shapes[3][3] = {{256, 1024, 784}, {1024, 256, 256}, {128, 512, 2048}};
+  double total = 0;
+  for (int s = 0; s < 3; s++) {
+    fsdp_gemm_args g = {0,
+                        1,
+                        shapes[s][0],
+                        shapes[s][1],
+                        shapes[s][2],
+                        1.0f,
+                        buf,
+                        shapes[s][2],
+                        buf,
+                        shapes[s][2],
+                        0.0f,
+                        buf + (1 << 21),
+                        shapes[s][1]};
+    fn(&g);  // untimed: first-call costs (packing buffers, oneDNN's JIT)
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+      double t0 = omp_get_wtime();
+      fn(&g);
+      double t = omp_get_wtime() - t0;
+      if (t < best) best = t;
+    }
+    total += best;
+  }
+  return total;
+}
+
+static void choose_gemm(void) {
+  const char* forced = getenv("FSDP_GEMM");
+  if (forced && strcmp(forced, "openblas") == 0) {
+    g_gemm = openblas_gemm, g_gemm_name = "openblas (FSDP_GEMM)";
+    return;
+  }
+  if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic()) {
+    g_gemm = onednn_gemm;
+    g_gemm_name = forced ? "onednn (FSDP_GEMM)" : "onednn (OpenBLAS runs a generic core)";
+    return;
+  }
+  // operands: zeros are as fast as any values; A and B share one buffer (read only)
+  size_t bytes = ((size_t)1 << 21) * sizeof(float) * 2;
+  float* buf = calloc(1, bytes);
+  if (!buf) {
+    g_gemm = onednn_gemm, g_gemm_name = "onednn (no memory to measure)";
+    return;
+  }
+  // one thread each, as our scheduler runs them (oneDNN threads by omp_get_max_threads())
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  double t_blas = time_gemms(openblas_gemm, buf);
+  double t_dnnl = time_gemms(onednn_gemm, buf);
+  omp_set_num_threads(saved);
+  free(buf);
+  if (t_dnnl <= t_blas) g_gemm = onednn_gemm, g_gemm_name = "onednn (measured faster)";
+  else g_gemm = openblas_gemm, g_gemm_name = "openblas (measured faster)";
+}
+
+const char* fsdp_cpu_gemm_backend(void) { return g_gemm_name; }
+
+static void blas_gemm(const fsdp_gemm_args* g) {
+  pthread_once(&g_gemm_once, choose_gemm);
+  g_gemm(g);
 }
 
 // rows [lo, hi) (split_n = 0) or columns [lo, hi) (split_n = 1) of GEMM g's output
@@ -97,7 +192,10 @@ static void cpu_gemm_many(int n, const fsdp_gemm_args* g) {
   int saved = openblas_get_num_threads();
   if (saved != 1 && !omp_in_parallel()) openblas_set_num_threads(1);
   if (nt == 1 || work < GEMM_PAR_MIN) {
+    // on this thread alone: oneDNN would otherwise spread a small GEMM over omp_get_max_threads()
+    if (nt != 1) omp_set_num_threads(1);
     for (int i = 0; i < n; i++) blas_gemm(&g[i]);
+    if (nt != 1) omp_set_num_threads(nt);
   } else {
     // pieces of about a thread's share of the work (a GEMM smaller than that stays whole), taken
     // by the threads as they come. Finer pieces (4 per thread) balanced better on a loaded machine
