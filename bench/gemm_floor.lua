@@ -82,6 +82,29 @@ local function time_list(ops, reps)
   return total
 end
 
+-- each distinct GEMM of the step alone, one thread: list of {ta, tb, M, N, K, count, gflops}
+function G.per_gemm(name, reps)
+  local list = step_list(name)
+  if not list then return nil end
+  local saved_omp = fsdp.C.fsdp_get_num_threads()
+  fsdp.set_num_threads(1)
+  local rows, seen = {}, {}
+  for _, g in ipairs(list) do
+    local key = table.concat({ tostring(g[1]), tostring(g[2]), g[3], g[4], g[5] }, " ")
+    if seen[key] then
+      seen[key][6] = seen[key][6] + 1
+    else
+      local o = operands(g)
+      local t = time_list({ o }, reps or 5)
+      local row = { g[1], g[2], g[3], g[4], g[5], 1, 2 * g[3] * g[4] * g[5] / t * 1e-9 }
+      seen[key] = row
+      rows[#rows + 1] = row
+    end
+  end
+  fsdp.set_num_threads(saved_omp)
+  return rows
+end
+
 function G.floor_ms(name, threads, reps)
   local list = step_list(name)
   if not list then return nil end

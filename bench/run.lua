@@ -177,6 +177,11 @@ if floor_ok then
       print(("  %-12s floor %8.2f ms   fsdp above floor %7.2f ms   floor/torch %s   GEMMs %6.1f GFLOP/s = %3.0f%% of peak")
         :format(r.name, ms, r.ours and r.ours - ms or 0 / 0, r.torch and ("%.2f"):format(ms / r.torch) or "-", rate,
           100 * rate / peak))
+      -- per layer: each distinct GEMM shape (C (M, N) = op(A) (M, K) op(B) (K, N), T: transposed)
+      for _, g in ipairs(gemm_floor.per_gemm(r.name) or {}) do
+        print(("      %s%s %5d x %5d x %5d  x%-2d %6.1f GFLOP/s = %3.0f%%"):format(g[1] and "T" or "N", g[2] and "T" or "N",
+          g[3], g[4], g[5], g[6], g[7], 100 * g[7] / peak))
+      end
     end
   end
 end
