@@ -11,4 +11,8 @@ extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
 
+// convolution forward through oneDNN (onednn.c): 0, 1 when it leaves this geometry to the
+// caller, -1 with the error set
+int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b);
+
 #endif

@@ -740,13 +740,15 @@ static int conv_threads(const fsdp_conv_geom* g) {
 // 16 in and 16 out channels, ties at 12, and loses below (a first layer on 1-3 channels badly)
 #define WINO_MIN_CHANNELS 16
 
-// FSDP_CONV_ALGO=im2col|winograd forces a path (where Winograd is valid); read on each call (a getenv
-// is nothing next to a convolution) so tests can switch it
+// FSDP_CONV_ALGO=im2col|winograd forces one of our paths (where Winograd is valid), ours lets us
+// choose between them, unset (or onednn) runs the forward through oneDNN (backward is ours); read
+// on each call (a getenv is nothing next to a convolution) so tests can switch it
 static int conv_algo(void) {
   const char* s = getenv("FSDP_CONV_ALGO");
   if (!s) return 0;
   if (!strcmp(s, "im2col")) return 1;
   if (!strcmp(s, "winograd")) return 2;
+  if (!strcmp(s, "ours")) return 3;
   return 0;
 }
 
@@ -756,7 +758,7 @@ static int use_winograd(const fsdp_conv_geom* g) {
       g->groups != 1 || g->N * g->H * g->W == 0)
     return 0;
   int algo = conv_algo();
-  if (algo) return algo == 2;
+  if (algo == 1 || algo == 2) return algo == 2;
   return g->C >= WINO_MIN_CHANNELS && g->O >= WINO_MIN_CHANNELS;
 }
 
@@ -1030,6 +1032,10 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
 }
 
 static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
+  if (!conv_algo()) {  // oneDNN unless one of ours is forced
+    int rc = fsdp_cpu_onednn_conv2d_forward(g, y, x, w, b);
+    if (rc <= 0) return rc;
+  }
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
   if (use_winograd(g)) return wino_conv(y, x, w, 0, b, g->N, g->C, g->O, g->H, g->W);
   int64_t K = Cg * g->kh * g->kw;  // GEMM inner size per group
