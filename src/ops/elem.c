@@ -10,12 +10,6 @@
 
 #include <math.h>
 
-// a tensor's shape, as the nodes below keep their inputs' shapes
-typedef struct {
-  int ndim;
-  int64_t shape[FSDP_MAX_DIMS];
-} shape_rec;
-
 // ---- binary ----------------------------------------------------------------------------------------------
 static const char* bin_names[] = {"add", "sub", "mul", "div", "eq"};
 
@@ -37,15 +31,13 @@ static fsdp_tensor* binary_forward(int op, fsdp_tensor* a, fsdp_tensor* b) {
 // binary nodes keep both input shapes (the gradient of each is summed back to it); saved slots
 // 0/1 hold what each grad reads
 typedef struct {
-  shape_rec in[2];  // a, b
+  fsdp_shape_rec in[2];  // a, b
 } binary_params;
 
 static void save_shapes(fsdp_node* n, const fsdp_tensor* a, const fsdp_tensor* b) {
   binary_params p = {0};
-  p.in[0].ndim = a->ndim;
-  memcpy(p.in[0].shape, a->shape, a->ndim * sizeof(int64_t));
-  p.in[1].ndim = b->ndim;
-  memcpy(p.in[1].shape, b->shape, b->ndim * sizeof(int64_t));
+  p.in[0] = fsdp_shape_rec_of(a);
+  p.in[1] = fsdp_shape_rec_of(b);
   fsdp_node_set_params(n, &p, sizeof p);
 }
 
@@ -368,7 +360,7 @@ static fsdp_tensor* sum_masked(fsdp_tensor* x, const int* mask) {
 }
 
 typedef struct {
-  shape_rec in;                // the input's shape
+  fsdp_shape_rec in;           // the input's shape
   int reduced[FSDP_MAX_DIMS];  // 1 for the dims summed over
   double scale;                // 1 for sum, 1/N for mean
 } sum_params;
@@ -421,11 +413,8 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, sum_backward, 1, &a);
   if (n) {
-    sum_params p = {.in.ndim = a->ndim, .scale = scale};
-    for (int d = 0; d < a->ndim; d++) {
-      p.in.shape[d] = a->shape[d];
-      p.reduced[d] = mask[d];
-    }
+    sum_params p = {.in = fsdp_shape_rec_of(a), .scale = scale};
+    for (int d = 0; d < a->ndim; d++) p.reduced[d] = mask[d];
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
@@ -454,8 +443,8 @@ static void split_dims(const fsdp_tensor* a, int d, int64_t* outer, int64_t* red
 
 // saved[0] = indices (keepdim-free layout)
 typedef struct {
-  shape_rec in;  // the input's shape
-  int dim;       // the dim the max ran over
+  fsdp_shape_rec in;  // the input's shape
+  int dim;            // the dim the max ran over
 } max_params;
 
 static int max_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
@@ -509,8 +498,7 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
   fsdp_tensor_release(x);
   fsdp_node* n = with_grad ? fsdp_node_new("MaxBackward", max_backward, 1, &a) : NULL;
   if (n) {
-    max_params p = {.in.ndim = a->ndim, .dim = d};
-    memcpy(p.in.shape, a->shape, a->ndim * sizeof(int64_t));
+    max_params p = {.in = fsdp_shape_rec_of(a), .dim = d};
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_save(n, idx);
     fsdp_node_set_output(n, vals);

@@ -7,6 +7,18 @@
 #define FSDP_OPS_H
 #include "core/core.h"
 
+// a tensor's shape as a value, the part of many nodes' parameters that says how to shape a
+// gradient back (binary ops, reductions, views, expand, index_select)
+typedef struct {
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+} fsdp_shape_rec;
+static inline fsdp_shape_rec fsdp_shape_rec_of(const fsdp_tensor* t) {
+  fsdp_shape_rec r = {.ndim = t->ndim};
+  memcpy(r.shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+  return r;
+}
+
 // ---- broadcasting -----------------------------------------------------------------------------
 // computes the broadcast shape of a and b; returns -1 with an error naming op if incompatible
 int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape);

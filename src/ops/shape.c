@@ -12,17 +12,8 @@
 #include "ops/ops.h"
 
 // ---- helpers ------------------------------------------------------------------------------------
-// the input's shape: the parameters of the "reshape back" family and of expand
-typedef struct {
-  int ndim;
-  int64_t shape[FSDP_MAX_DIMS];
-} shape_params;
-
-static shape_params shape_of(const fsdp_tensor* t) {
-  shape_params p = {.ndim = t->ndim};
-  memcpy(p.shape, t->shape, t->ndim * sizeof(int64_t));
-  return p;
-}
+// the input's shape (fsdp_shape_rec, ops/ops.h): the parameters of the "reshape back" family and
+// of expand
 
 // a contiguous tensor with t's dtype (new ref; t itself when already contiguous)
 static fsdp_tensor* contig_same_dtype(fsdp_tensor* t) {
@@ -103,7 +94,7 @@ fsdp_tensor* fsdp_contiguous(fsdp_tensor* a) {
 
 // ---- view / reshape --------------------------------------------------------------------------------
 static int reshape_back_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  shape_params p;
+  fsdp_shape_rec p;
   fsdp_node_params(n, &p, sizeof p);
   gin[0] = fsdp_reshape(g, p.ndim, p.shape);
   return gin[0] ? 0 : -1;
@@ -177,7 +168,7 @@ static fsdp_tensor* make_view(const char* bwname, fsdp_tensor* a, int ndim, cons
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, reshape_back_backward, 1, &a);
   if (n) {
-    shape_params p = shape_of(a);
+    fsdp_shape_rec p = fsdp_shape_rec_of(a);
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
@@ -324,7 +315,7 @@ fsdp_tensor* fsdp_squeeze(fsdp_tensor* a, int dim) {
 
 // ---- expand -----------------------------------------------------------------------------------------------
 static int expand_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  shape_params p;
+  fsdp_shape_rec p;
   fsdp_node_params(n, &p, sizeof p);
   gin[0] = fsdp_sum_to(g, p.ndim, p.shape);
   return gin[0] ? 0 : -1;
@@ -364,7 +355,7 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("ExpandBackward", expand_backward, 1, &a);
   if (n) {
-    shape_params p = shape_of(a);
+    fsdp_shape_rec p = fsdp_shape_rec_of(a);
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
@@ -373,7 +364,7 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
 
 // ---- narrow -------------------------------------------------------------------------------------------------
 typedef struct {
-  shape_params in;  // the input's shape
+  fsdp_shape_rec in;  // the input's shape
   int dim;
   int64_t start;  // the slice's first index along dim
 } narrow_params;
@@ -428,7 +419,7 @@ fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length)
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("NarrowBackward", narrow_backward, 1, &a);
   if (n) {
-    narrow_params p = {.in = shape_of(a), .dim = d, .start = start};
+    narrow_params p = {.in = fsdp_shape_rec_of(a), .dim = d, .start = start};
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }
@@ -517,7 +508,7 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
 // ---- index_select -------------------------------------------------------------------------------------------
 // saved[0] = index (contiguous i64)
 typedef struct {
-  shape_params in;  // the input's shape
+  fsdp_shape_rec in;  // the input's shape
   int dim;
 } index_select_params;
 
@@ -583,7 +574,7 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   fsdp_node* n = fsdp_node_new("IndexSelectBackward", index_select_backward, 1, &a);
   if (n) {
     fsdp_node_save(n, idx);
-    index_select_params p = {.in = shape_of(a), .dim = d};
+    index_select_params p = {.in = fsdp_shape_rec_of(a), .dim = d};
     fsdp_node_set_params(n, &p, sizeof p);
     fsdp_node_set_output(n, out);
   }

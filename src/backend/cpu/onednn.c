@@ -83,10 +83,13 @@ static conv_entry* entry_for(const fsdp_conv_geom* g, int has_bias, int* rc) {
   *rc = make_entry(g, has_bias, &fresh);
   conv_entry* e = NULL;
   if (*rc == 0) {
-    int slot = g_cache_n < CACHE_SLOTS ? g_cache_n++ : g_cache_next;
-    if (slot == g_cache_next && g_cache_n == CACHE_SLOTS) {  // full: replace the oldest
-      dnnl_primitive_destroy(g_cache[slot].prim);
+    int slot;
+    if (g_cache_n < CACHE_SLOTS) {
+      slot = g_cache_n++;
+    } else {  // full: replace the oldest
+      slot = g_cache_next;
       g_cache_next = (g_cache_next + 1) % CACHE_SLOTS;
+      dnnl_primitive_destroy(g_cache[slot].prim);
     }
     g_cache[slot] = fresh;
     e = &g_cache[slot];
