@@ -35,8 +35,7 @@ pcall(ffi.cdef, [[
 int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 ]])
--- the library fsdp runs its GEMMs on (backend/cpu/linalg.c chooses at the first GEMM)
-fsdp.randn(8, 8):matmul(fsdp.randn(8, 8))
+-- the library fsdp runs its GEMMs on (backend/cpu/linalg.c)
 local backend = ffi.string(fsdp.C.fsdp_cpu_gemm_backend())
 local dnnl = backend:match("^onednn") and ffi.load("dnnl") or nil
 G.library = dnnl and "oneDNN" or "OpenBLAS"

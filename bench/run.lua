@@ -106,7 +106,6 @@ if f then
   f:close()
 end
 local peak = fsdp.C.fsdp_cpu_fma_peak(0.3)
-fsdp.randn(8, 8):matmul(fsdp.randn(8, 8))  -- the first GEMM chooses the GEMM library
 print(("CPU: %s, %s; OpenBLAS kernels %s; GEMMs: %s; FMA peak %.1f GFLOP/s per core (measured)")
   :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()),
     ffi.string(fsdp.C.fsdp_cpu_gemm_backend()), peak))

@@ -80,8 +80,8 @@ int fsdp_get_num_threads(void);
 const char* fsdp_cpu_isa(void);
 const char* fsdp_cpu_blas_core(void);
 double fsdp_cpu_fma_peak(double seconds);
-// which library runs the GEMMs and why ("onednn (measured faster)", "openblas (FSDP_GEMM)", ...;
-// backend/cpu/linalg.c chooses at the first GEMM)
+// which library runs the GEMMs and why ("onednn (OpenBLAS not twice as fast)", "openblas (FSDP_GEMM)", ...;
+// backend/cpu/linalg.c chooses at the first GEMM, or when asked here first)
 const char* fsdp_cpu_gemm_backend(void);
 
 // ---- memory ------------------------------------------------------------------------------

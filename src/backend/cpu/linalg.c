@@ -77,15 +77,15 @@ static void onednn_gemm(const fsdp_gemm_args* g) {
              g->C, g->ldc);
 }
 
-// ---- which GEMM: chosen by measurement --------------------------------------------------------------
+// ---- which GEMM ---------------------------------------------------------------------------------------
 // OpenBLAS picks its kernels from a table of CPU models and falls back to old generic ones on a
 // model it does not know (0.3.21 runs Prescott's SSE3 kernels on recent Xeons, Haswell's AVX2
-// on Zen 5); oneDNN picks from the CPU's features. At the first GEMM both run the same three
-// GEMMs of the sizes our models use, on one thread, and the faster wins; OpenBLAS never does
-// while it runs a generic core. FSDP_GEMM=openblas or onednn forces one.
+// on Zen 5); oneDNN picks from the CPU's features, so it is the default. At the first GEMM both
+// run one Linear's three GEMMs on one thread, and OpenBLAS is taken only when it is twice as
+// fast, never while it runs a generic core. FSDP_GEMM=openblas or onednn forces one.
 typedef void (*gemm_fn)(const fsdp_gemm_args* g);
 static gemm_fn g_gemm;
-static const char* g_gemm_name = "not chosen yet (no GEMM has run)";
+static const char* g_gemm_name;
 static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
 
 // OpenBLAS's names for its generic and pre-AVX kernels (never a choice while one of these runs)
@@ -98,23 +98,15 @@ static int openblas_core_is_generic(void) {
   return 0;
 }
 
-static double time_gemms(gemm_fn fn, float* buf) {
-  static const int64_t shapes[3][3] = {{256, 1024, 784}, {1024, 256, 256}, {128, 512, 2048}};
+// one Linear's three GEMMs at a size our models use: y = x w^T, gx = gy w, gw = gy^T x
+#define PROBE_FLOATS ((int64_t)1 << 20)  // each operand's buffer
+static double time_gemms(gemm_fn fn, float* a, float* b, float* c) {
+  static const int64_t shapes[3][5] = {{0, 1, 256, 1024, 784}, {0, 0, 256, 784, 1024}, {1, 0, 1024, 784, 256}};
   double total = 0;
   for (int s = 0; s < 3; s++) {
-    fsdp_gemm_args g = {0,
-                        1,
-                        shapes[s][0],
-                        shapes[s][1],
-                        shapes[s][2],
-                        1.0f,
-                        buf,
-                        shapes[s][2],
-                        buf,
-                        shapes[s][2],
-                        0.0f,
-                        buf + (1 << 21),
-                        shapes[s][1]};
+    const int64_t* sh = shapes[s];
+    int64_t M = sh[2], N = sh[3], K = sh[4];
+    fsdp_gemm_args g = {(int)sh[0], (int)sh[1], M, N, K, 1.0f, a, sh[0] ? M : K, b, sh[1] ? K : N, 0.0f, c, N};
     fn(&g);  // untimed: first-call costs (packing buffers, oneDNN's JIT)
     double best = 1e30;
     for (int r = 0; r < 3; r++) {
@@ -139,25 +131,32 @@ static void choose_gemm(void) {
     g_gemm_name = forced ? "onednn (FSDP_GEMM)" : "onednn (OpenBLAS runs a generic core)";
     return;
   }
-  // operands: zeros are as fast as any values; A and B share one buffer (read only)
-  size_t bytes = ((size_t)1 << 21) * sizeof(float) * 2;
-  float* buf = calloc(1, bytes);
+  // operands: three buffers (an operand shared by A and B would sit in cache for both)
+  float* buf = malloc(3 * PROBE_FLOATS * sizeof(float));
   if (!buf) {
     g_gemm = onednn_gemm, g_gemm_name = "onednn (no memory to measure)";
     return;
   }
+  for (int64_t i = 0; i < 3 * PROBE_FLOATS; i++) buf[i] = (float)(i % 13) * 0.01f;
   // one thread each, as our scheduler runs them (oneDNN threads by omp_get_max_threads())
   int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  double t_blas = time_gemms(openblas_gemm, buf);
-  double t_dnnl = time_gemms(onednn_gemm, buf);
+  double t_blas = time_gemms(openblas_gemm, buf, buf + PROBE_FLOATS, buf + 2 * PROBE_FLOATS);
+  double t_dnnl = time_gemms(onednn_gemm, buf, buf + PROBE_FLOATS, buf + 2 * PROBE_FLOATS);
   omp_set_num_threads(saved);
   free(buf);
-  if (t_dnnl <= t_blas) g_gemm = onednn_gemm, g_gemm_name = "onednn (measured faster)";
-  else g_gemm = openblas_gemm, g_gemm_name = "openblas (measured faster)";
+  // oneDNN unless OpenBLAS is twice as fast here. These lone GEMMs do not predict whole steps:
+  // on a 2-core AMD EPYC (OpenBLAS on its Haswell kernels) they measured OpenBLAS at 0.9-1.6x
+  // oneDNN's time from run to run, while MLP and transformer steps ran 1.7-2x faster on oneDNN.
+  // So the probe only guards against a oneDNN that is badly wrong for this CPU.
+  if (t_blas < 0.5 * t_dnnl) g_gemm = openblas_gemm, g_gemm_name = "openblas (measured twice as fast)";
+  else g_gemm = onednn_gemm, g_gemm_name = "onednn (OpenBLAS not twice as fast)";
 }
 
-const char* fsdp_cpu_gemm_backend(void) { return g_gemm_name; }
+const char* fsdp_cpu_gemm_backend(void) {
+  pthread_once(&g_gemm_once, choose_gemm);
+  return g_gemm_name;
+}
 
 static void blas_gemm(const fsdp_gemm_args* g) {
   pthread_once(&g_gemm_once, choose_gemm);
