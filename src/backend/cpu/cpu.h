@@ -11,8 +11,11 @@ extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
 
-// convolution forward through oneDNN (onednn.c): 0, 1 when it leaves this geometry to the
-// caller, -1 with the error set
+// convolution through oneDNN (onednn.c), with the arguments of the conv2d kernels: 0, 1 when it
+// leaves this geometry to the caller, -1 with the error set. The backward computes gb only
+// together with gw, and returns 1 when neither gx nor gw is wanted.
 int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b);
+int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
+                                    const float* x, const float* w);
 
 #endif

@@ -740,7 +740,7 @@ static int conv_threads(const fsdp_conv_geom* g) {
 #define WINO_MIN_CHANNELS 16
 
 // FSDP_CONV_ALGO=im2col|winograd forces one of our paths (where Winograd is valid), ours lets us
-// choose between them, unset (or onednn) runs the forward through oneDNN (backward is ours); read
+// choose between them, unset (or onednn) runs the convolutions through oneDNN (onednn.c); read
 // on each call (a getenv is nothing next to a convolution) so tests can switch it
 static int conv_algo(void) {
   const char* s = getenv("FSDP_CONV_ALGO");
@@ -1065,6 +1065,11 @@ static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x,
 static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
                                const float* x, const float* w) {
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
+  if (!conv_algo() && (gx || gw)) {  // oneDNN unless one of ours is forced
+    int rc = fsdp_cpu_onednn_conv2d_backward(g, gx, gw, gw ? gb : NULL, gy, x, w);
+    if (rc < 0) return -1;
+    if (rc == 0) return gb && !gw ? cpu_conv2d_backward(g, NULL, NULL, gb, gy, x, w) : 0;
+  }
   if ((gx || gw) && use_winograd(g)) {
     if (gb) cpu_conv2d_backward(g, NULL, NULL, gb, gy, x, w);
     if (gw && wino_wgrad(gw, x, gy, g->N, g->C, g->O, g->H, g->W)) return -1;

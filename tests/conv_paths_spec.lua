@@ -1,0 +1,111 @@
+-- The convolution paths against each other: oneDNN in its plain layout, oneDNN in its blocked
+-- layouts (with reorders), and its default rule, each against our im2col path (FSDP_CONV_ALGO=im2col)
+-- for forward, input gradient, weight gradient and bias gradient, on the geometries people train
+-- (RGB stem, 3x3 layers, stride 2, 1x1, groups) and on every combination of wanted gradients.
+package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+local F = fsdp.nn.functional
+
+pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")
+pcall(ffi.cdef, "int unsetenv(const char* name);")
+-- the kernels read FSDP_CONV_ALGO and FSDP_CONV_LAYOUT on every call
+local function setenv(k, v)
+  if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+end
+local saved = { FSDP_CONV_ALGO = os.getenv("FSDP_CONV_ALGO"), FSDP_CONV_LAYOUT = os.getenv("FSDP_CONV_LAYOUT") }
+
+-- path: "im2col" (ours) or a oneDNN layout: "plain", "blocked", "default" (the rule of onednn.c)
+local function set_path(path)
+  setenv("FSDP_CONV_ALGO", path == "im2col" and "im2col" or nil)
+  setenv("FSDP_CONV_LAYOUT", (path == "plain" or path == "blocked") and path or nil)
+end
+
+-- y and the gradients of sum(conv2d(x, w, b) * gy) of the leaves in `want` (x, w, b)
+local function run(path, x, w, b, gy, o, want)
+  set_path(path)
+  local xl, wl, bl = x:clone(), w:clone(), b and b:clone()
+  xl.requires_grad, wl.requires_grad = want.x or false, want.w or false
+  if bl then bl.requires_grad = want.b or false end
+  local y = F.conv2d(xl, wl, bl, o)
+  if want.x or want.w or want.b then (y * gy):sum():backward() end
+  return { y = y, x = xl.grad, w = wl.grad, b = bl and bl.grad }
+end
+
+-- max |a - b| <= tol * max |ref|
+local function assert_rel(a, ref, tol, what)
+  assert.same(ref:shape(), a:shape())
+  local scale = ref:abs():max():item()
+  local d = (a - ref):abs():max():item()
+  if not (d <= tol * scale) then
+    error(("%s: max |diff| %.3g > %.1g * max |ref| %.3g"):format(what, d, tol, scale), 2)
+  end
+end
+
+describe("conv2d through oneDNN", function()
+  after_each(function() for k, v in pairs(saved) do setenv(k, v) end end)
+
+  -- x (N, C, H, W), w (O, C/groups, kh, kw), options
+  local cases = {
+    { "RGB stem at 64x64", { 2, 3, 64, 64 }, { 64, 3, 3, 3 }, { padding = 1 } },
+    { "3x3 at 56, 64 channels", { 2, 64, 56, 56 }, { 64, 64, 3, 3 }, { padding = 1 } },
+    { "3x3 at 14, 256 channels", { 1, 256, 14, 14 }, { 256, 256, 3, 3 }, { padding = 1 } },
+    { "stride 2, 64 -> 128", { 2, 64, 28, 28 }, { 128, 64, 3, 3 }, { stride = 2, padding = 1 } },
+    { "1x1 stride 2 shortcut", { 2, 64, 28, 28 }, { 128, 64, 1, 1 }, { stride = 2 } },
+    { "1x1", { 2, 32, 14, 14 }, { 64, 32, 1, 1 }, {} },
+    { "no padding, odd sizes", { 3, 16, 13, 11 }, { 24, 16, 3, 3 }, {} },
+    { "groups 2, dilation 2", { 2, 32, 12, 12 }, { 32, 16, 3, 3 }, { padding = 2, dilation = 2, groups = 2 } },
+    { "one input channel", { 4, 1, 28, 28 }, { 32, 1, 3, 3 }, { padding = 1 } },
+  }
+  for _, c in ipairs(cases) do
+    local name, xs, ws, o = unpack(c)
+    for _, path in ipairs { "plain", "blocked", "default" } do
+      it(("%s matches im2col: %s"):format(path, name), function()
+        fsdp.manual_seed(#name)
+        local x, w, b = fsdp.randn(unpack(xs)), fsdp.randn(unpack(ws)), fsdp.randn(ws[1])
+        local y0 = F.conv2d(x, w, b, o)
+        local gy = fsdp.randn(unpack(y0:shape()))
+        local all = { x = true, w = true, b = true }
+        local ref = run("im2col", x, w, b, gy, o, all)
+        local got = run(path, x, w, b, gy, o, all)
+        assert_rel(got.y, ref.y, 1e-5, "forward")
+        assert_rel(got.x, ref.x, 1e-5, "input gradient")
+        assert_rel(got.w, ref.w, 1e-5, "weight gradient")
+        assert_rel(got.b, ref.b, 1e-5, "bias gradient")
+      end)
+    end
+  end
+
+  it("computes only the wanted gradients, each right, in every layout", function()
+    fsdp.manual_seed(5)
+    local x, w, b = fsdp.randn(2, 16, 10, 9), fsdp.randn(32, 16, 3, 3), fsdp.randn(32)
+    local o = { padding = 1 }
+    local gy = fsdp.randn(2, 32, 10, 9)
+    local ref = run("im2col", x, w, b, gy, o, { x = true, w = true, b = true })
+    local wants = { { x = true }, { w = true }, { b = true }, { x = true, b = true }, { w = true, b = true },
+      { x = true, w = true } }
+    for _, path in ipairs { "plain", "blocked", "default" } do
+      for _, want in ipairs(wants) do
+        local got = run(path, x, w, b, gy, o, want)
+        for _, k in ipairs { "x", "w", "b" } do
+          if want[k] then assert_rel(got[k], ref[k], 1e-5, path .. " gradient of " .. k)
+          else assert.is_nil(got[k]) end
+        end
+      end
+    end
+  end)
+
+  it("gives the same numbers on every run", function()
+    fsdp.manual_seed(6)
+    local x, w = fsdp.randn(4, 32, 16, 16), fsdp.randn(32, 32, 3, 3)
+    local gy = fsdp.randn(4, 32, 16, 16)
+    local all = { x = true, w = true }
+    local a = run("default", x, w, nil, gy, { padding = 1 }, all)
+    for _ = 1, 3 do
+      local r = run("default", x, w, nil, gy, { padding = 1 }, all)
+      assert.equal(0, (r.y - a.y):abs():max():item())
+      assert.equal(0, (r.x - a.x):abs():max():item())
+      assert.equal(0, (r.w - a.w):abs():max():item())
+    end
+  end)
+end)
