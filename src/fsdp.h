@@ -73,7 +73,8 @@ void fsdp_set_error(const char* msg);
 void fsdp_clear_error(void);
 void fsdp_set_num_threads(int n);
 int fsdp_get_num_threads(void);
-// the CPU (backend/cpu/cpuinfo.c): its widest vector ISA ("avx512f", "avx2+fma" or "sse2"), the
+// the CPU (backend/cpu/cpuinfo.c): its widest vector ISA ("avx512f", "avx2+fma" or "sse2"; capped
+// by FSDP_CPU_ISA, which every hand-written kernel and oneDNN obey), the
 // kernels OpenBLAS picked for it (openblas_get_corename(): "Haswell", "SkylakeX", "Prescott", ...),
 // and one core's float32 FMA peak in GFLOP/s (a register-only FMA loop of that ISA, run for about
 // `seconds` on the calling thread)

@@ -24,15 +24,23 @@ local comm = {}
 local ops = { sum = 0, avg = 1, mean = 1, max = 2 }
 local kinds = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" }
 
+-- a backend that cannot load names the Debian package it needs (fsdp._missing_library_hint)
+local function comm_init(backend)
+  if C.fsdp_comm_init(backend) ~= 0 then
+    local msg = ffi.string(C.fsdp_last_error())
+    C.fsdp_clear_error()
+    error(fsdp._missing_library_hint(msg), 3)
+  end
+end
 local function init_once()
-  if C.fsdp_comm_is_initialized() == 0 then check(C.fsdp_comm_init(nil)) end
+  if C.fsdp_comm_is_initialized() == 0 then comm_init(nil) end
 end
 
 function comm.init(backend)
   if backend ~= nil and type(backend) ~= "string" then
     error("fsdp.init: backend must be \"self\", \"mpi\" or nil, got " .. tostring(backend), 2)
   end
-  check(C.fsdp_comm_init(backend))
+  comm_init(backend)
   return fsdp
 end
 function comm.rank() init_once(); return C.fsdp_comm_rank() end

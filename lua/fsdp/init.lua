@@ -73,7 +73,34 @@ end
 ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); ]]
 ffi.C.setenv("OMP_WAIT_POLICY", "passive", 0)
 
-local C = ffi.load(find_library())
+-- FSDP_CPU_ISA caps the vector ISA of every kernel (src/backend/cpu/cpuinfo.c); C reads it once
+local isa_cap = os.getenv("FSDP_CPU_ISA")
+if isa_cap and isa_cap ~= "sse2" and isa_cap ~= "avx2" and isa_cap ~= "avx512f" then
+  error(("FSDP_CPU_ISA=%s: expected sse2, avx2 or avx512f (the widest vector ISA fsdp's kernels may use)")
+    :format(isa_cap), 0)
+end
+
+-- the Debian package that provides a shared library a load error names ("libdnnl.so.2: cannot
+-- open shared object file"); the message as it was when it names none we know
+local debian_packages = {
+  { "libdnnl", "libdnnl-dev (oneDNN)" }, { "libopenblas", "libopenblas-dev" }, { "libgomp", "libgomp1" },
+  { "libmpi", "libopenmpi-dev and openmpi-bin" }, { "libluajit", "libluajit-5.1-dev" },
+}
+function fsdp._missing_library_hint(msg)
+  for lib in msg:gmatch("([%w_%-%.]+%.so[%.%d]*): cannot open shared object file") do
+    for _, p in ipairs(debian_packages) do
+      if lib:sub(1, #p[1]) == p[1] then
+        return ("%s\n%s is missing: install the Debian package %s (`sudo apt-get install %s`)")
+          :format(msg, lib, p[2], p[2]:match("^(%S+)"))
+      end
+    end
+  end
+  return msg
+end
+
+local lib_path = find_library()
+local loaded, C = pcall(ffi.load, lib_path)
+if not loaded then error(("fsdp: cannot load %s: %s"):format(lib_path, fsdp._missing_library_hint(tostring(C))), 0) end
 fsdp.C = C
 
 -- ---- errors ------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
 
+// the vector ISA our kernels and oneDNN may use (cpuinfo.c): the CPU's widest, capped by
+// FSDP_CPU_ISA; cheap after the first call
+enum { FSDP_ISA_SSE2, FSDP_ISA_AVX2, FSDP_ISA_AVX512 };
+int fsdp_cpu_isa_level(void);
+
 // convolution through oneDNN (onednn.c), with the arguments of the conv2d kernels: 0, 1 when it
 // leaves this geometry to the caller, -1 with the error set. The backward computes gb only
 // together with gw, and returns 1 when neither gx nor gw is wanted.

@@ -6,18 +6,48 @@
  * The peak loop keeps 12 independent accumulators in registers (enough to cover the FMA latency
  * of two FMA units) and does nothing else; each FMA instruction is 2 flops per lane. The loops
  * for the wider ISAs are compiled with target attributes and chosen at run time, so the library
- * runs on any x86-64 CPU.
+ * runs on any x86-64 CPU. FSDP_CPU_ISA=sse2|avx2 caps the ISA every hand-written kernel (and
+ * oneDNN) may use: the portable path can be run, and tested, on any machine.
  */
 #include "core/core.h"
+#include "backend/cpu/cpu.h"
 
 #include <immintrin.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <time.h>
 
-const char* fsdp_cpu_isa(void) {
-  if (__builtin_cpu_supports("avx512f")) return "avx512f";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
-  return "sse2";
+static const char* isa_names[] = {"sse2", "avx2+fma", "avx512f"};
+static int g_level = -1;  // the ISA level, once known
+static pthread_once_t g_level_once = PTHREAD_ONCE_INIT;
+
+// the CPU's widest ISA, capped by FSDP_CPU_ISA (sse2, avx2 or avx512f: the Lua layer refuses other
+// values); the cap holds for oneDNN too (dnnl_set_max_cpu_isa works only before its first kernel,
+// so onednn.c and the GEMM choice ask for the level before they use oneDNN)
+static void level_init(void) {
+  int level = FSDP_ISA_SSE2;
+  if (__builtin_cpu_supports("avx512f")) level = FSDP_ISA_AVX512;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = FSDP_ISA_AVX2;
+  const char* cap = getenv("FSDP_CPU_ISA");
+  int want = level;
+  if (cap && !strcmp(cap, "sse2")) want = FSDP_ISA_SSE2;
+  else if (cap && !strcmp(cap, "avx2")) want = FSDP_ISA_AVX2;
+  else if (cap && !strcmp(cap, "avx512f")) want = FSDP_ISA_AVX512;
+  if (want < level) {
+    level = want;
+    dnnl_set_max_cpu_isa(level == FSDP_ISA_SSE2 ? dnnl_cpu_isa_sse41 : dnnl_cpu_isa_avx2);
+  }
+  __atomic_store_n(&g_level, level, __ATOMIC_RELEASE);
 }
+
+int fsdp_cpu_isa_level(void) {
+  int l = __atomic_load_n(&g_level, __ATOMIC_ACQUIRE);
+  if (l >= 0) return l;
+  pthread_once(&g_level_once, level_init);
+  return __atomic_load_n(&g_level, __ATOMIC_ACQUIRE);
+}
+
+const char* fsdp_cpu_isa(void) { return isa_names[fsdp_cpu_isa_level()]; }
 
 char* openblas_get_corename(void);
 const char* fsdp_cpu_blas_core(void) { return openblas_get_corename(); }
@@ -65,10 +95,10 @@ static double fma_block_sse(float* sink) {  // no FMA: a multiply and an add cou
 }
 
 double fsdp_cpu_fma_peak(double seconds) {
-  const char* isa = fsdp_cpu_isa();
+  int level = fsdp_cpu_isa_level();
   double (*block)(float*) = fma_block_sse;
-  if (strcmp(isa, "avx512f") == 0) block = fma_block_avx512;
-  else if (strcmp(isa, "avx2+fma") == 0) block = fma_block_avx2;
+  if (level == FSDP_ISA_AVX512) block = fma_block_avx512;
+  else if (level == FSDP_ISA_AVX2) block = fma_block_avx2;
   volatile float keep = 0;
   float sink = 0;
   block(&sink);  // warm up (and let the clock rise)

@@ -126,9 +126,12 @@ static void choose_gemm(void) {
     g_gemm = openblas_gemm, g_gemm_name = "openblas (FSDP_GEMM)";
     return;
   }
-  if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic()) {
-    g_gemm = onednn_gemm;
-    g_gemm_name = forced ? "onednn (FSDP_GEMM)" : "onednn (OpenBLAS runs a generic core)";
+  fsdp_cpu_isa_level();  // any FSDP_CPU_ISA cap reaches oneDNN before its first GEMM
+  if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic() || getenv("FSDP_CPU_ISA")) {
+    g_gemm = onednn_gemm;  // under FSDP_CPU_ISA: oneDNN obeys the cap, OpenBLAS would not
+    g_gemm_name = forced                   ? "onednn (FSDP_GEMM)"
+                  : getenv("FSDP_CPU_ISA") ? "onednn (FSDP_CPU_ISA)"
+                                           : "onednn (OpenBLAS runs a generic core)";
     return;
   }
   // operands: three buffers (an operand shared by A and B would sit in cache for both)
@@ -311,16 +314,19 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 #define NR 24
 #define KC 256  // K block: a packed B panel (KC x NR) stays in L1
 
-#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+// The micro-kernels come twice: AVX2/FMA (compiled for it with a target attribute) and portable C;
+// which one runs is chosen at run time from fsdp_cpu_isa_level() (cpuinfo.c: the CPU's ISA, capped
+// by FSDP_CPU_ISA), so one build runs on any x86-64 CPU.
+#define AVX2 __attribute__((target("avx2,fma")))
 // C (4, 8*nv) = (accumulate ? C : 0) + A (4, k) @ Bp (k, 8*nv): row r of A at a[r], its elements acs
 // apart (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose:
 // a[r] = A + r, acs = lda). nv (2 or 3 vectors of 8 columns) is a constant at each call, so the
 // accumulator arrays live in registers: 4x24 (12 accumulators) for the convolutions, 4x16 (8) for
 // attention's tiles, both 38-39 GFLOPS on one core.
-static inline __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[MR], int64_t acs,
-                                                                  const float* Bp, float* C, int64_t ldc,
-                                                                  int accumulate, const int nv) {
+static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[MR], int64_t acs,
+                                                                       const float* Bp, float* C, int64_t ldc,
+                                                                       int accumulate, const int nv) {
   __m256 c[MR][3], b[3];
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < nv; j++) c[r][j] = _mm256_setzero_ps();
@@ -341,16 +347,7 @@ static inline __attribute__((always_inline)) void micro_kernel_nv(int64_t k, con
     }
   }
 }
-static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
-                         int accumulate) {
-  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, NR / 8);
-}
-// the 16-wide panel of attention's tiles: head widths and sequence lengths are multiples of 16, not 24
-static void micro_kernel16(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
-                           int accumulate) {
-  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, 2);
-}
-#else
+// the portable micro-kernel: the same product, nr columns, in plain C
 static void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
                             int accumulate, int nr) {
   float acc[MR][NR] = {{0}};
@@ -360,15 +357,26 @@ static void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, co
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < nr; j++) C[r * ldc + j] = (accumulate ? C[r * ldc + j] : 0.0f) + acc[r][j];
 }
+static AVX2 void micro_kernel_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
+                                   int64_t ldc, int accumulate) {
+  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, NR / 8);
+}
+static AVX2 void micro_kernel16_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
+                                     int64_t ldc, int accumulate) {
+  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, 2);
+}
+// the 4x24 tile of the convolutions
 static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
                          int accumulate) {
-  micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, NR);
+  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel_avx2(k, a, acs, Bp, C, ldc, accumulate);
+  else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, NR);
 }
+// the 16-wide panel of attention's tiles: head widths and sequence lengths are multiples of 16, not 24
 static void micro_kernel16(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
                            int accumulate) {
-  micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
+  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel16_avx2(k, a, acs, Bp, C, ldc, accumulate);
+  else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
 }
-#endif
 
 // C (M, N) = (accumulate ? C : 0) + A (M, K) @ B (K, N) from packed A and B
 static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
@@ -425,9 +433,8 @@ static void pack_a(float* Ap, const float* src, int64_t rs, int64_t cs, int64_t 
   }
 }
 
-#if defined(__AVX2__)
 // d[k*ldd + j] = alpha * s[j*lds + k] for j, k < 8: an 8x8 block transposed in registers
-static inline void transpose8_scaled(float* d, int64_t ldd, const float* s, int64_t lds, float alpha) {
+static inline AVX2 void transpose8_scaled(float* d, int64_t ldd, const float* s, int64_t lds, float alpha) {
   __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds);
   __m256 r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds);
   __m256 r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
@@ -448,7 +455,6 @@ static inline void transpose8_scaled(float* d, int64_t ldd, const float* s, int6
   _mm256_storeu_ps(d + 6 * ldd, _mm256_mul_ps(a, _mm256_permute2f128_ps(u2, u6, 0x31)));
   _mm256_storeu_ps(d + 7 * ldd, _mm256_mul_ps(a, _mm256_permute2f128_ps(u3, u7, 0x31)));
 }
-#endif
 
 // packs alpha * B (K, N), element (k, j) at src[k*rs + j*cs], into [ceil(N/nr)][K][nr] panels (zero
 // columns past N); nr is NR (24) for the convolutions and TILES_NR (16) for attention
@@ -469,14 +475,12 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
       }
     } else {  // columns of B are rows of src (B = X^T, as k^T in q k^T): read each one along k
       int64_t j0 = 0, k8 = 0;
-#if defined(__AVX2__)
-      if (rs == 1) {  // rows of src contiguous: 8x8 blocks transposed in registers
+      if (rs == 1 && fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) {  // rows of src contiguous: 8x8 blocks in registers
         k8 = K / 8 * 8;
         for (; j0 + 8 <= nn; j0 += 8)
           for (int64_t k = 0; k < k8; k += 8)
             transpose8_scaled(d + k * nr + j0, nr, src + (n0 + j0) * cs + k, cs, alpha);
       }
-#endif
       for (int64_t j = 0; j < nr; j++) {
         const float* s = src + (n0 + j) * cs;
         int64_t from = j < j0 ? k8 : 0;  // the blocks did k < k8 of the first j0 columns

@@ -28,6 +28,7 @@
 static dnnl_engine_t g_engine;
 static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
 static void engine_init(void) {
+  fsdp_cpu_isa_level();  // any FSDP_CPU_ISA cap reaches oneDNN before its first kernel
   if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
 }
 

@@ -1,0 +1,69 @@
+-- The portable path: FSDP_CPU_ISA=sse2 makes every hand-written kernel take its plain-C version
+-- and caps oneDNN at SSE4.1, as on a CPU without AVX2. The op-case table and the convolution paths
+-- run again in a child under that cap and must pass as they do on the full ISA. Also: a bad
+-- FSDP_CPU_ISA and a missing shared library give messages that say what to do.
+package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
+local H = require "helpers"
+local fsdp = require "fsdp"
+
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+-- a shell command line that runs the Lua code in the checkout's root
+local function lua_cmd(code) return "sh -c " .. sh_quote(("cd %s && luajit -e %s"):format(sh_quote(H.root), sh_quote(code))) end
+
+describe("the portable path (FSDP_CPU_ISA=sse2)", function()
+  it("reports the cap, runs the GEMMs through oneDNN and caps oneDNN's ISA", function()
+    local code = [[
+      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+      local ffi = require "ffi"; local fsdp = require "fsdp"
+      local y = fsdp.randn(64, 64):matmul(fsdp.randn(64, 64))  -- the first GEMM picks the library
+      ffi.cdef "int dnnl_get_effective_cpu_isa(void);"
+      local dnnl = ffi.load("libdnnl.so.2")
+      print(("isa=%s gemm=%s dnnl_isa=%d"):format(ffi.string(fsdp.C.fsdp_cpu_isa()),
+        ffi.string(fsdp.C.fsdp_cpu_gemm_backend()), dnnl.dnnl_get_effective_cpu_isa()))]]
+    local rc, out = H.sh(lua_cmd(code), "FSDP_CPU_ISA=sse2")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("isa=sse2 gemm=onednn (FSDP_CPU_ISA)", 1, true), out)
+    -- dnnl_cpu_isa_sse41 is 0x1 in oneDNN 2.x; any wider ISA has more bits
+    assert.equal("1", out:match("dnnl_isa=(%d+)"), out)
+  end)
+
+  it("passes the op-case table, the convolution paths and Winograd", function()
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/ops_spec.lua tests/conv_paths_spec.lua " ..
+      "tests/winograd_spec.lua"):format(sh_quote(H.root))), "FSDP_CPU_ISA=sse2 OMP_NUM_THREADS=1", 600)
+    assert.equal(0, rc, out:sub(-3000))
+    assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))
+  end)
+
+  it("refuses an ISA it does not know, naming the ones it does", function()
+    local rc, out = H.sh(lua_cmd([[package.path = "lua/?.lua;lua/?/init.lua;" .. package.path; require "fsdp"]]),
+      "FSDP_CPU_ISA=avx3")
+    assert.is_not.equal(0, rc)
+    assert.truthy(out:find("FSDP_CPU_ISA=avx3: expected sse2, avx2 or avx512f", 1, true), out)
+  end)
+end)
+
+describe("a missing shared library", function()
+  it("names the Debian package that provides it", function()
+    local hint = fsdp._missing_library_hint
+    local m = "libdnnl.so.2: cannot open shared object file: No such file or directory"
+    assert.truthy(hint(m):find("install the Debian package libdnnl-dev", 1, true), hint(m))
+    m = "comm init: cannot load the mpi backend (libmpi.so.40: cannot open shared object file: No such file)"
+    assert.truthy(hint(m):find("libmpi.so.40 is missing: install the Debian package libopenmpi-dev", 1, true))
+    assert.equal("some other error", hint("some other error"))
+  end)
+
+  it("says so when the MPI backend's libmpi is gone", function()
+    -- a backend library linked against a libmpi that no longer exists
+    local d = H.mkdtemp("fsdp_nolib")
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && echo 'int MPI_Fake(void){return 0;}' > m.c && " ..
+      "cc -shared -fPIC -o libmpi.so.99 -Wl,-soname,libmpi.so.99 m.c && " ..
+      "echo 'int MPI_Fake(void); int f(void){return MPI_Fake();}' > b.c && " ..
+      "cc -shared -fPIC -o libback.so b.c ./libmpi.so.99 && rm libmpi.so.99"):format(sh_quote(d))))
+    assert.equal(0, rc, out)
+    rc, out = H.sh(lua_cmd([[package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+      local fsdp = require "fsdp"; fsdp.init("mpi")]]), ("FSDP_MPI_LIB=%s/libback.so"):format(d))
+    os.execute(("rm -rf %q"):format(d))
+    assert.is_not.equal(0, rc)
+    assert.truthy(out:find("libmpi.so.99 is missing: install the Debian package libopenmpi-dev", 1, true), out)
+  end)
+end)
