@@ -2,7 +2,7 @@
 #   make            build libfsdp.so, libfsdp_mpi.so (where mpicc exists) and lua/fsdp/cdef.lua
 #   make test       C unit tests + busted specs (what .ci/run calls); installs missing packages first
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
-#   make bench      benchmarks against PyTorch (needs python3-torch, or PYTHON=a python with torch)
+#   make bench      benchmarks against PyTorch (python3-torch, and PyPI's torch after make bench-deps)
 #   make layers     the layers of src/: no include or call crosses them the wrong way
 #   make lint       cppcheck (warning, performance, portability) and the realloc check
 #   make format     clang-format the C sources; make format-check: fail on any difference
@@ -157,9 +157,22 @@ tsan-check: | deps-build
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 build-tsan/tsan_probe
 
 # ---- benchmarks and the demo --------------------------------------------------------------------
+# ours against two PyTorch builds: Debian's (/usr/bin/python3, or PYTHON=) and a current one from
+# PyPI (tmp/torch-venv when make bench-deps made it, or PYTHON2=; PYTHON2=none leaves it out)
 bench: all
-	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON))
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2))
 	$(LUAJIT) bench/jit_loop.lua
+
+# optional, never needed by make test: a current PyTorch from PyPI in an ignored venv (tmp/torch-venv,
+# several GB with the CUDA wheels pip brings along) for make bench to compare with
+TORCH_VENV ?= tmp/torch-venv
+bench-deps:
+	@if [ -x $(TORCH_VENV)/bin/python ] && $(TORCH_VENV)/bin/python -c 'import torch, numpy' 2>/dev/null; then \
+	  echo "$(TORCH_VENV): torch $$($(TORCH_VENV)/bin/python -c 'import torch; print(torch.__version__)') is there"; \
+	else \
+	  python3 -m venv $(TORCH_VENV) && \
+	  $(TORCH_VENV)/bin/pip install torch numpy; \
+	fi
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".
@@ -187,4 +200,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-fsdp demo install clean
+.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo install clean

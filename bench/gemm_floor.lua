@@ -9,7 +9,7 @@
 -- than alone -- shared L3 and memory, lower boost clock -- so the true bound is higher still. On a
 -- shared virtual machine the clock itself moves by 10% or more between runs: compare floor and
 -- steps measured in the same run.)
---   luajit bench/gemm_floor.lua [mlp,transformer] [threads]
+--   luajit bench/gemm_floor.lua [mlp,transformer,gpt] [threads]
 -- As a module: require("gemm_floor").floor_ms(name, threads) -> ms, GFLOP (nil for conv, whose
 -- convolutions are not Linears).
 if arg and arg[0] and arg[0]:match("gemm_floor%.lua$") then -- run as a script: find the repo's modules
@@ -124,7 +124,7 @@ function G.floor_ms(name, threads, reps)
 end
 
 if arg and arg[0] and arg[0]:match("gemm_floor%.lua$") then
-  local names = arg[1] or "mlp,transformer"
+  local names = arg[1] or "mlp,transformer,gpt"
   local threads = tonumber(arg[2] or os.getenv("OMP_NUM_THREADS") or "") or 2
   for name in names:gmatch("[^,]+") do
     local ms, gflop = G.floor_ms(name, threads)

@@ -7,13 +7,19 @@ local F = nn.functional
 
 local M = {}
 
-M.order = { "mlp", "conv", "transformer", "small" }
+M.order = { "mlp", "conv", "transformer", "small", "resnet", "gpt" }
 M.describe = {
   mlp = "MLP 784-1024-1024-10, batch 256, SGD momentum",
   conv = "ConvNet 1-32-64 3x3 on 28x28, batch 64, Adam",
   transformer = "Transformer d256 h4 L2 T128 V1000, batch 16, AdamW",
   small = "24 x (Linear 32-32, LayerNorm, ReLU), batch 16, SGD",
+  resnet = "ResNet 64-128-256 on 3x56x56, no BN, batch 8, SGD mom.",
+  gpt = "GPT d384 h6 L2 T256 V512, batch 8, AdamW",
 }
+-- the step-time target ours / (faster torch), per model (bench/run.lua's default otherwise)
+M.target = { conv = 0.70, resnet = 0.70 }
+-- timed steps per round where the default would take too long (bench/run.lua --iters overrides)
+M.iters = { resnet = 5, gpt = 5 }
 
 function M.mlp()
   return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
@@ -36,6 +42,30 @@ function M.convnet()
   return nn.Sequential(nn.Conv2d(1, 32, 3, { padding = 1 }), nn.ReLU(),
     nn.Conv2d(32, 64, 3, { padding = 1 }), nn.ReLU(),
     nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+end
+
+-- ---- a small ResNet: the convolution shapes people train (3->64 stem, 64/128/256 channels at
+-- 56/28/14, stride-2 3x3 and 1x1 shortcut convolutions), without BatchNorm (fsdp has none yet) --
+-- a basic block: 3x3 conv (stride s), ReLU, 3x3 conv, plus the input -- through a 1x1 stride-s
+-- conv when the shape changes -- then ReLU
+local BasicBlock = nn.Module:extend("BasicBlock")
+function BasicBlock:__init(cin, cout, stride)
+  self.conv1 = nn.Conv2d(cin, cout, 3, { stride = stride, padding = 1 })
+  self.relu = nn.ReLU()
+  self.conv2 = nn.Conv2d(cout, cout, 3, { padding = 1 })
+  if stride ~= 1 or cin ~= cout then self.shortcut = nn.Conv2d(cin, cout, 1, { stride = stride }) end
+end
+function BasicBlock:forward(x)
+  local h = self.conv2(self.relu(self.conv1(x)))
+  return self.relu(h + (self.shortcut and self.shortcut(x) or x))
+end
+
+-- (B, 3, 56, 56) -> stem 64 @ 56 -> 64 @ 56 -> 128 @ 28 -> 128 @ 28 -> 256 @ 14 -> 256 @ 14 -> 10
+function M.resnet()
+  return nn.Sequential(nn.Conv2d(3, 64, 3, { padding = 1 }), nn.ReLU(),
+    BasicBlock(64, 64, 1), BasicBlock(64, 128, 2), BasicBlock(128, 128, 1),
+    BasicBlock(128, 256, 2), BasicBlock(256, 256, 1),
+    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
 end
 
 -- ---- a small GPT: pre-norm blocks, causal self-attention, GELU MLP 4x ------------------------------
@@ -87,10 +117,16 @@ function Transformer:forward(idx) -- (B, T) int64
 end
 M.Transformer = Transformer
 
+-- the two language models: one builder, two sizes (vocab, width, heads, blocks, sequence, batch)
+local lm = {
+  transformer = { vocab = 1000, d = 256, heads = 4, layers = 2, T = 128, B = 16 },
+  gpt = { vocab = 512, d = 384, heads = 6, layers = 2, T = 256, B = 8 },
+}
+
 -- ---- the step's linear-layer GEMMs (bench/gemm_floor.lua) --------------------------------------------
 -- rows: the rows of each Linear's input in one step (the batch, or batch x sequence); the MLP's
 -- first Linear reads the data batch, which needs no gradient, so it has no input-grad GEMM.
-local rows = { mlp = 256, conv = nil, transformer = 16 * 128 }
+local rows = { mlp = 256, conv = nil, transformer = lm.transformer.B * lm.transformer.T, gpt = lm.gpt.B * lm.gpt.T }
 local data_linear = { mlp = 1 }
 
 -- The GEMMs of one training step's Linear layers, as { ta, tb, M, N, K } (C (M, N) = op(A) op(B),
@@ -129,9 +165,15 @@ function M.case(name)
     opt = optim.Adam(model:parameters(), { lr = 1e-3 })
     local x, y = fsdp.randn(64, 1, 28, 28), fsdp.randint(0, 10, { 64 })
     loss_fn = function() return F.cross_entropy(model(x), y) end
-  elseif name == "transformer" then
-    local vocab, B, T = 1000, 16, 128
-    model = Transformer(vocab, 256, 4, 2, T)
+  elseif name == "resnet" then
+    model = M.resnet()
+    opt = optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9 })
+    local x, y = fsdp.randn(8, 3, 56, 56), fsdp.randint(0, 10, { 8 })
+    loss_fn = function() return F.cross_entropy(model(x), y) end
+  elseif lm[name] then
+    local c = lm[name]
+    local vocab, B, T = c.vocab, c.B, c.T
+    model = Transformer(vocab, c.d, c.heads, c.layers, T)
     opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.01 })
     local x, y = fsdp.randint(0, vocab, { B, T }), fsdp.randint(0, vocab, { B, T })
     loss_fn = function() return F.cross_entropy(model(x):view(B * T, vocab), y:view(B * T)) end
@@ -141,7 +183,7 @@ function M.case(name)
     local x, y = fsdp.randn(16, 32), fsdp.randint(0, 10, { 16 })
     loss_fn = function() return F.cross_entropy(model(x), y) end
   else
-    error(("bench/models.lua: unknown model %q (mlp, conv, transformer, small)"):format(tostring(name)), 2)
+    error(("bench/models.lua: unknown model %q (%s)"):format(tostring(name), table.concat(M.order, ", ")), 2)
   end
   return model, opt, loss_fn
 end

@@ -1,14 +1,15 @@
--- Benchmarks: training-step time of three models, ours (bench/models.lua) and PyTorch's
--- (bench/torch_models.py run by /usr/bin/python3), side by side, with the ratio ours/torch.
+-- Benchmarks: training-step time of the models in bench/models.lua, ours against two PyTorch
+-- builds (bench/torch_models.py): Debian's (/usr/bin/python3, torch 1.13) and a current one from
+-- PyPI in tmp/torch-venv (make bench-deps), side by side, with the ratio ours / (the faster torch).
 --
 --   make bench                       (THREADS=2 by default; sets OPENBLAS/OMP_NUM_THREADS)
---   luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--rounds R]
---                        [--models mlp,conv,transformer] [--no-torch] [--python /usr/bin/python3]
+--   luajit bench/run.lua [--threads N] [--warmup W] [--iters I] [--rounds R] [--models mlp,conv,...]
+--                        [--no-torch] [--python /usr/bin/python3] [--python2 tmp/torch-venv/bin/python|none]
 --
 -- A step is zero_grad + forward + loss + backward + optimizer step on one fixed random batch;
--- a round reports the median over its timed steps, after warmup steps. Ours and torch run
--- alternately, R rounds each per model, so a change in machine load hits both sides alike; the
--- table shows each side's median round and the range of the per-round ratios.
+-- a round reports the median over its timed steps, after warmup steps. Ours and each torch run
+-- in turn, R rounds per model, so a change in machine load hits all sides alike; the table shows
+-- each side's median round and the range of the per-round ratios.
 -- See bench/README.md for how to read the table.
 local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
@@ -22,11 +23,16 @@ local U = require "util"
 -- ---- arguments -------------------------------------------------------------------------------------
 local opts = {
   threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2,
-  warmup = 3, iters = 10, rounds = 3, models = table.concat(models.order, ","), torch = true,
-  python = "/usr/bin/python3", target = 0.8,
+  warmup = 3, iters = 0, rounds = 3, models = table.concat(models.order, ","), torch = true,
+  python = "/usr/bin/python3", python2 = "auto", target = 0.8,
 }
-U.parse_args("bench/run.lua", opts, "[--threads N] [--warmup W] [--iters I] [--rounds R] [--models mlp,conv,transformer] [--no-torch] [--python PATH]", { ["--no-torch"] = function(o) o.torch = false end })
+U.parse_args("bench/run.lua", opts, "[--threads N] [--warmup W] [--iters I] [--rounds R] [--models "
+  .. table.concat(models.order, ",") .. "] [--no-torch] [--python PATH] [--python2 PATH|none]",
+  { ["--no-torch"] = function(o) o.torch = false end })
 fsdp.set_num_threads(opts.threads)
+-- timed steps per round: --iters, else the model's own default (bench/models.lua), else 10
+local function iters_of(name) return opts.iters > 0 and opts.iters or models.iters[name] or 10 end
+local function target_of(name) return models.target[name] or opts.target end
 
 -- ---- timing ---------------------------------------------------------------------------------------
 pcall(ffi.cdef, [[
@@ -59,7 +65,7 @@ local function bench_ours(name)
   for _ = 1, opts.warmup do step() end
   collectgarbage("collect")
   local times, loss = {}, nil
-  for k = 1, opts.iters do
+  for k = 1, iters_of(name) do
     local t0 = now_ms()
     loss = step()
     times[k] = now_ms() - t0
@@ -69,35 +75,74 @@ end
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-local torch_ok, torch_why = false, "skipped (--no-torch)"
-if opts.torch then
-  local ok = os.execute(shell_quote(opts.python) .. " -c 'import torch' >/dev/null 2>&1")
-  torch_ok = ok == 0 or ok == true
-  torch_why = torch_ok and "" or ("PyTorch not available to " .. opts.python .. " (apt-get install python3-torch)")
+-- ---- the two torches ----------------------------------------------------------------------------------
+-- A: Debian's (or --python), B: the PyPI one in tmp/torch-venv (or --python2). Each is asked once
+-- for its version and libraries (torch_models.py --info); one that cannot answer is left out with
+-- the reason.
+local venv = root .. "/tmp/torch-venv/bin/python"
+local function executable(path)
+  local ok = os.execute("test -x " .. shell_quote(path))
+  return ok == 0 or ok == true
 end
+local torches = {
+  { label = "A", python = opts.python, hint = "apt-get install python3-torch" },
+  { label = "B", python = opts.python2 == "auto" and venv or opts.python2, hint = "make bench-deps" },
+}
+for _, t in ipairs(torches) do
+  if not opts.torch then
+    t.why = "skipped (--no-torch)"
+  elseif t.label == "B" and opts.python2 == "none" then
+    t.why = "skipped (--python2 none)"
+  elseif t.label == "B" and t.python == opts.python then
+    t.why = "the same python as torch A"
+  elseif t.label == "B" and opts.python2 == "auto" and not executable(venv) then
+    t.why = ("no PyPI torch at %s (make bench-deps installs one)"):format(venv)
+  else
+    local p = io.popen(("%s %s --info 2>&1"):format(shell_quote(t.python), shell_quote(root .. "/bench/torch_models.py")))
+    local out = p:read("*a")
+    p:close()
+    t.version = out:match('"torch":%s*"([^"]*)"')
+    if t.version then
+      t.config = ("BLAS %s, oneDNN %s, kernels %s"):format(out:match('"blas":%s*"([^"]*)"') or "?",
+        out:match('"onednn":%s*"([^"]*)"') or "?", out:match('"isa":%s*"([^"]*)"') or "?")
+    else
+      t.why = ("PyTorch not available to %s (%s): %s"):format(t.python, t.hint,
+        (out:match("([^\n]+)\n?$") or "no output"):sub(1, 200))
+    end
+  end
+end
+local live = {} -- the torches that answered
+for _, t in ipairs(torches) do if t.version then live[#live + 1] = t end end
 
 -- PyTorch runs with the thread settings we run with: OPENBLAS/OMP_NUM_THREADS from make bench, and
 -- idle OpenMP threads that sleep (OMP_WAIT_POLICY=passive, as lua/fsdp/init.lua sets for us). This is
 -- PyTorch's best setting here: with libgomp's default spinning, Debian's torch 1.13 keeps its OpenMP
 -- threads spinning while its OpenBLAS threads run the GEMMs, 4 busy threads on 2 cores, and its MLP
 -- step takes 88-97 ms instead of 43-46 ms.
-local function bench_torch(name)
+local function bench_torch(t, name)
   local cmd = ("OMP_WAIT_POLICY=passive %s %s --threads %d --warmup %d --iters %d --models %s 2>&1"):format(
-    shell_quote(opts.python), shell_quote(root .. "/bench/torch_models.py"), opts.threads, opts.warmup,
-    opts.iters, name)
+    shell_quote(t.python), shell_quote(root .. "/bench/torch_models.py"), opts.threads, opts.warmup,
+    iters_of(name), name)
   local p = io.popen(cmd)
   local out = p:read("*a")
   p:close()
   local ms = out:match('"ms":%s*([-%d%.eE+]+)')
   local loss = out:match('"loss":%s*([-%d%.eE+]+)')
-  local ver = out:match('"torch":%s*"([^"]*)"')
   if not ms then return nil, out end
-  return tonumber(ms), tonumber(loss), ver
+  return tonumber(ms), tonumber(loss)
 end
 
 -- ---- run ---------------------------------------------------------------------------------------------
-print(("fsdp %s benchmark: %d thread(s), %d round(s) of %d warmup + %d timed steps, median ms per training step")
-  :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.rounds, opts.warmup, opts.iters))
+local iters_line = opts.iters > 0 and tostring(opts.iters) or "10"
+if opts.iters == 0 then
+  local per = {}
+  for _, name in ipairs(models.order) do
+    if models.iters[name] then per[#per + 1] = ("%d for %s"):format(models.iters[name], name) end
+  end
+  if #per > 0 then iters_line = iters_line .. " (" .. table.concat(per, ", ") .. ")" end
+end
+print(("fsdp %s benchmark: %d thread(s), %d round(s) of %d warmup + %s timed steps, median ms per training step")
+  :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.rounds, opts.warmup, iters_line))
 -- the machine: CPU model, widest vector ISA, OpenBLAS's kernels, and one core's measured FMA peak
 local cpu_model = "unknown CPU"
 local f = io.open("/proc/cpuinfo", "r")
@@ -109,60 +154,118 @@ local peak = fsdp.C.fsdp_cpu_fma_peak(0.3)
 print(("CPU: %s, %s; OpenBLAS kernels %s; GEMMs: %s; FMA peak %.1f GFLOP/s per core (measured)")
   :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()),
     ffi.string(fsdp.C.fsdp_cpu_gemm_backend()), peak))
+for _, t in ipairs(torches) do
+  if t.version then
+    print(("torch %s: %s (%s): %s"):format(t.label, t.version, t.python, t.config))
+  else
+    print(("torch %s: -, left out: %s"):format(t.label, t.why))
+  end
+end
 io.stdout:flush()
-local rows, torch_ver = {}, nil
+
+-- the faster of the torches' times in tbl (keyed by torch), and which torch that was
+local function fastest(tbl)
+  local best, who = nil, nil
+  for _, t in ipairs(live) do
+    local v = tbl[t.label]
+    if v and (not best or v < best) then best, who = v, t end
+  end
+  return best, who
+end
+
+local rows = {}
 for name in opts.models:gmatch("[^,]+") do
-  local row = { name = name, ours_r = {}, torch_r = {}, ratio_r = {} }
+  local row = { name = name, ours_r = {}, torch_r = {}, torch_loss = {}, torch_err = {}, ratio_r = {} }
+  for _, t in ipairs(live) do row.torch_r[t.label] = {} end
   for r = 1, opts.rounds do
     io.stderr:write(("  %s, round %d: ours ...\n"):format(name, r))
     local ok, ms, loss = pcall(bench_ours, name)
     if not ok then row.err = ms; break end
     row.ours_r[r], row.ours_loss = ms, loss
-    if torch_ok then
-      io.stderr:write(("  %s, round %d: torch ...\n"):format(name, r))
-      local tms, tloss, ver = bench_torch(name)
-      if not tms then row.torch_err = tloss; break end
-      row.torch_r[r], row.torch_loss, torch_ver = tms, tloss, ver
-      row.ratio_r[r] = ms / tms
+    local round = {}
+    for _, t in ipairs(live) do
+      if not row.torch_err[t.label] then
+        io.stderr:write(("  %s, round %d: torch %s ...\n"):format(name, r, t.version))
+        local tms, tloss = bench_torch(t, name)
+        if tms then
+          row.torch_r[t.label][r], row.torch_loss[t.label], round[t.label] = tms, tloss, tms
+        else
+          row.torch_err[t.label] = tloss
+        end
+      end
     end
+    local best = fastest(round)
+    if best then row.ratio_r[#row.ratio_r + 1] = ms / best end
     collectgarbage("collect")
   end
   row.ours = not row.err and median(row.ours_r) or nil
-  row.torch = #row.torch_r == opts.rounds and median(row.torch_r) or nil
+  row.torch = {}
+  for _, t in ipairs(live) do
+    if not row.torch_err[t.label] and #row.torch_r[t.label] == opts.rounds then
+      row.torch[t.label] = median(row.torch_r[t.label])
+    end
+  end
+  row.best, row.best_torch = fastest(row.torch)
   rows[#rows + 1] = row
 end
 
-print(("%-12s %-52s %10s %10s %11s %12s %16s"):format("model", "configuration", "fsdp ms", "torch ms", "fsdp/torch",
-  "round range", "loss fsdp/torch"))
+-- the table: a column per torch, headed by its version (without a local tag such as +cu132);
+-- * marks the faster torch of each row
+local head = { ("%-12s %-56s %9s"):format("model", "configuration", "fsdp ms") }
+local width, short = {}, {}
+for _, t in ipairs(torches) do
+  short[t.label] = t.version and t.version:gsub("%+.*$", "") or t.label
+  local h = "torch " .. short[t.label] .. " ms"
+  width[t.label] = math.max(#h, 10)
+  head[#head + 1] = (" %" .. width[t.label] .. "s"):format(h)
+end
+head[#head + 1] = ("%12s %12s %7s  %s"):format("fsdp/faster", "round range", "target",
+  "loss fsdp/" .. short.A .. "/" .. short.B)
+print(table.concat(head))
 local failed, slow = 0, 0
 for _, r in ipairs(rows) do
-  local ratio = (r.ours and r.torch) and r.ours / r.torch or nil
+  local ratio = (r.ours and r.best) and r.ours / r.best or nil
+  local target = target_of(r.name)
   if not r.ours then failed = failed + 1 end
-  if ratio and ratio > opts.target then slow = slow + 1 end
-  local range = "-"
-  if ratio then
-    local lo, hi = math.min(unpack(r.ratio_r)), math.max(unpack(r.ratio_r))
-    range = ("%.2f-%.2f"):format(lo, hi)
+  if ratio and ratio > target then slow = slow + 1 end
+  local ours = r.ours and ("%.2f"):format(r.ours) or "FAILED"
+  local line = { ("%-12s %-56s %9s"):format(r.name, models.describe[r.name] or "", ours) }
+  local losses = { r.ours_loss and ("%.3f"):format(r.ours_loss) or "-" }
+  for _, t in ipairs(torches) do
+    local v = r.torch[t.label]
+    local cell = v and ("%.2f%s"):format(v, r.best_torch == t and #live > 1 and "*" or " ")
+      or (t.version and (r.ours and "FAILED " or "- ") or "- ")
+    line[#line + 1] = (" %" .. width[t.label] .. "s"):format(cell)
+    losses[#losses + 1] = r.torch_loss[t.label] and ("%.3f"):format(r.torch_loss[t.label]) or "-"
   end
-  print(("%-12s %-52s %10s %10s %11s %12s %16s"):format(r.name, models.describe[r.name] or "",
-    r.ours and ("%.2f"):format(r.ours) or "FAILED",
-    r.torch and ("%.2f"):format(r.torch) or (torch_ok and "FAILED" or "-"),
-    ratio and ("%.2f%s"):format(ratio, ratio <= opts.target and "" or " !") or "-", range,
-    (r.ours_loss and ("%.3f"):format(r.ours_loss) or "-") .. "/" .. (r.torch_loss and ("%.3f"):format(r.torch_loss) or "-")))
+  local range = "-"
+  if ratio and #r.ratio_r > 0 then
+    range = ("%.2f-%.2f"):format(math.min(unpack(r.ratio_r)), math.max(unpack(r.ratio_r)))
+  end
+  line[#line + 1] = ("%12s %12s %7s  %s"):format(ratio and ("%.2f%s"):format(ratio, ratio <= target and "  " or " !") or "-",
+    range, ("<=%.2f"):format(target), table.concat(losses, "/"))
+  print(table.concat(line))
 end
 for _, r in ipairs(rows) do
   if r.err then print(("  %s (fsdp) failed: %s"):format(r.name, tostring(r.err))) end
-  if r.torch_err then print(("  %s (torch) failed: %s"):format(r.name, r.torch_err:sub(-600))) end
+  for _, t in ipairs(live) do
+    local e = r.torch_err[t.label]
+    if e then print(("  %s (torch %s) failed: %s"):format(r.name, t.version, e:sub(-600))) end
+  end
 end
-if torch_ok then
-  print(("torch %s; target fsdp/torch <= %.2f: %d of %d model(s) slower than that (marked !)")
-    :format(torch_ver or "?", opts.target, slow, #rows))
+if #live > 0 then
+  local special = {}
+  for _, name in ipairs(models.order) do
+    if models.target[name] then special[#special + 1] = ("%s <= %.2f"):format(name, models.target[name]) end
+  end
+  print(("target fsdp/(faster torch) <= %.2f (%s): %d of %d model(s) slower than that (marked !)%s")
+    :format(opts.target, table.concat(special, ", "), slow, #rows, #live > 1 and "; * the faster torch" or ""))
 else
-  print("note: " .. torch_why .. "; only our times are shown")
+  print("note: no PyTorch (the torch lines above say why); only our times are shown")
 end
 
--- The GEMM floor: each model's Linear GEMMs alone through raw OpenBLAS, split perfectly over the
--- threads (bench/gemm_floor.lua). No step on this OpenBLAS is faster, so floor/torch is the lowest
+-- The GEMM floor: each model's Linear GEMMs alone through the raw sgemm, split perfectly over the
+-- threads (bench/gemm_floor.lua). No step on this library is faster, so floor/torch is the lowest
 -- ours/torch can go; the rest of our step is what sits above the floor.
 local floor_ok, gemm_floor = pcall(require, "gemm_floor")
 if floor_ok then
@@ -174,7 +277,7 @@ if floor_ok then
     if ms then
       local rate = gflop / (ms * opts.threads) * 1e3
       print(("  %-12s floor %8.2f ms   fsdp above floor %7.2f ms   floor/torch %s   GEMMs %6.1f GFLOP/s = %3.0f%% of peak")
-        :format(r.name, ms, r.ours and r.ours - ms or 0 / 0, r.torch and ("%.2f"):format(ms / r.torch) or "-", rate,
+        :format(r.name, ms, r.ours and r.ours - ms or 0 / 0, r.best and ("%.2f"):format(ms / r.best) or "-", rate,
           100 * rate / peak))
       -- per layer: each distinct GEMM shape (C (M, N) = op(A) (M, K) op(B) (K, N), T: transposed)
       for _, g in ipairs(gemm_floor.per_gemm(r.name) or {}) do

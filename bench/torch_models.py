@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch half of the fsdp benchmarks: the same three models as bench/models.lua.
+"""PyTorch half of the fsdp benchmarks: the same models as bench/models.lua.
 
 Times one training step (zero_grad + forward + loss + backward + optimizer step) on fixed random
 data and prints one JSON object per model on stdout:
     {"model": "mlp", "ms": 12.3, "times": [...], "threads": 2, "torch": "1.13.0"}
 
-    /usr/bin/python3 bench/torch_models.py [--threads N] [--warmup W] [--iters I] [--models mlp,conv,transformer,small]
+    /usr/bin/python3 bench/torch_models.py [--threads N] [--warmup W] [--iters I] [--models mlp,conv,...]
+    /usr/bin/python3 bench/torch_models.py --info     # one JSON object: version, BLAS, oneDNN, CPU ISA
 
 bench/run.lua starts it and puts the numbers beside ours. Keep the models here and in
 bench/models.lua identical (sizes, layer order, optimizer settings).
@@ -13,6 +14,7 @@ bench/models.lua identical (sizes, layer order, optimizer settings).
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -41,6 +43,30 @@ def convnet():
     return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+# a small ResNet without BatchNorm (bench/models.lua has none yet): the issue's convolution shapes
+class BasicBlock(nn.Module):
+    # 3x3 conv (stride s), ReLU, 3x3 conv, plus the input -- through a 1x1 stride-s conv when the
+    # shape changes -- then ReLU
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.shortcut = nn.Conv2d(cin, cout, 1, stride=stride) if stride != 1 or cin != cout else None
+
+    def forward(self, x):
+        h = self.conv2(self.relu(self.conv1(x)))
+        return self.relu(h + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+def resnet():
+    # (B, 3, 56, 56) -> stem 64 @ 56 -> 64 @ 56 -> 128 @ 28 -> 128 @ 28 -> 256 @ 14 -> 256 @ 14 -> 10
+    return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(),
+                         BasicBlock(64, 64, 1), BasicBlock(64, 128, 2), BasicBlock(128, 128, 1),
+                         BasicBlock(128, 256, 2), BasicBlock(256, 256, 1),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
 
 
 class Attention(nn.Module):
@@ -98,6 +124,14 @@ class Transformer(nn.Module):
         return self.head(x)  # (B, T, vocab)
 
 
+# the two language models: one builder, two sizes (vocab, width, heads, blocks, sequence, batch)
+LM = {
+    "transformer": dict(vocab=1000, d=256, heads=4, layers=2, T=128, B=16),
+    "gpt": dict(vocab=512, d=384, heads=6, layers=2, T=256, B=8),
+}
+MODELS = "mlp,conv,transformer,small,resnet,gpt"
+
+
 # ---- cases: model, optimizer, one batch, loss --------------------------------------------------------
 def case(name):
     torch.manual_seed(0)
@@ -111,9 +145,15 @@ def case(name):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
         loss_fn = lambda: F.cross_entropy(model(x), y)
-    elif name == "transformer":
-        vocab, B, T = 1000, 16, 128
-        model = Transformer(vocab=vocab, d=256, heads=4, layers=2, seq=T)
+    elif name == "resnet":
+        model = resnet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(8, 3, 56, 56), torch.randint(0, 10, (8,))
+        loss_fn = lambda: F.cross_entropy(model(x), y)
+    elif name in LM:
+        c = LM[name]
+        vocab, B, T = c["vocab"], c["B"], c["T"]
+        model = Transformer(vocab=vocab, d=c["d"], heads=c["heads"], layers=c["layers"], seq=T)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
         x, y = torch.randint(0, vocab, (B, T)), torch.randint(0, vocab, (B, T))
         loss_fn = lambda: F.cross_entropy(model(x).view(B * T, vocab), y.view(B * T))
@@ -123,7 +163,7 @@ def case(name):
         x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
         loss_fn = lambda: F.cross_entropy(model(x), y)
     else:
-        raise SystemExit(f"torch_models.py: unknown model {name!r} (mlp, conv, transformer, small)")
+        raise SystemExit(f"torch_models.py: unknown model {name!r} ({MODELS.replace(',', ', ')})")
     return model, opt, loss_fn
 
 
@@ -144,7 +184,24 @@ def bench(name, warmup, iters):
         t0 = time.perf_counter()
         loss = step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times, float(loss)
+    return statistics.median(times), times, loss.item()
+
+
+def info():
+    """This torch in brief: version, BLAS, oneDNN version, the ISA its own kernels use."""
+    cfg = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", cfg)
+    blas = blas.group(1) if blas else "?"
+    if blas == "generic":  # the system's libblas.so.3: name the library it resolves to
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        with open("/proc/self/maps") as f:
+            libs = sorted({m.group(1) for m in re.finditer(r"/(lib(?:openblas|blis|mkl)[\w.-]*?\.so)", f.read())})
+        blas += " -> " + (", ".join(libs) or "libblas.so.3")
+    dnn = re.search(r"MKL-DNN (v[\d.]+)", cfg)
+    isa = re.search(r"CPU capability usage: (\w+)", cfg)
+    return {"torch": torch.__version__, "blas": blas,
+            "onednn": dnn.group(1) if dnn and torch.backends.mkldnn.is_available() else "none",
+            "isa": isa.group(1) if isa else "?"}
 
 
 def main():
@@ -152,8 +209,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--models", default="mlp,conv,transformer,small")
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--info", action="store_true", help="print this torch's version and libraries, and exit")
     a = ap.parse_args()
+    if a.info:
+        print(json.dumps(info()), flush=True)
+        return
     torch.set_num_threads(a.threads)
     for name in a.models.split(","):
         ms, times, loss = bench(name, a.warmup, a.iters)
