@@ -288,6 +288,19 @@ if floor_ok then
   end
 end
 
+-- The convolutions the same way: each conv layer's forward, input grad and weight grad alone
+-- through our ops on one thread (bench/conv_floor.lua, in a process of its own: see there why)
+local luajit = arg and arg[-1] or "luajit"
+local names, steps = {}, {}
+for _, r in ipairs(rows) do
+  names[#names + 1] = r.name
+  if r.ours then steps[#steps + 1] = ("%s=%.3f"):format(r.name, r.ours) end
+end
+io.stdout:flush()
+os.execute(("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 %s %s --models %s --threads %d --peak %.3f --steps %s"):format(
+  shell_quote(luajit), shell_quote(root .. "/bench/conv_floor.lua"), shell_quote(table.concat(names, ",")), opts.threads,
+  peak, shell_quote(table.concat(steps, ","))))
+
 -- engineer B's GEMM micro-benchmark, when present
 local sgemm = root .. "/bench/linear_sgemm.lua"
 local f = io.open(sgemm, "r")
@@ -295,7 +308,6 @@ if f then
   f:close()
   print("\n== bench/linear_sgemm.lua")
   io.stdout:flush()
-  local luajit = arg and arg[-1] or "luajit"
   os.execute(shell_quote(luajit) .. " " .. shell_quote(sgemm))
 end
 
