@@ -14,7 +14,8 @@
  * The rule is fixed, not timed per run, so a seed gives the same numbers on every run.
  *
  * In backward, the input gradient and the weight gradient share one reorder of gy when both run
- * blocked in the same layout. Primitives (a JIT compile each) live in a cache of 64 geometries.
+ * blocked in the same layout. Primitives (a JIT compile each) live in a cache of 64 geometries,
+ * keyed by the OpenMP thread count too (a primitive divides its work for the count it was made at).
  * Scratch memory is ours (user scratchpad, from fsdp_alloc), so concurrent calls are safe and
  * the bytes are counted. Functions return 0, 1 for geometries left to the caller (empty tensors, a
  * negative right padding), or -1 with the error set.
@@ -23,6 +24,7 @@
 #include "backend/cpu/cpu.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <pthread.h>
 
 static dnnl_engine_t g_engine;
@@ -51,6 +53,7 @@ typedef struct {
 typedef struct {
   fsdp_conv_geom g;
   int has_bias;
+  int threads;  // OpenMP threads when made: a primitive splits its work for that many for good
   dnnl_memory_desc_t x_md, w_md, b_md, y_md;  // our plain layouts
   conv_pass pass[NPASS];
 } conv_entry;
@@ -86,10 +89,11 @@ static void destroy_pass(conv_pass* p) {
 }
 
 // the plain layouts of g; 1 when oneDNN should not take it
-static int make_entry(const fsdp_conv_geom* g, int has_bias, conv_entry* e) {
+static int make_entry(const fsdp_conv_geom* g, int has_bias, int threads, conv_entry* e) {
   memset(e, 0, sizeof *e);
   e->g = *g;
   e->has_bias = has_bias;
+  e->threads = threads;
   int64_t pr = (g->OH - 1) * g->sh + (int64_t)(g->kh - 1) * g->dh + 1 - g->H - g->ph;
   int64_t pc = (g->OW - 1) * g->sw + (int64_t)(g->kw - 1) * g->dw + 1 - g->W - g->pw;
   if (pr < 0 || pc < 0) return 1;
@@ -197,13 +201,15 @@ static conv_entry* entry_for(const fsdp_conv_geom* g, int has_bias, int pass, in
   pthread_once(&g_engine_once, engine_init);
   *rc = 1;
   if (!g_engine) return NULL;
+  int threads = omp_get_max_threads();  // fsdp.set_num_threads changes it: a new entry then
   pthread_mutex_lock(&g_cache_lock);
   conv_entry* e = NULL;
   for (int i = 0; i < g_cache_n && !e; i++)
-    if (g_cache[i].has_bias == has_bias && same_geom(&g_cache[i].g, g)) e = &g_cache[i];
+    if (g_cache[i].has_bias == has_bias && g_cache[i].threads == threads && same_geom(&g_cache[i].g, g))
+      e = &g_cache[i];
   if (!e) {
     conv_entry fresh;
-    if (make_entry(g, has_bias, &fresh) == 0) {
+    if (make_entry(g, has_bias, threads, &fresh) == 0) {
       int slot;
       if (g_cache_n < CACHE_SLOTS) {
         slot = g_cache_n++;
