@@ -161,6 +161,7 @@ tsan-check: | deps-build
 # PyPI (tmp/torch-venv when make bench-deps made it, or PYTHON2=; PYTHON2=none leaves it out)
 bench: all
 	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2))
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/conv_shapes.lua $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2))
 	$(LUAJIT) bench/jit_loop.lua
 
 # optional, never needed by make test: a current PyTorch from PyPI in an ignored venv (tmp/torch-venv,

@@ -1,7 +1,8 @@
 -- Convolution shapes people train, each pass alone: forward, input gradient, weight gradient (with
 -- the bias gradient), ours against PyTorch's on the same machine and thread count, in one run.
 --   OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2 luajit bench/conv_shapes.lua [--rounds R] [--runs K]
---       [--python /usr/bin/python3] [--python2 PATH]     (python2: a second PyTorch, e.g. from PyPI)
+--       [--python /usr/bin/python3] [--python2 PATH|none]   (python2: a second PyTorch; by default
+--       tmp/torch-venv/bin/python when it exists, as in bench/run.lua)
 -- A backward pass is timed alone: an untimed forward, then the timed backward of the leaves that
 -- want a gradient (x for the input gradient; w and b for the weight gradient), on both sides.
 -- Each round runs ours, then each PyTorch, over all shapes; the table shows each side's best round
@@ -14,11 +15,13 @@ local U = require "util"
 local json = require "fsdp.json"
 
 local opts = { rounds = 3, runs = 7, threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2,
-  python = "/usr/bin/python3", python2 = "" }
-U.parse_args("bench/conv_shapes.lua", opts, "[--rounds R] [--runs K] [--python PATH] [--python2 PATH]")
+  python = "/usr/bin/python3", python2 = "auto" }
+U.parse_args("bench/conv_shapes.lua", opts, "[--rounds R] [--runs K] [--python PATH] [--python2 PATH|none]")
 fsdp.set_num_threads(opts.threads)
-if opts.python2 == "" then
-  for _, p in ipairs { "tmp/torch-venv/bin/python", "/tmp/torchvenv/bin/python" } do
+if opts.python2 == "none" then opts.python2 = "" end
+if opts.python2 == "auto" then
+  opts.python2 = ""
+  for _, p in ipairs { "tmp/torch-venv/bin/python" } do
     local f = io.open(p)
     if f then f:close(); opts.python2 = p; break end
   end
