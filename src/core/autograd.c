@@ -12,6 +12,11 @@
  *      leaf's last contribution has arrived;
  *   4. run queued callbacks (they may queue more), then emit BACKWARD_END.
  * Grad mode is off while the engine runs (no double backward).
+ *
+ * A gradient has the dtype of its tensor (PyTorch's rule): a node's backward gets its output's
+ * gradient in the output's dtype and may return its inputs' gradients in any float dtype (the
+ * kernels return float32); the engine rounds each to its input's dtype, once, before it is summed
+ * or delivered. Sums of two bfloat16 gradients are added in float32 and rounded once.
  */
 #include "core/core.h"
 
@@ -182,8 +187,9 @@ int fsdp_grad_exclusive(const fsdp_tensor* t) {
 }
 #define exclusively_owned fsdp_grad_exclusive
 
-// a + b (one shape) as a new contiguous f32 tensor: the sum of two gradients when the first is
-// held elsewhere. No autograd, and no op: the engine adds with the device's kernels itself.
+// a + b (one shape) as a new contiguous tensor of a's dtype: the sum of two gradients when the
+// first is held elsewhere (or is not float32), added in float32 and rounded once. No autograd,
+// and no op: the engine adds with the device's kernels itself.
 static fsdp_tensor* grad_sum(fsdp_tensor* a, fsdp_tensor* b) {
   CHECK_NULL(fsdp_same_shape(a, b), "backward: gradients of shapes %s and %s for one tensor", SH(a), SH(b));
   fsdp_tensor* s = fsdp_new(a->ndim, a->shape, FSDP_F32, fsdp_device_of(a));
@@ -196,7 +202,9 @@ static fsdp_tensor* grad_sum(fsdp_tensor* a, fsdp_tensor* b) {
   int64_t n = fsdp_tensor_numel(s);
   fsdp_backend_of(s)->elem->axpy(fsdp_f32(s), n, fsdp_f32(bc), n, 1, n, 1.0f);
   fsdp_tensor_release(bc);
-  return s;
+  fsdp_tensor* r = fsdp_as_contig_dtype(s, a->dtype);
+  fsdp_tensor_release(s);
+  return r;
 }
 
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
@@ -238,7 +246,7 @@ static int leaf_accumulate(fsdp_tensor* leaf, fsdp_tensor* g) {
     g->refcount++;
     leaf->grad = g;
   } else {
-    leaf->grad = fsdp_new(leaf->ndim, leaf->shape, FSDP_F32, fsdp_device_of(leaf));
+    leaf->grad = fsdp_new(leaf->ndim, leaf->shape, leaf->dtype, fsdp_device_of(leaf));
     if (!leaf->grad || fsdp_copy_strided(leaf->grad, g)) return -1;
   }
   fsdp_tensor_set_mem_category(leaf->grad, FSDP_MEM_GRADS);
@@ -490,6 +498,16 @@ static int deliver_to_leaf(fsdp_tensor* leaf, fsdp_tensor* g) {
   return 0;
 }
 
+// *g (a new ref) rounded to `dtype`, the dtype of the tensor it is the gradient of
+static int cast_grad(fsdp_tensor** g, int dtype) {
+  if ((*g)->dtype == dtype) return 0;
+  fsdp_tensor* r = fsdp_as_contig_dtype(*g, dtype);
+  if (!r) return -1;
+  fsdp_tensor_release(*g);
+  *g = r;
+  return 0;
+}
+
 static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
   fsdp_tensor* g = n->grad_acc;
   n->grad_acc = NULL;
@@ -518,6 +536,7 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
       fsdp_tensor_release(grad_in[i]);
       grad_in[i] = NULL;
     }
+    if (!rc && grad_in[i]) rc = cast_grad(&grad_in[i], e.node ? e.node->out_dtype : e.leaf->dtype);
     if (!rc && e.node) {
       if (grad_in[i]) rc = fsdp_grad_accumulate(&e.node->grad_acc, grad_in[i]);
       if (--e.node->deps == 0 && !rc) rc = heap_push(ready, e.node);
@@ -541,14 +560,18 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   if (grad) {
     CHECK_INT(fsdp_same_shape(t, grad), "backward: gradient of shape %s for a tensor of shape %s", SH(grad), SH(t));
     fsdp_tensor_retain(grad);
+    if (cast_grad(&grad, t->dtype)) {
+      fsdp_tensor_release(grad);
+      return -1;
+    }
   } else {
     CHECK_INT(fsdp_tensor_numel(t) == 1,
               "backward: grad can be implicitly created only for one-element outputs "
               "(got shape %s)",
               SH(t));
-    grad = fsdp_new(t->ndim, t->shape, FSDP_F32, fsdp_device_of(t));
+    grad = fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
     if (!grad) return -1;
-    fsdp_backend_of(grad)->elem->fill(fsdp_ptr(grad), FSDP_F32, 1, 1.0);
+    fsdp_backend_of(grad)->elem->fill(fsdp_ptr(grad), t->dtype, 1, 1.0);
   }
   int prev_mode = g_grad_enabled, rc = 0;
   g_grad_enabled = 0;

@@ -141,13 +141,21 @@ int64_t fsdp_shape_nbytes(const char* op, int ndim, const int64_t* shape, size_t
 bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b);
 // normalises a possibly negative dim; returns -1 (and sets an error naming op) if out of range
 int fsdp_wrap_dim(const char* op, int dim, int ndim);
+// a contiguous version of t in `dtype` (new ref: t itself when it already is one); values are
+// converted (to bf16/f16: rounded to nearest even)
+fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype);
 // a contiguous f32 version of t (new ref: t itself when already contiguous f32)
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
 // strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src);
 static inline void fsdp_bump_version(fsdp_tensor* t) { t->storage->version++; }
-// error unless t's dtype is one of the float dtypes we compute in (f32)
+// error unless t is float32 (what kernels and collectives that take only f32 buffers need)
 int fsdp_check_f32(const char* op, const fsdp_tensor* t);
+// the float dtypes ops accept: float32, and bfloat16/float16, which they compute in float32
+// (ops/ops.h, "float dtypes")
+static inline bool fsdp_is_float(int dtype) { return dtype == FSDP_F32 || dtype == FSDP_BF16 || dtype == FSDP_F16; }
+// error unless t has a float dtype (and its bytes are there)
+int fsdp_check_float(const char* op, const fsdp_tensor* t);
 // error unless a and b are on the same device
 int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b);
 

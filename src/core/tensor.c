@@ -507,6 +507,11 @@ int fsdp_check_f32(const char* op, const fsdp_tensor* t) {
   CHECK_INT(t->dtype == FSDP_F32, "%s: expected a float32 tensor, got %s of shape %s", op, DT(t), SH(t));
   return fsdp_check_data(op, t);
 }
+int fsdp_check_float(const char* op, const fsdp_tensor* t) {
+  CHECK_INT(fsdp_is_float(t->dtype), "%s: expected a float tensor (float32, bfloat16 or float16), got %s of shape %s",
+            op, DT(t), SH(t));
+  return fsdp_check_data(op, t);
+}
 int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
   CHECK_INT(fsdp_device_of(a) == fsdp_device_of(b), "%s: tensors on different devices (%s on %s, %s on %s)", op, SH(a),
             fsdp_device_name(fsdp_device_of(a)), SH(b), fsdp_device_name(fsdp_device_of(b)));
@@ -545,18 +550,19 @@ int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
   return 0;
 }
 
-fsdp_tensor* fsdp_as_contig(fsdp_tensor* t) {
-  if (t->dtype == FSDP_F32 && fsdp_tensor_is_contiguous(t)) {
+fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype) {
+  if (t->dtype == dtype && fsdp_tensor_is_contiguous(t)) {
     fsdp_tensor_retain(t);
     return t;
   }
-  fsdp_tensor* r = fsdp_new(t->ndim, t->shape, FSDP_F32, fsdp_device_of(t));
+  fsdp_tensor* r = fsdp_new(t->ndim, t->shape, dtype, fsdp_device_of(t));
   if (r && fsdp_copy_strided(r, t)) {
     fsdp_tensor_release(r);
     return NULL;
   }
   return r;
 }
+fsdp_tensor* fsdp_as_contig(fsdp_tensor* t) { return fsdp_as_contig_dtype(t, FSDP_F32); }
 
 int fsdp_tensor_item(const fsdp_tensor* t, double* out) {
   CHECK_INT(fsdp_tensor_numel(t) == 1, "item: tensor of shape %s has %lld elements, expected 1", SH(t),

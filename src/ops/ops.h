@@ -1,5 +1,5 @@
 /*
- * ops/ops.h -- what the op layer shares: broadcasting. Ops are
+ * ops/ops.h -- what the op layer shares: float dtypes and broadcasting. Ops are
  * device independent: they check shapes and dtypes, allocate outputs, record an autograd node
  * and call a kernel through the device's table (core/core.h, "device backends").
  */
@@ -17,6 +17,48 @@ static inline fsdp_shape_rec fsdp_shape_rec_of(const fsdp_tensor* t) {
   fsdp_shape_rec r = {.ndim = t->ndim};
   memcpy(r.shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
   return r;
+}
+
+// ---- float dtypes -----------------------------------------------------------------------------
+// Kernels compute in float32. Every float op also takes bfloat16 (and float16) tensors, by one
+// path: it reads a low-precision input through a contiguous float32 copy (fsdp_as_f32), runs the
+// float32 kernel, which accumulates in float32, and rounds the float32 result to the op's result
+// dtype once (fsdp_round_to) -- PyTorch's CPU semantics for bfloat16. What a node saves for its
+// backward is either the input as given (read through fsdp_as_f32 again in backward) or the
+// float32 copy/result the forward made, so a backward computes in float32 too; the engine rounds
+// each gradient to its input's dtype (core/autograd.c). The one exception to the copies: GEMMs
+// whose operands are both bfloat16 read them as they are, through the linalg table's gemm_bf16
+// (oneDNN's bf16 GEMM where the CPU has one, float32 accumulation and output).
+//
+// the result dtype of an op on float inputs a and b (b may be NULL), PyTorch's type promotion:
+// their dtype when they agree, else float32; a 0-dim tensor defers to one with dims
+int fsdp_result_dtype(const fsdp_tensor* a, const fsdp_tensor* b);
+// for the ops PyTorch refuses mixed float dtypes for (matmul, linear, conv2d, attention): error
+// naming both unless a and b (b may be NULL) have one dtype
+int fsdp_check_same_dtype(const char* op, const char* what_a, const fsdp_tensor* a, const char* what_b,
+                          const fsdp_tensor* b);
+// t as float32 for a kernel to read (new ref): t itself when float32 (any layout), else a
+// contiguous float32 copy
+static inline fsdp_tensor* fsdp_as_f32(fsdp_tensor* t) {
+  if (t->dtype != FSDP_F32) return fsdp_as_contig(t);
+  fsdp_tensor_retain(t);
+  return t;
+}
+// the op's float32 result y (the caller's ref is consumed) in the op's result dtype: y itself
+// (any layout) when that is float32, else y rounded once to it (contiguous). NULL on error.
+static inline fsdp_tensor* fsdp_round_to(fsdp_tensor* y, int dtype) {
+  if (!y || y->dtype == dtype) return y;
+  fsdp_tensor* r = fsdp_as_contig_dtype(y, dtype);
+  fsdp_tensor_release(y);
+  return r;
+}
+
+// the in-place ops' version of the same: w = fsdp_as_contig(t) (t itself when float32) is updated
+// in float32, then written back into t, rounded (nothing to do when w is t); releases w
+static inline int fsdp_write_back(fsdp_tensor* t, fsdp_tensor* w) {
+  int rc = w == t ? 0 : fsdp_copy_strided(t, w);
+  fsdp_tensor_release(w);
+  return rc;
 }
 
 // ---- broadcasting -----------------------------------------------------------------------------
