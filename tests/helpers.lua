@@ -40,6 +40,37 @@ function H.assert_close(a, b, atol, rtol, what)
   end
 end
 
+-- The spacing of `dtype`'s values around v (a unit in the last place: 8 significant bits for
+-- bfloat16, 11 for float16, 24 for float32), for |v| in the normal range
+local significant_bits = { bfloat16 = 8, float16 = 11, float32 = 24 }
+function H.ulp(v, dtype)
+  local bits = assert(significant_bits[dtype], "ulp: not a float dtype")
+  if v == 0 then
+    return 0
+  end
+  local _, e = math.frexp(v)  -- |v| in [2^(e-1), 2^e)
+  return 2 ^ (e - bits)
+end
+
+-- asserts that every element of `got` (a low-precision result) is the exact value `want` rounded
+-- once to dtype, from a float32 computation: |got - want| <= ulp(want) / 2 + atol + rtol |want|,
+-- atol and rtol being the float32 computation's own error. Rounding twice, or accumulating in
+-- the low precision, misses by a unit in some elements. Equal values, and NaN against NaN, match.
+function H.assert_rounded_once(got, want, dtype, atol, rtol, what)
+  local fa, fb = flat(got), flat(want)
+  if #fa ~= #fb then error(("%s: element counts differ: %d vs %d"):format(what or "assert_rounded_once", #fa, #fb), 2) end
+  for i = 1, #fa do
+    local g, w = fa[i], fb[i]
+    local same = g == w or (g ~= g and w ~= w)
+    local d = math.abs(g - w)
+    local bound = 0.5 * H.ulp(w, dtype) + atol + rtol * math.abs(w)
+    if not same and not (d <= bound) then
+      error(("%s: element %d is not the %s rounding of the exact value: got %.8g, exact %.8g (|diff| %.3g = %.2f ulp)")
+        :format(what or "assert_rounded_once", i, dtype, g, w, d, d / H.ulp(w, dtype)), 2)
+    end
+  end
+end
+
 -- Finite-difference check of autograd.
 --   fn(inputs...) -> tensor (any shape); inputs: float32 tensors (those with requires_grad are checked)
 -- The scalar checked is sum(fn(...) * w) with fixed random weights w, so every output element

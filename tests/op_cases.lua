@@ -64,8 +64,20 @@ local function spec(shape, o, gen)
     values = o.values,
     dtype = dtype,
     const = o.const,
+    dims_label = table.concat(shape, "x"),
     label = table.concat(shape, "x") .. short_dtype[dtype],
   }
+end
+
+-- the same spec with float32 values stored as `dtype` (its label says so, before any view's mark)
+local function in_dtype(s, dtype)
+  local c = {}
+  for k, v in pairs(s) do
+    c[k] = v
+  end
+  c.dtype = dtype
+  c.label = s.dims_label .. short_dtype[dtype] .. s.label:sub(#s.dims_label + 1)
+  return c
 end
 
 -- uniform random values in [lo, hi] (default [-2, 2]); away = a: |value| >= a (kinks, poles);
@@ -175,9 +187,11 @@ local function narrowed(s)
   return s
 end
 
--- the stored tensor expanded (stride 0) to `shape`
+-- the stored tensor expanded (stride 0) to `shape` (its gradient sums the op's gradients of the
+-- expanded view: `broadcast`)
 local function expanded(s, shape)
   s = copy_spec(s)
+  s.broadcast = true
   s.view = function(t) return t:expand(shape) end
   s.label = s.label .. ":e" .. table.concat(shape, "x")
   return s
@@ -1086,5 +1100,52 @@ C { "pow", V { 0, 2 }, s = 0, want = { 1, 1 }, tol = exact, nograd = true }
 C { "rdiv_scalar", V { 0, 2 }, s = 1, want = { math.huge, 0.5 }, nograd = true }
 C { "div", V { 0, 1 }, V { 0, 0 }, want = { 0 / 0, math.huge }, nograd = true }
 C { "log", V { 0, 1 }, want = { -math.huge, 0 }, nograd = true }
+
+-- ---- mixed float dtypes -------------------------------------------------------------------------
+-- PyTorch's promotion: float32 with bfloat16 gives float32, but a 0-dim tensor takes the dtype
+-- of a tensor with dims; layer_norm keeps a bfloat16 input's dtype with float32 parameters
+local bf = { dtype = "bfloat16" }
+for _, op in ipairs { "add", "sub", "mul", "div" } do
+  C { op, T { 2, 3 }, T({ 3 }, { lo = 0.5, hi = 2, dtype = "bfloat16" }) }
+  C { op, T({ 2, 3 }, bf), T({}, { lo = 0.5, hi = 2 }) }
+  C { op, T {}, T({ 2, 3 }, { lo = 0.5, hi = 2, dtype = "bfloat16" }) }
+end
+C { "layer_norm", T({ 3, 5 }, bf), T { 5 }, T { 5 }, shape = 5 }
+C { "mse_loss", T({ 3, 4 }, bf), T { 3, 4 } }
+C { "scaled_dot_product_attention", T({ 1, 2, 3, 4 }, bf), T({ 1, 2, 5, 4 }, bf), T({ 1, 2, 5, 3 }, bf), T { 3, 5 },
+  tol = at }
+-- float16 takes the same path as bfloat16
+C { "linear", T({ 3, 4 }, { dtype = "float16" }), T({ 5, 4 }, { dtype = "float16" }), T({ 5 }, { dtype = "float16" }) }
+C { "softmax", T({ 3, 7 }, { dtype = "float16" }), dim = -1 }
+
+-- ---- bfloat16: every case again ---------------------------------------------------------------
+-- Every float op takes bfloat16 tensors, computing in float32 and rounding its result once: each
+-- case above with float32 inputs is declared again with those inputs in bfloat16 (int64 inputs
+-- stay). Its output must be the reference on the bfloat16 values rounded once, and runner 4 of
+-- ops_spec.lua checks its gradients against float32 ones on the same values. Hand-computed
+-- values are for the float32 inputs and are not carried over; tol stays the float32 computation's.
+local carried = { "tol", "nograd", "known_failure" }
+local f32_cases = #cases
+for k = 1, f32_cases do
+  local c = cases[k]
+  local t = { c.op }
+  local any = false
+  for i, spec in ipairs(c.inputs) do
+    t[i + 1] = spec
+    if not spec.none and spec.dtype == "float32" then
+      t[i + 1] = in_dtype(spec, "bfloat16")
+      any = true
+    end
+  end
+  if any then
+    for name, v in pairs(c.p) do
+      t[name] = v
+    end
+    for _, name in ipairs(carried) do
+      t[name] = c[name]
+    end
+    C(t)
+  end
+end
 
 return M

@@ -175,6 +175,21 @@ function R.map(f, dtype)
   end
 end
 
+-- The dtype of a result of float inputs a and b (PyTorch's type promotion among floats): theirs
+-- when they agree; else a tensor with dims decides over a 0-dim one, and otherwise float32.
+function R.result_dtype(a, b)
+  if a.dtype == b.dtype then
+    return a.dtype
+  end
+  if #a.shape > 0 and #b.shape == 0 then
+    return a.dtype
+  end
+  if #a.shape == 0 and #b.shape > 0 then
+    return b.dtype
+  end
+  return "float32"
+end
+
 -- f(x, y) over the broadcast of a and b
 function R.map2(f, dtype)
   return function(_, a, b)
@@ -184,7 +199,7 @@ function R.map2(f, dtype)
       local idx = unravel(i, shape)
       out[i + 1] = f(a.data[source_index(idx, a.shape) + 1], b.data[source_index(idx, b.shape) + 1])
     end
-    return array(shape, out, dtype or a.dtype)
+    return array(shape, out, dtype or R.result_dtype(a, b))
   end
 end
 
@@ -276,7 +291,7 @@ local function reduce(p, a, mean)
       out[i] = out[i] / count
     end
   end
-  return array(out_shape, out)
+  return array(out_shape, out, a.dtype)
 end
 
 function R.sum(p, a)
@@ -368,7 +383,7 @@ local function softmax(p, a, log)
       end
     end
   end
-  return array(copy(a.shape), out)
+  return array(copy(a.shape), out, a.dtype)
 end
 
 function R.softmax(p, a)
@@ -420,7 +435,7 @@ function R.matmul(_, a, b)
   if not b1 then
     shape[#shape + 1] = m
   end
-  return array(shape, out)
+  return array(shape, out, a.dtype)
 end
 
 R.bmm = R.matmul
@@ -445,7 +460,7 @@ function R.linear(_, x, w, b)
   end
   local shape = copy(x.shape)
   shape[#shape] = out_f
-  return array(shape, out)
+  return array(shape, out, x.dtype)
 end
 
 -- ---- views and shape ----------------------------------------------------------------------------
@@ -706,7 +721,7 @@ function R.conv2d(p, x, w, b)
       end
     end
   end
-  return array({ N, O, OH, OW }, out)
+  return array({ N, O, OH, OW }, out, x.dtype)
 end
 
 -- PyTorch's pooling output size (a last window starting inside the right padding is dropped)
@@ -784,7 +799,7 @@ local function pool(p, x, kind)
   local oshape = copy(shape)
   oshape[#oshape - 1] = OH
   oshape[#oshape] = OW
-  return array(oshape, out)
+  return array(oshape, out, x.dtype)
 end
 
 function R.max_pool2d(p, x)
@@ -823,7 +838,7 @@ function R.adaptive_avg_pool2d(p, x)
   local oshape = copy(shape)
   oshape[#oshape - 1] = oh_n
   oshape[#oshape] = ow_n
-  return array(oshape, out)
+  return array(oshape, out, x.dtype)
 end
 
 -- ---- normalization, embedding, dropout ----------------------------------------------------------
@@ -861,7 +876,7 @@ function R.layer_norm(p, x, w, b)
       out[m * D + d] = y
     end
   end
-  return array(copy(x.shape), out)
+  return array(copy(x.shape), out, x.dtype)
 end
 
 -- rows of w (V, D) at the int64 indices idx (any shape) -> (idx..., D)
@@ -876,7 +891,7 @@ function R.embedding(_, idx, w)
   end
   local shape = copy(idx.shape)
   shape[#shape + 1] = D
-  return array(shape, out)
+  return array(shape, out, w.dtype)
 end
 
 -- eval mode and p = 0 are the identity, p = 1 gives zeros; p.p, p.training
@@ -933,7 +948,7 @@ function R.cross_entropy(p, x, t)
       end
     end
   end
-  return array({}, { total / count })
+  return array({}, { total / count }, x.dtype)
 end
 
 -- log-probabilities (N, C, S...), target (N, S...)
@@ -957,7 +972,7 @@ function R.nll_loss(p, x, t)
       end
     end
   end
-  return array({}, { total / count })
+  return array({}, { total / count }, x.dtype)
 end
 
 function R.mse_loss(_, a, b)
@@ -965,7 +980,7 @@ function R.mse_loss(_, a, b)
   for i = 1, #a.data do
     s = s + (a.data[i] - b.data[i]) ^ 2
   end
-  return array({}, { s / #a.data })
+  return array({}, { s / #a.data }, R.result_dtype(a, b))
 end
 
 -- ---- attention ----------------------------------------------------------------------------------
@@ -1019,7 +1034,7 @@ function R.scaled_dot_product_attention(p, q, k, v, mask)
   end
   local shape = copy(q.shape)
   shape[nd] = Dv
-  return array(shape, out)
+  return array(shape, out, q.dtype)
 end
 
 return R

@@ -1,11 +1,14 @@
--- Three runners over the op-case table (tests/op_cases.lua):
+-- Four runners over the op-case table (tests/op_cases.lua):
 --   1. forward: each case's outputs (shape, dtype, values) against the naive Lua reference of
---      tests/op_refs.lua, and against the case's hand-computed values where it has them;
+--      tests/op_refs.lua, and against the case's hand-computed values where it has them; a
+--      bfloat16 or float16 output must be the reference rounded once (H.assert_rounded_once);
 --   2. backward: the gradient of sum(out * r), r random, with respect to every float32 input,
 --      against central finite differences (inputs rebuilt from perturbed Lua values);
 --   3. backends: every device in fsdp.backends() against the CPU, outputs and gradients; the CPU
 --      against itself must be bit-exact (a determinism check), another backend within float
---      tolerance. A new backend is tested by appearing in fsdp.backends().
+--      tolerance. A new backend is tested by appearing in fsdp.backends();
+--   4. low precision: the gradients of a case's bfloat16/float16 inputs against the float32
+--      gradients of the same case on float32 copies of the same values: rounded once.
 -- Only the public API is used: inputs are made with fsdp.tensor(values):view(shape), read back
 -- with tolist().
 local fsdp = require "fsdp"
@@ -113,8 +116,25 @@ local function perturbable(spec)
   return not spec.none and spec.dtype == "float32" and not spec.const
 end
 
+-- a bfloat16 or float16 output is the exact value rounded once, after a float32 computation whose
+-- own error is within the case's tol (a float32 tolerance), or this; gradients likewise (runner 4)
+local low_precision = { bfloat16 = true, float16 = true }
+local fsdp_float = { float32 = true, bfloat16 = true, float16 = true }
+local f32_slack = { 1e-5, 1e-5 }
+local low_grad_slack = { 1e-5, 1e-5 }
+
+local function has_low_precision_input(case)
+  for _, spec in ipairs(case.inputs) do
+    if not spec.none and low_precision[spec.dtype] then
+      return true
+    end
+  end
+  return false
+end
+
+-- finite differences for the cases on float32 inputs alone (runner 4 takes the others)
 local function differentiable(case)
-  if case.nograd or case.def.nograd then
+  if case.nograd or case.def.nograd or has_low_precision_input(case) then
     return false
   end
   for _, spec in ipairs(case.inputs) do
@@ -169,6 +189,11 @@ local function check_output(case, k, got, ref)
   assert(fsdp.is_tensor(got), what .. " is not a tensor")
   assert.same(ref.shape, got:shape(), what .. " shape")
   assert.equal(ref.dtype, got.dtype, what .. " dtype")
+  if low_precision[got.dtype] then
+    local tol = case.tol or f32_slack
+    H.assert_rounded_once(got:tolist(), ref.data, got.dtype, tol[1], tol[2], what .. " against the reference")
+    return
+  end
   local tol = tol_of(case, got.dtype)
   H.assert_close(got:tolist(), ref.data, tol[1], tol[2], what .. " against the reference")
 end
@@ -360,6 +385,83 @@ describe("op cases: every backend against the CPU", function()
   for _, device in ipairs(fsdp.backends()) do
     for index, case in ipairs(cases) do
       it(device .. ": " .. name_of(case), expecting(case, function() run_backend(case, index, device) end))
+    end
+  end
+end)
+
+-- ---- 4. low-precision gradients against float32 ------------------------------------------------
+-- The case runs twice with the same upstream gradient r (drawn, then rounded to the output's
+-- dtype): as declared, and with each bfloat16/float16 input replaced by a float32 tensor holding
+-- the same values. Forward and backward compute in float32 either way, so each low-precision
+-- input's gradient must have the input's dtype and be the float32 gradient rounded once; a
+-- float32 input of a mixed case gets the float32 gradient (within float32 tolerance).
+-- An input the op sees expanded (`broadcast`) gets the sum of the gradients of the expanded view,
+-- itself a bfloat16 tensor whose gradient was rounded before that sum (PyTorch does the same): the
+-- float32 run rounds that view's gradient too (a hook), so the sums compare rounded once as well.
+local function grad_input(spec)
+  return not spec.none and fsdp_float[spec.dtype] and not spec.const
+end
+
+local function low_differentiable(case)
+  if case.nograd or case.def.nograd or not has_low_precision_input(case) then
+    return false
+  end
+  for _, spec in ipairs(case.inputs) do
+    if grad_input(spec) then
+      return true
+    end
+  end
+  return false
+end
+
+local function check_low_grad(spec, got, want, what)
+  if low_precision[spec.dtype] then
+    H.assert_rounded_once(got, want, spec.dtype, low_grad_slack[1], low_grad_slack[2], what)
+  else
+    H.assert_close(got, want, forward_tol.float32[1], forward_tol.float32[2], what)
+  end
+end
+
+local function run_low_grad(case, index)
+  local vals = draw_all(case, index)
+  local leaves, twins, args, args32 = {}, {}, {}, {}
+  for i, spec in ipairs(case.inputs) do
+    if not spec.none then
+      local t = stored(spec, vals[i])
+      local t32 = t
+      if low_precision[spec.dtype] then
+        t32 = fsdp.tensor(t:tolist(), "float32"):view(spec.base)
+      end
+      if grad_input(spec) then
+        t.requires_grad = true
+        t32.requires_grad = true
+        leaves[i], twins[i] = t, t32
+      end
+      args[i], args32[i] = viewed(spec, t), viewed(spec, t32)
+      if spec.broadcast and low_precision[spec.dtype] and grad_input(spec) then
+        args32[i]:register_hook(function(g) return g:to(spec.dtype):float() end)
+      end
+    end
+  end
+  local out = call(case, args)[1]
+  local out32 = call(case, args32)[1]
+  assert.is_true(out.requires_grad, case.name .. ": output does not require grad")
+  local r = fsdp.tensor(draw_weights(out:numel()), out.dtype):view(out:shape())
+  ;(out * r):sum():backward()
+  ;(out32 * r:float()):sum():backward()
+  for i, leaf in pairs(leaves) do
+    local what = ("%s: gradient of input %d"):format(case.name, i)
+    assert(leaf.grad, what .. " is missing")
+    assert.equal(leaf.dtype, leaf.grad.dtype, what .. " dtype")
+    assert.same(leaf:shape(), leaf.grad:shape(), what .. " shape")
+    check_low_grad(case.inputs[i], leaf.grad:tolist(), twins[i].grad:tolist(), what .. " against float32")
+  end
+end
+
+describe("op cases: low-precision gradients against float32", function()
+  for index, case in ipairs(cases) do
+    if low_differentiable(case) then
+      it(name_of(case), expecting(case, function() run_low_grad(case, index) end))
     end
   end
 end)

@@ -1,6 +1,6 @@
 /*
- * ops/conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW float32) with their
- * backward. Shapes follow PyTorch's formulas; the work happens in the device's linalg kernels
+ * ops/conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW; computed in float32,
+ * results rounded to the input's dtype: ops/ops.h, "float dtypes") with their backward. Shapes follow PyTorch's formulas; the work happens in the device's linalg kernels
  * (im2col + GEMM or Winograd for convolution -- the CPU kernels choose, FSDP_CONV_ALGO=im2col|winograd
  * forces one -- window loops for pooling).
  */
@@ -53,9 +53,11 @@ done:
 fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride, const int* padding,
                          const int* dilation, int groups) {
   CHECK_NULL(x && w, "conv2d: input or weight is nil");
-  CHECK_NULL(x->dtype == FSDP_F32 && w->dtype == FSDP_F32 && (!b || b->dtype == FSDP_F32),
-             "conv2d: expected float32 tensors, got input %s %s, weight %s %s%s%s%s", DT(x), SH(x), DT(w), SH(w),
-             b ? ", bias " : "", b ? DT(b) : "", b ? SH(b) : "");
+  if (fsdp_check_float("conv2d", x) || fsdp_check_float("conv2d", w) || (b && fsdp_check_float("conv2d", b)))
+    return NULL;
+  if (fsdp_check_same_dtype("conv2d", "input", x, "weight", w) ||
+      fsdp_check_same_dtype("conv2d", "weight", w, "bias", b))
+    return NULL;
   if (fsdp_check_same_device("conv2d", x, w) || (b && fsdp_check_same_device("conv2d", x, b))) return NULL;
   CHECK_NULL(x->ndim == 4, "conv2d: expected a 4-D input (N, C, H, W), got %s", SH(x));
   CHECK_NULL(w->ndim == 4, "conv2d: expected a 4-D weight (out_channels, in_channels/groups, kh, kw), got %s", SH(w));
@@ -111,6 +113,8 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
     fsdp_tensor_release(y);
     return NULL;
   }
+  y = fsdp_round_to(y, x->dtype);
+  if (!y) return NULL;
 
   fsdp_node* n = fsdp_node_new("ConvolutionBackward", conv2d_backward, 3, (fsdp_tensor*[]){x, w, b});
   if (n) {
@@ -128,7 +132,7 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
 static int pool_geom(const char* op, const fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
                      const int* dilation, int ceil_mode, fsdp_conv_geom* g) {
   CHECK_INT(x, "%s: input is nil", op);
-  CHECK_INT(x->dtype == FSDP_F32, "%s: expected a float32 input, got %s %s", op, DT(x), SH(x));
+  if (fsdp_check_float(op, x)) return -1;
   CHECK_INT(x->ndim == 4 || x->ndim == 3, "%s: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", op, SH(x));
   CHECK_INT(kernel, "%s: kernel size is missing", op);
   int k[2] = {kernel[0], kernel[1]};
@@ -215,6 +219,11 @@ fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
   }
   fsdp_backend_of(x)->linalg->max_pool2d_forward(&g, fsdp_f32(y), fsdp_i64(idx), fsdp_f32(xc));
   fsdp_tensor_release(xc);
+  y = fsdp_round_to(y, x->dtype);  // exact: each output is one of x's values
+  if (!y) {
+    fsdp_tensor_release(idx);
+    return NULL;
+  }
   fsdp_node* n = fsdp_node_new("MaxPool2DBackward", max_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {
     fsdp_node_save(n, idx);
@@ -252,6 +261,7 @@ fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
   fsdp_tensor *xc = fsdp_as_contig(x), *y = xc ? fsdp_new(x->ndim, shape, FSDP_F32, fsdp_device_of(x)) : NULL;
   if (y) fsdp_backend_of(x)->linalg->avg_pool2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), count_include_pad);
   fsdp_tensor_release(xc);
+  y = fsdp_round_to(y, x->dtype);
   if (!y) return NULL;
   fsdp_node* n = fsdp_node_new("AvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {
@@ -264,7 +274,7 @@ fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* strid
 
 fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w) {
   CHECK_NULL(x, "adaptive_avg_pool2d: input is nil");
-  CHECK_NULL(x->dtype == FSDP_F32, "adaptive_avg_pool2d: expected a float32 input, got %s %s", DT(x), SH(x));
+  if (fsdp_check_float("adaptive_avg_pool2d", x)) return NULL;
   CHECK_NULL(x->ndim == 4 || x->ndim == 3,
              "adaptive_avg_pool2d: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", SH(x));
   CHECK_NULL(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size (%d, %d) must be positive (input %s)", out_h,
@@ -285,6 +295,7 @@ fsdp_tensor* fsdp_adaptive_avg_pool2d(fsdp_tensor* x, int out_h, int out_w) {
   fsdp_tensor *xc = fsdp_as_contig(x), *y = xc ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(x)) : NULL;
   if (y) fsdp_backend_of(x)->linalg->adaptive_avg_pool2d_forward(&g, fsdp_f32(y), fsdp_f32(xc));
   fsdp_tensor_release(xc);
+  y = fsdp_round_to(y, x->dtype);
   if (!y) return NULL;
   fsdp_node* n = fsdp_node_new("AdaptiveAvgPool2DBackward", avg_pool2d_backward, 1, (fsdp_tensor*[]){x});
   if (n) {

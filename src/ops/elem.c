@@ -2,8 +2,9 @@
  * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
  * reductions (sum, mean, max, argmax). Device independent: kernels come from the backend table.
  *
- * Binary ops read their inputs in place through broadcast strides (no copies, any layout);
- * unary ops and reductions work on a contiguous float32 version of the input.
+ * Binary ops read float32 inputs in place through broadcast strides (no copies, any layout);
+ * unary ops and reductions work on a contiguous float32 version of the input. Every op computes
+ * in float32 and rounds its result to the inputs' dtype once (bfloat16: ops/ops.h, "float dtypes").
  * Backward of a broadcasting op sums the gradient back to each input's shape (fsdp_sum_to).
  */
 #include "ops/ops.h"
@@ -13,18 +14,23 @@
 // ---- binary ----------------------------------------------------------------------------------------------
 static const char* bin_names[] = {"add", "sub", "mul", "div", "eq"};
 
-// out = a op b with broadcasting; a and b are f32 (any layout)
+// out (float32) = a op b with broadcasting; a and b of any float dtype and layout (float32 ones
+// are read in place)
 static fsdp_tensor* binary_forward(int op, fsdp_tensor* a, fsdp_tensor* b) {
   const char* name = bin_names[op];
   int nd;
   int64_t shape[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];
   if (fsdp_check_same_device(name, a, b)) return NULL;
   if (fsdp_broadcast_shape(name, a, b, &nd, shape)) return NULL;
-  fsdp_tensor* out = fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a));
-  if (!out) return NULL;
-  fsdp_broadcast_strides(a, nd, shape, sa);
-  fsdp_broadcast_strides(b, nd, shape, sb);
-  fsdp_backend_of(out)->elem->binary(op, fsdp_f32(out), fsdp_f32(a), fsdp_f32(b), nd, shape, sa, sb);
+  fsdp_tensor *ac = fsdp_as_f32(a), *bc = ac ? fsdp_as_f32(b) : NULL;
+  fsdp_tensor* out = bc ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a)) : NULL;
+  if (out) {
+    fsdp_broadcast_strides(ac, nd, shape, sa);
+    fsdp_broadcast_strides(bc, nd, shape, sb);
+    fsdp_backend_of(out)->elem->binary(op, fsdp_f32(out), fsdp_f32(ac), fsdp_f32(bc), nd, shape, sa, sb);
+  }
+  fsdp_tensor_release(ac);
+  fsdp_tensor_release(bc);
   return out;
 }
 
@@ -67,26 +73,31 @@ static int sub_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   return 0;
 }
 
-// saved: [0] = b (for grad a), [1] = a (for grad b)
-static int mul_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  for (int k = 0; k < 2; k++) {
+// saved: [0] = b (for grad a), [1] = a (for grad b). The product and its sum over broadcast
+// dims run in float32 (g is made float32 first), so a bfloat16 gradient is rounded once.
+static int mul_backward(fsdp_node* n, fsdp_tensor* g_in, fsdp_tensor** gin) {
+  fsdp_tensor* g = fsdp_as_f32(g_in);
+  if (!g) return -1;
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {
     if (!n->needs_grad[k]) continue;
     fsdp_tensor* other = fsdp_node_saved(n, k);
-    if (!other) return -1;
-    fsdp_tensor* full = fsdp_mul(g, other);
-    if (!full) return -1;
-    int rc = reduce_grad(n, k, full, &gin[k]);
+    fsdp_tensor* full = other ? fsdp_mul(g, other) : NULL;
+    rc = full ? reduce_grad(n, k, full, &gin[k]) : -1;
     fsdp_tensor_release(full);
-    if (rc) return -1;
   }
-  return 0;
+  fsdp_tensor_release(g);
+  return rc;
 }
 
-// out = a / b; saved: [0] = b, [1] = out.  ga = g / b;  gb = -g * a / b^2 = -(g / b) * out
-static int div_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+// out = a / b; saved: [0] = b, [1] = out (float32).  ga = g / b;  gb = -g * a / b^2 = -(g / b) * out
+// (in float32, as mul's)
+static int div_backward(fsdp_node* n, fsdp_tensor* g_in, fsdp_tensor** gin) {
   fsdp_tensor* b = fsdp_node_saved(n, 0);
-  if (!b) return -1;
+  fsdp_tensor* g = b ? fsdp_as_f32(g_in) : NULL;
+  if (!g) return -1;
   fsdp_tensor* gdb = fsdp_div(g, b);
+  fsdp_tensor_release(g);
   if (!gdb) return -1;
   int rc = 0;
   if (n->needs_grad[0]) rc = reduce_grad(n, 0, gdb, &gin[0]);
@@ -108,16 +119,19 @@ static int div_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 
 static int check_binary(const char* op, const fsdp_tensor* a, const fsdp_tensor* b) {
   CHECK_INT(a && b, "%s: input tensor is NULL", op);
-  CHECK_INT(a->dtype == FSDP_F32 && b->dtype == FSDP_F32, "%s: expected float32 tensors, got %s %s and %s %s", op,
-            DT(a), SH(a), DT(b), SH(b));
+  CHECK_INT(fsdp_is_float(a->dtype) && fsdp_is_float(b->dtype),
+            "%s: expected float tensors (float32, bfloat16 or float16), got %s %s and %s %s", op, DT(a), SH(a), DT(b),
+            SH(b));
   return 0;
 }
 
+// the result is a op b computed in float32 (y) and rounded once to the promoted dtype
 static fsdp_tensor* binary_op(int op, fsdp_backward_fn bw, const char* bwname, fsdp_tensor* a, fsdp_tensor* b) {
   if (check_binary(bin_names[op], a, b)) return NULL;
-  fsdp_tensor* out = binary_forward(op, a, b);
-  if (!out) return NULL;
-  fsdp_node* n = fsdp_node_new(bwname, bw, 2, (fsdp_tensor*[]){a, b});
+  fsdp_tensor* y = binary_forward(op, a, b);
+  if (!y) return NULL;
+  fsdp_tensor* out = fsdp_as_contig_dtype(y, fsdp_result_dtype(a, b));
+  fsdp_node* n = out ? fsdp_node_new(bwname, bw, 2, (fsdp_tensor*[]){a, b}) : NULL;
   if (n) {
     save_shapes(n, a, b);
     if (op == FSDP_BIN_MUL) {
@@ -125,13 +139,14 @@ static fsdp_tensor* binary_op(int op, fsdp_backward_fn bw, const char* bwname, f
       fsdp_node_save(n, n->needs_grad[1] ? a : NULL);
     } else if (op == FSDP_BIN_DIV) {
       fsdp_node_save(n, b);
-      fsdp_node_save(n, n->needs_grad[1] ? out : NULL);
+      fsdp_node_save(n, n->needs_grad[1] ? y : NULL);
     } else {
       fsdp_node_save(n, NULL);
       fsdp_node_save(n, NULL);
     }
     fsdp_node_set_output(n, out);
   }
+  fsdp_tensor_release(y);
   return out;
 }
 
@@ -205,26 +220,25 @@ static int unary_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   return 0;
 }
 
+// y = f(x) in float32 on a float32 copy x of a; the result is y rounded to a's dtype (the node
+// saves the float32 x or y its backward reads)
 static fsdp_tensor* unary_op(const char* name, const char* bwname, int op, fsdp_tensor* a, double p) {
   CHECK_NULL(a, "%s: input tensor is NULL", name);
-  if (fsdp_check_f32(name, a)) return NULL;
+  if (fsdp_check_float(name, a)) return NULL;
   fsdp_tensor* x = fsdp_as_contig(a);
-  if (!x) return NULL;
-  fsdp_tensor* out = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
-  if (!out) {
-    fsdp_tensor_release(x);
-    return NULL;
-  }
-  fsdp_backend_of(out)->elem->unary(op, fsdp_f32(out), fsdp_f32(x), fsdp_tensor_numel(out), p);
-  fsdp_node* n = fsdp_node_new(bwname, unary_backward, 1, &a);
+  fsdp_tensor* y = x ? fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if (y) fsdp_backend_of(y)->elem->unary(op, fsdp_f32(y), fsdp_f32(x), fsdp_tensor_numel(y), p);
+  fsdp_tensor* out = y ? fsdp_as_contig_dtype(y, a->dtype) : NULL;
+  fsdp_node* n = out ? fsdp_node_new(bwname, unary_backward, 1, &a) : NULL;
   if (n) {
     int s = unary_saves(op);
     fsdp_node_set_params(n, &(unary_params){.op = op, .scalar = p}, sizeof(unary_params));
     fsdp_node_save(n, s == 1 ? x : NULL);
-    fsdp_node_save(n, s == 2 ? out : NULL);
+    fsdp_node_save(n, s == 2 ? y : NULL);
     fsdp_node_set_output(n, out);
   }
   fsdp_tensor_release(x);
+  fsdp_tensor_release(y);
   return out;
 }
 
@@ -254,12 +268,13 @@ static int neg_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 static fsdp_tensor* scalar_op(const char* name, const char* bwname, fsdp_backward_fn bw, int op, fsdp_tensor* a,
                               double p) {
   CHECK_NULL(a, "%s: input tensor is NULL", name);
-  if (fsdp_check_f32(name, a)) return NULL;
+  if (fsdp_check_float(name, a)) return NULL;
   fsdp_tensor* x = fsdp_as_contig(a);
   if (!x) return NULL;
-  fsdp_tensor* out = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
-  if (out) fsdp_backend_of(out)->elem->unary(op, fsdp_f32(out), fsdp_f32(x), fsdp_tensor_numel(out), p);
+  fsdp_tensor* y = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x));
+  if (y) fsdp_backend_of(y)->elem->unary(op, fsdp_f32(y), fsdp_f32(x), fsdp_tensor_numel(y), p);
   fsdp_tensor_release(x);
+  fsdp_tensor* out = fsdp_round_to(y, a->dtype);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, bw, 1, &a);
   if (n) {
@@ -388,7 +403,7 @@ static int sum_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* a, int ndims, const int* dims,
                                int keepdim, int mean) {
   CHECK_NULL(a, "%s: input tensor is NULL", op);
-  if (fsdp_check_f32(op, a)) return NULL;
+  if (fsdp_check_float(op, a)) return NULL;
   int mask[FSDP_MAX_DIMS];
   if (reduce_mask(op, a, ndims, dims, mask)) return NULL;
   int64_t count = 1, shape[FSDP_MAX_DIMS];
@@ -405,10 +420,10 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
     if (count == 0) fsdp_backend_of(s)->elem->fill(fsdp_ptr(s), FSDP_F32, fsdp_tensor_numel(s), NAN);
     else fsdp_backend_of(s)->elem->scale(fsdp_f32(s), fsdp_tensor_numel(s), (float)scale);
   }
-  // s is contiguous in keepdim layout: the result is a reshaped view of it
+  // s is contiguous in keepdim layout: the result is a reshaped view of it, in a's dtype
   int64_t st[FSDP_MAX_DIMS];
   fsdp_contiguous_strides(nd, shape, st);
-  fsdp_tensor* out = fsdp_new_view(s, nd, shape, st, 0);
+  fsdp_tensor* out = fsdp_round_to(fsdp_new_view(s, nd, shape, st, 0), a->dtype);
   fsdp_tensor_release(s);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(bwname, sum_backward, 1, &a);
@@ -496,6 +511,11 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
   if (outer * inner > 0)
     fsdp_backend_of(x)->elem->max_dim(fsdp_f32(vals), fsdp_i64(idx), fsdp_f32(x), outer, red, inner);
   fsdp_tensor_release(x);
+  if (fsdp_is_float(a->dtype)) vals = fsdp_round_to(vals, a->dtype);  // exact: a max is one of a's values
+  if (!vals) {
+    fsdp_tensor_release(idx);
+    return NULL;
+  }
   fsdp_node* n = with_grad ? fsdp_node_new("MaxBackward", max_backward, 1, &a) : NULL;
   if (n) {
     max_params p = {.in = fsdp_shape_rec_of(a), .dim = d};
@@ -511,7 +531,7 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
 fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices) {
   if (indices) *indices = NULL;
   CHECK_NULL(a, "max: input tensor is NULL");
-  if (fsdp_check_f32("max", a)) return NULL;
+  if (fsdp_check_float("max", a)) return NULL;
   return max_impl("max", a, dim, keepdim, indices, 1);
 }
 
@@ -533,7 +553,7 @@ static int max_all_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 
 fsdp_tensor* fsdp_max_all(fsdp_tensor* a) {
   CHECK_NULL(a, "max: input tensor is NULL");
-  if (fsdp_check_f32("max", a)) return NULL;
+  if (fsdp_check_float("max", a)) return NULL;
   int64_t numel = fsdp_tensor_numel(a);
   CHECK_NULL(numel > 0, "max: cannot take the max of an empty tensor of shape %s", SH(a));
   fsdp_tensor* x = fsdp_as_contig(a);
@@ -546,6 +566,8 @@ fsdp_tensor* fsdp_max_all(fsdp_tensor* a) {
     fsdp_tensor_release(out);
     return NULL;
   }
+  out = fsdp_round_to(out, a->dtype);  // exact: the max is one of a's values
+  if (!out) return NULL;
   fsdp_node* n = fsdp_node_new("MaxBackward", max_all_backward, 1, &a);
   if (n) {
     fsdp_node_save(n, a);

@@ -225,8 +225,8 @@ fail:
 
 static fsdp_tensor* matmul_impl(const char* op, const char* node_name, fsdp_tensor* a, fsdp_tensor* b) {
   CHECK_NULL(a && b, "%s: argument is nil", op);
-  CHECK_NULL(a->dtype == FSDP_F32 && b->dtype == FSDP_F32, "%s: expected float32 tensors, got %s %s and %s %s", op,
-             DT(a), SH(a), DT(b), SH(b));
+  if (fsdp_check_float(op, a) || fsdp_check_float(op, b) || fsdp_check_same_dtype(op, "input", a, "other", b))
+    return NULL;
   if (fsdp_check_same_device(op, a, b)) return NULL;
   mm_shape s;
   if (mm_shape_of(op, a, b, &s)) return NULL;
@@ -258,6 +258,8 @@ static fsdp_tensor* matmul_impl(const char* op, const char* node_name, fsdp_tens
   }
   fsdp_tensor_release(A.t);
   fsdp_tensor_release(B.t);
+  out = fsdp_round_to(out, a->dtype);
+  if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(node_name, matmul_backward, 2, (fsdp_tensor*[]){a, b});
   if (n) {
     fsdp_node_save(n, a);
@@ -331,9 +333,11 @@ fail:
 
 fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b) {
   CHECK_NULL(x && w, "linear: input or weight is nil");
-  CHECK_NULL(x->dtype == FSDP_F32 && w->dtype == FSDP_F32 && (!b || b->dtype == FSDP_F32),
-             "linear: expected float32 tensors, got input %s %s, weight %s %s%s%s%s", DT(x), SH(x), DT(w), SH(w),
-             b ? ", bias " : "", b ? DT(b) : "", b ? SH(b) : "");
+  if (fsdp_check_float("linear", x) || fsdp_check_float("linear", w) || (b && fsdp_check_float("linear", b)))
+    return NULL;
+  if (fsdp_check_same_dtype("linear", "input", x, "weight", w) ||
+      fsdp_check_same_dtype("linear", "weight", w, "bias", b))
+    return NULL;
   if (fsdp_check_same_device("linear", x, w) || (b && fsdp_check_same_device("linear", x, b))) return NULL;
   CHECK_NULL(w->ndim == 2, "linear: weight must be 2-D (out_features, in_features), got %s", SH(w));
   CHECK_NULL(x->ndim >= 1, "linear: input must have at least 1 dimension, got %s", SH(x));
@@ -364,6 +368,8 @@ fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b) {
   fsdp_tensor_release(xc);
   fsdp_tensor_release(W.t);
   fsdp_tensor_release(bc);
+  y = fsdp_round_to(y, x->dtype);
+  if (!y) return NULL;
 
   fsdp_node* n = fsdp_node_new("LinearBackward", linear_backward, 3, (fsdp_tensor*[]){x, w, b});
   if (n) {

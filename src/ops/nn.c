@@ -5,8 +5,9 @@
  *
  * The op layer is device independent: it checks shapes and dtypes, allocates outputs, records the
  * autograd node and reaches the loops only through the device's kernel tables (core/kernels_nn.h, and
- * the linalg table's gemm_batched for attention). Semantics follow PyTorch (losses: mean
- * reduction over the non-ignored targets).
+ * the linalg table's gemm_tiles for attention). Semantics follow PyTorch (losses: mean
+ * reduction over the non-ignored targets). Each op computes in float32 and rounds its result to
+ * its input's dtype once (bfloat16: ops/ops.h, "float dtypes").
  */
 #include "ops/ops.h"
 
@@ -27,10 +28,11 @@ static fsdp_tensor* as_contig_i64(fsdp_tensor* t) {
   return r;
 }
 
-static fsdp_tensor* new_scalar(int device, double value) {
+// a 0-dim tensor of dtype holding value (a loss, rounded once to the logits' dtype)
+static fsdp_tensor* new_scalar(int device, int dtype, double value) {
   int64_t none[1] = {0};
-  fsdp_tensor* t = fsdp_new(0, none, FSDP_F32, device);
-  if (t) fsdp_backend_for(device)->elem->fill(fsdp_ptr(t), FSDP_F32, 1, value);
+  fsdp_tensor* t = fsdp_new(0, none, dtype, device);
+  if (t) fsdp_backend_for(device)->elem->fill(fsdp_ptr(t), dtype, 1, value);
   return t;
 }
 
@@ -66,7 +68,7 @@ static int softmax_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor*
 
 static fsdp_tensor* softmax_op(const char* op, fsdp_tensor* a, int dim, int log) {
   CHECK_NULL(a, "%s: input is nil", op);
-  if (fsdp_check_f32(op, a)) return NULL;
+  if (fsdp_check_float(op, a)) return NULL;
   int d = fsdp_wrap_dim(op, dim, a->ndim);
   if (d < 0) return NULL;
   const fsdp_backend* be = fsdp_backend_of(a);
@@ -76,22 +78,19 @@ static fsdp_tensor* softmax_op(const char* op, fsdp_tensor* a, int dim, int log)
   for (int i = 0; i < d; i++) outer *= a->shape[i];
   for (int i = d + 1; i < a->ndim; i++) inner *= a->shape[i];
   fsdp_tensor* x = fsdp_as_contig(a);
-  if (!x) return NULL;
-  fsdp_tensor* y = fsdp_new_like(x);
-  if (!y) {
-    fsdp_tensor_release(x);
-    return NULL;
-  }
-  be->nn->softmax_forward(fsdp_f32(y), fsdp_f32(x), outer, n, inner, log);
+  fsdp_tensor* y = x ? fsdp_new_like(x) : NULL;  // float32; the node saves it
+  if (y) be->nn->softmax_forward(fsdp_f32(y), fsdp_f32(x), outer, n, inner, log);
   fsdp_tensor_release(x);
-  fsdp_node* node = fsdp_node_new(log ? "LogSoftmaxBackward" : "SoftmaxBackward", softmax_backward, 1, &a);
+  fsdp_tensor* out = y ? fsdp_as_contig_dtype(y, a->dtype) : NULL;
+  fsdp_node* node = out ? fsdp_node_new(log ? "LogSoftmaxBackward" : "SoftmaxBackward", softmax_backward, 1, &a) : NULL;
   if (node) {
     softmax_params p = {.outer = outer, .n = n, .inner = inner, .log = log};
     fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, y);
-    fsdp_node_set_output(node, y);
+    fsdp_node_set_output(node, out);
   }
-  return y;
+  fsdp_tensor_release(y);
+  return out;
 }
 
 fsdp_tensor* fsdp_softmax(fsdp_tensor* a, int dim) { return softmax_op("softmax", a, dim, 0); }
@@ -171,7 +170,7 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
                                 double label_smoothing) {
   const char* op = "cross_entropy";
   CHECK_NULL(logits && target, "%s: input and target must be tensors (got nil)", op);
-  if (fsdp_check_f32(op, logits) || fsdp_check_same_device(op, logits, target)) return NULL;
+  if (fsdp_check_float(op, logits) || fsdp_check_same_device(op, logits, target)) return NULL;
   CHECK_NULL(label_smoothing >= 0.0 && label_smoothing <= 1.0, "%s: label_smoothing must be in [0, 1], got %g", op,
              label_smoothing);
   int64_t N, C, S;
@@ -195,7 +194,8 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
   int64_t count = 0;
   double total = be->nn->cross_entropy_forward(fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index,
                                                (float)label_smoothing, &count);
-  fsdp_tensor* out = new_scalar(fsdp_device_of(x), total / (double)count);  // no valid target: 0/0 = nan
+  // no valid target: 0/0 = nan
+  fsdp_tensor* out = new_scalar(fsdp_device_of(x), logits->dtype, total / (double)count);
   fsdp_node* node =
       out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2, (fsdp_tensor*[]){logits, target}) : NULL;
   if (node) {
@@ -238,7 +238,7 @@ static int nll_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** gr
 fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignore_index) {
   const char* op = "nll_loss";
   CHECK_NULL(logp && target, "%s: input and target must be tensors (got nil)", op);
-  if (fsdp_check_f32(op, logp) || fsdp_check_same_device(op, logp, target)) return NULL;
+  if (fsdp_check_float(op, logp) || fsdp_check_same_device(op, logp, target)) return NULL;
   int64_t N, C, S;
   if (class_loss_dims(op, logp, target, &N, &C, &S)) return NULL;
   const fsdp_backend* be = fsdp_backend_of(logp);
@@ -257,7 +257,7 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
   int64_t count = 0;
   double total = be->nn->nll_forward(fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index, &count);
   fsdp_tensor_release(x);
-  fsdp_tensor* out = new_scalar(fsdp_device_of(logp), total / (double)count);
+  fsdp_tensor* out = new_scalar(fsdp_device_of(logp), logp->dtype, total / (double)count);
   fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
   if (node) {
     nll_params p = {.N = N, .C = C, .S = S, .ignore_index = ignore_index, .count = count, .ndim = logp->ndim};
@@ -295,7 +295,7 @@ static int mse_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** gr
 fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
   const char* op = "mse_loss";
   CHECK_NULL(a && b, "%s: input and target must be tensors (got nil)", op);
-  if (fsdp_check_f32(op, a) || fsdp_check_f32(op, b) || fsdp_check_same_device(op, a, b)) return NULL;
+  if (fsdp_check_float(op, a) || fsdp_check_float(op, b) || fsdp_check_same_device(op, a, b)) return NULL;
   CHECK_NULL(fsdp_same_shape(a, b), "%s: input of shape %s and target of shape %s must have the same shape", op, SH(a),
              SH(b));
   const fsdp_backend* be = fsdp_backend_of(a);
@@ -307,7 +307,8 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
     return NULL;
   }
   int64_t n = fsdp_tensor_numel(ac);
-  fsdp_tensor* out = new_scalar(fsdp_device_of(a), be->nn->mse_forward(fsdp_f32(ac), fsdp_f32(bc), n) / (double)n);
+  fsdp_tensor* out = new_scalar(fsdp_device_of(a), fsdp_result_dtype(a, b),
+                                be->nn->mse_forward(fsdp_f32(ac), fsdp_f32(bc), n) / (double)n);
   fsdp_node* node = out ? fsdp_node_new("MseLossBackward", mse_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
   if (node) {
     fsdp_node_save(node, ac);
@@ -361,9 +362,12 @@ static int layer_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
   return 0;
 }
 
-// checks that an affine parameter has exactly the normalized shape
+// checks that an affine parameter has exactly the normalized shape, and x's dtype or float32 (as
+// PyTorch's CPU layer_norm takes bfloat16 inputs with float32 parameters)
 static int check_affine(const char* op, const char* what, const fsdp_tensor* p, const fsdp_tensor* x, int k) {
-  if (fsdp_check_f32(op, p) || fsdp_check_same_device(op, p, x)) return -1;
+  if (fsdp_check_float(op, p) || fsdp_check_same_device(op, p, x)) return -1;
+  CHECK_INT(p->dtype == x->dtype || p->dtype == FSDP_F32,
+            "%s: %s %s %s must have the input's dtype or float32 (input %s %s)", op, what, DT(p), SH(p), DT(x), SH(x));
   int ok = p->ndim == k && memcmp(p->shape, x->shape + (x->ndim - k), k * sizeof(int64_t)) == 0;
   CHECK_INT(ok, "%s: %s of shape %s does not match the normalized shape %s of input %s", op, what, SH(p),
             fsdp_dims_s(k, x->shape + (x->ndim - k)), SH(x));
@@ -373,7 +377,7 @@ static int check_affine(const char* op, const char* what, const fsdp_tensor* p, 
 fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, fsdp_tensor* b, double eps) {
   const char* op = "layer_norm";
   CHECK_NULL(x, "%s: input is nil", op);
-  if (fsdp_check_f32(op, x)) return NULL;
+  if (fsdp_check_float(op, x)) return NULL;
   int k = normalized_ndim;
   CHECK_NULL(k >= 1 && k <= x->ndim, "%s: cannot normalize over the last %d dims of an input of shape %s", op, k,
              SH(x));
@@ -389,6 +393,9 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
   if (ok) {
     be->nn->layer_norm_forward(fsdp_f32(y), fsdp_f32(mean), fsdp_f32(rstd), fsdp_f32(xc), wc ? fsdp_f32(wc) : NULL,
                                bc ? fsdp_f32(bc) : NULL, M, D, (float)eps);
+    ok = (y = fsdp_round_to(y, x->dtype)) != NULL;
+  }
+  if (ok) {
     fsdp_node* node = fsdp_node_new("LayerNormBackward", layer_norm_backward, 3, (fsdp_tensor*[]){x, w, b});
     if (node) {
       fsdp_node_save(node, xc);
@@ -439,7 +446,7 @@ static int embedding_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tenso
 fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t padding_idx) {
   const char* op = "embedding";
   CHECK_NULL(weight && index, "%s: weight and index must be tensors (got nil)", op);
-  if (fsdp_check_f32(op, weight) || fsdp_check_same_device(op, weight, index)) return NULL;
+  if (fsdp_check_float(op, weight) || fsdp_check_same_device(op, weight, index)) return NULL;
   CHECK_NULL(weight->ndim == 2, "%s: weight must be 2-D (num_embeddings, embedding_dim), got shape %s", op, SH(weight));
   CHECK_NULL(index->dtype == FSDP_I64, "%s: index must be an int64 tensor, got %s of shape %s", op, DT(index),
              SH(index));
@@ -465,10 +472,13 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
   int64_t shape[FSDP_MAX_DIMS];
   memcpy(shape, index->shape, index->ndim * sizeof(int64_t));
   shape[index->ndim] = D;
-  fsdp_tensor* w = fsdp_as_contig(weight);
-  fsdp_tensor* y = w ? fsdp_new(index->ndim + 1, shape, FSDP_F32, fsdp_device_of(w)) : NULL;
+  // rows are copied, not computed: a bfloat16 weight gives bfloat16 rows (the index_select kernel,
+  // any dtype), with no float32 copy of the whole table
+  fsdp_tensor* w = fsdp_as_contig_dtype(weight, weight->dtype);
+  fsdp_tensor* y = w ? fsdp_new(index->ndim + 1, shape, weight->dtype, fsdp_device_of(w)) : NULL;
   if (y) {
-    be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
+    if (weight->dtype == FSDP_F32) be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
+    else be->elem->index_select(fsdp_ptr(y), fsdp_ptr(w), fsdp_dtype_size(w->dtype), fsdp_i64(idx), 1, V, n, D);
     fsdp_node* node = fsdp_node_new("EmbeddingBackward", embedding_backward, 1, &weight);
     if (node) {
       embedding_params p = {.V = V, .D = D, .padding_idx = padding_idx};
@@ -509,14 +519,15 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
     fsdp_tensor_retain(x);
     return x;
   }  // identity
-  if (fsdp_check_f32(op, x)) return NULL;
+  if (fsdp_check_float(op, x)) return NULL;
   const fsdp_backend* be = fsdp_backend_of(x);
   if (!be) return NULL;
   fsdp_tensor* xc = fsdp_as_contig(x);
   fsdp_tensor* y = xc ? fsdp_new_like(xc) : NULL;
+  uint64_t seed = fsdp_rng_next();
+  if (y) be->nn->dropout(fsdp_f32(y), fsdp_f32(xc), fsdp_tensor_numel(xc), (float)p, seed);
+  y = fsdp_round_to(y, x->dtype);
   if (y) {
-    uint64_t seed = fsdp_rng_next();
-    be->nn->dropout(fsdp_f32(y), fsdp_f32(xc), fsdp_tensor_numel(xc), (float)p, seed);
     fsdp_node* node = fsdp_node_new("DropoutBackward", dropout_backward, 1, &x);
     if (node) {
       fsdp_node_set_params(node, &(dropout_params){.p = p, .seed = seed}, sizeof(dropout_params));
@@ -680,7 +691,8 @@ done:
 // checks shapes; fills geo's B (product of batch dims), Tq, Tk, D, Dv
 static int sdpa_check(const char* op, fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_attn_geom* geo) {
   CHECK_INT(q && k && v, "%s: query, key and value must be tensors (got nil)", op);
-  if (fsdp_check_f32(op, q) || fsdp_check_f32(op, k) || fsdp_check_f32(op, v)) return -1;
+  if (fsdp_check_float(op, q) || fsdp_check_float(op, k) || fsdp_check_float(op, v)) return -1;
+  if (fsdp_check_same_dtype(op, "query", q, "key", k) || fsdp_check_same_dtype(op, "query", q, "value", v)) return -1;
   if (fsdp_check_same_device(op, q, k) || fsdp_check_same_device(op, q, v)) return -1;
   int nd = q->ndim;
   CHECK_INT(nd >= 2 && k->ndim == nd && v->ndim == nd,
@@ -726,7 +738,7 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   oshape[nd - 1] = Dv;  // output (..., Tq, Dv)
 
   if (mask) {  // read in place through broadcast strides: per batch matrix an offset, then (i, j) strides
-    if (fsdp_check_f32(op, mask) || fsdp_check_same_device(op, q, mask)) return NULL;
+    if (fsdp_check_float(op, mask) || fsdp_check_same_device(op, q, mask)) return NULL;
     int ok = mask->ndim <= nd;
     for (int i = 0; ok && i < mask->ndim; i++) {
       int64_t ms = mask->shape[i], ss = sshape[nd - mask->ndim + i];
@@ -736,7 +748,11 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
                "%s: attn_mask of shape %s cannot be broadcast to the attention scores of shape %s (query %s, "
                "key %s)",
                op, SH(mask), fsdp_dims_s(nd, sshape), SH(q), SH(k));
-    fsdp_broadcast_strides(mask, nd, sshape, mstride);
+  }
+  fsdp_tensor* mf = mask ? fsdp_as_f32(mask) : NULL;  // a low-precision mask is read as a float32 copy
+  if (mask && !mf) return NULL;
+  if (mf) {
+    fsdp_broadcast_strides(mf, nd, sshape, mstride);
     geo.mask_sq = mstride[nd - 2];
     geo.mask_sk = mstride[nd - 1];
   }
@@ -748,6 +764,7 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     free(off);
     free(g);
     free(lim);
+    fsdp_tensor_release(mf);
     CHECK_NULL(0, "%s: out of memory", op);
   }
   fsdp_tensor *qm = as_matrices(q), *km = NULL, *vm = NULL, *P = NULL, *Pd = NULL, *out = NULL;
@@ -760,7 +777,7 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_COLS_TO_ROW), 0, 1, Tq, Tk, D, (float)scale, &Q, &K, &S);
     ok = !n || !be->linalg->gemm_tiles(n, g, lim);
     if (ok && mask) batch_offsets(nd - 2, sshape, mstride, B, off + 5 * nB);
-    if (ok) be->nn->attn_softmax(&geo, fsdp_f32(P), mask ? fsdp_f32(mask) : NULL, off + 5 * nB);
+    if (ok) be->nn->attn_softmax(&geo, fsdp_f32(P), mf ? fsdp_f32(mf) : NULL, off + 5 * nB);
     bmats Sd = S;  // the dropped-out probabilities, same layout
     if (ok && dropout_p > 0.0) {
       geo.seed = fsdp_rng_next();
@@ -772,6 +789,8 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
     add_products(g, lim, &n, B, tile_limits(&geo, FSDP_TILES_K_TO_ROW), 0, 0, Tq, Dv, Tk, 1.0f, &Sd, &V, &O);
     ok = ok && (!n || !be->linalg->gemm_tiles(n, g, lim));
   }
+  // the output in q's dtype (a rounded copy is contiguous, where the float32 output keeps q's layout)
+  if (ok) ok = (out = fsdp_round_to(out, q->dtype)) != NULL;
   if (ok) {
     fsdp_node* node =
         fsdp_node_new("ScaledDotProductAttentionBackward", sdpa_backward, 4, (fsdp_tensor*[]){q, k, v, mask});
@@ -796,5 +815,6 @@ fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, f
   fsdp_tensor_release(vm);
   fsdp_tensor_release(P);
   fsdp_tensor_release(Pd);
+  fsdp_tensor_release(mf);
   return out;
 }

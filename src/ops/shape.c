@@ -7,7 +7,7 @@
  *   view/reshape/flatten/(un)squeeze -> reshape back      transpose/permute -> inverse permutation
  *   expand -> sum over the broadcast dims                  narrow -> zeros with the slice filled
  *   cat -> narrow per input                                index_select -> index_add into zeros
- * They work on any dtype; only the ops that compute (index_select's backward) need float32.
+ * They work on any dtype; the ones that compute (index_select's backward) do it in float32.
  */
 #include "ops/ops.h"
 
@@ -542,8 +542,8 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   CHECK_NULL(a->ndim > 0, "index_select: input must have at least one dim (got a 0-dim %s tensor)", DT(a));
   int d = fsdp_wrap_dim("index_select", dim, a->ndim);
   if (d < 0) return NULL;
-  CHECK_NULL(!a->requires_grad || a->dtype == FSDP_F32 || !fsdp_is_grad_enabled(),
-             "index_select: gradients are only supported for float32 inputs (got %s of shape %s)", DT(a), SH(a));
+  CHECK_NULL(!a->requires_grad || fsdp_is_float(a->dtype) || !fsdp_is_grad_enabled(),
+             "index_select: gradients are only supported for float inputs (got %s of shape %s)", DT(a), SH(a));
   int nd = a->ndim;
   const int64_t* in_shape = a->shape;
   const fsdp_elem_kernels* k = fsdp_backend_of(a)->elem;
