@@ -43,23 +43,33 @@ fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
   for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, start + i * step);
   return t;
 }
-int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
-  if (fsdp_check_f32("uniform_", t)) return -1;
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "uniform_: tensor of shape %s is not contiguous", SH(t));
-  float* p = fsdp_f32(t);
-  int64_t n = fsdp_tensor_numel(t);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
+// the draws go into float32 values: t itself, or a float32 copy rounded back into a bfloat16 or
+// float16 t (ops/ops.h, fsdp_write_back), so a tensor of any float dtype gets the same draws
+static fsdp_tensor* draw_target(const char* op, fsdp_tensor* t) {
+  if (fsdp_check_float(op, t)) return NULL;
+  CHECK_NULL(fsdp_tensor_is_contiguous(t), "%s: tensor of shape %s is not contiguous", op, SH(t));
+  return fsdp_as_contig(t);
+}
+static int draw_done(fsdp_tensor* t, fsdp_tensor* w) {
+  if (fsdp_write_back(t, w)) return -1;
   fsdp_bump_version(t);
   return 0;
 }
+int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
+  fsdp_tensor* w = draw_target("uniform_", t);
+  if (!w) return -1;
+  float* p = fsdp_f32(w);
+  int64_t n = fsdp_tensor_numel(w);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
+  return draw_done(t, w);
+}
 int fsdp_normal_(fsdp_tensor* t, double mean, double std) {
-  if (fsdp_check_f32("normal_", t)) return -1;
-  CHECK_INT(fsdp_tensor_is_contiguous(t), "normal_: tensor of shape %s is not contiguous", SH(t));
-  float* p = fsdp_f32(t);
-  int64_t n = fsdp_tensor_numel(t);
+  fsdp_tensor* w = draw_target("normal_", t);
+  if (!w) return -1;
+  float* p = fsdp_f32(w);
+  int64_t n = fsdp_tensor_numel(w);
   for (int64_t i = 0; i < n; i++) p[i] = (float)(mean + std * fsdp_rng_normal());
-  fsdp_bump_version(t);
-  return 0;
+  return draw_done(t, w);
 }
 fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi) {
   fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);

@@ -2,7 +2,8 @@
  * ops/inplace.c -- in-place writes outside autograd: fill_, copy_ (broadcasting the source),
  * add_, mul_ (a scalar). Each bumps the storage's version, so autograd notices a saved tensor
  * that changed. A source that overlaps the destination in memory (a:copy_(a:t()), a shifted view
- * added into its own tensor) is copied to a temporary first, as PyTorch does.
+ * added into its own tensor) is copied to a temporary first, as PyTorch does. add_ and mul_ on a
+ * bfloat16 (or float16) tensor compute in float32 and round each element back once.
  */
 #include "ops/ops.h"
 
@@ -96,24 +97,33 @@ int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {
 }
 int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha) {
   if (check_inplace("add_", t)) return -1;
-  if (fsdp_check_f32("add_", t) || fsdp_check_same_device("add_", t, other)) return -1;
+  if (fsdp_check_float("add_", t) || fsdp_check_float("add_", other) || fsdp_check_same_device("add_", t, other))
+    return -1;
   CHECK_INT(fsdp_same_shape(t, other), "add_: shapes %s and %s differ", SH(t), SH(other));
   CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
   fsdp_tensor* u = unaliased(t, other);
   if (!u) return -1;
   fsdp_tensor* o = fsdp_as_contig(u);
   fsdp_tensor_release(u);
-  if (!o) return -1;
+  fsdp_tensor* w = o ? fsdp_as_contig(t) : NULL;
+  if (!w) {
+    fsdp_tensor_release(o);
+    return -1;
+  }
   int64_t n = fsdp_tensor_numel(t);
-  fsdp_backend_of(t)->elem->axpy(fsdp_f32(t), n, fsdp_f32(o), n, 1, n, (float)alpha);
+  fsdp_backend_of(t)->elem->axpy(fsdp_f32(w), n, fsdp_f32(o), n, 1, n, (float)alpha);
   fsdp_tensor_release(o);
+  if (fsdp_write_back(t, w)) return -1;
   fsdp_bump_version(t);
   return 0;
 }
 int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
-  if (check_inplace("mul_", t) || fsdp_check_f32("mul_", t)) return -1;
+  if (check_inplace("mul_", t) || fsdp_check_float("mul_", t)) return -1;
   CHECK_INT(fsdp_tensor_is_contiguous(t), "mul_: tensor of shape %s is not contiguous", SH(t));
-  fsdp_backend_of(t)->elem->scale(fsdp_f32(t), fsdp_tensor_numel(t), (float)s);
+  fsdp_tensor* w = fsdp_as_contig(t);
+  if (!w) return -1;
+  fsdp_backend_of(t)->elem->scale(fsdp_f32(w), fsdp_tensor_numel(t), (float)s);
+  if (fsdp_write_back(t, w)) return -1;
   fsdp_bump_version(t);
   return 0;
 }

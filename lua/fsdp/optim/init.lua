@@ -54,9 +54,10 @@ end
 function Optimizer._new_state(p, zero)
   local n, shape = fsdp._shape(p:shape())
   local dev = C.fsdp_tensor_device(p.p)
+  local dt = C.fsdp_tensor_dtype(p.p)  -- PyTorch keeps a bfloat16 parameter's state in bfloat16
   local t
-  if zero then t = fsdp._wrap(C.fsdp_full(n, shape, 0, C.FSDP_F32, dev))
-  else t = fsdp._wrap(C.fsdp_empty(n, shape, C.FSDP_F32, dev)) end
+  if zero then t = fsdp._wrap(C.fsdp_full(n, shape, 0, dt, dev))
+  else t = fsdp._wrap(C.fsdp_empty(n, shape, dt, dev)) end
   C.fsdp_tensor_set_mem_category(t.p, C.FSDP_MEM_OPTIM)
   return t
 end
@@ -115,8 +116,8 @@ function Optimizer:add_param_group(group)
   for i, p in ipairs(ps) do
     if not is_tensor(p) then error(("%s: param %d is a %s, expected a tensor"):format(self.__name, i, type(p)), 2) end
     if not p.is_leaf then error(("%s: can't optimize a non-leaf tensor (param %d)"):format(self.__name, i), 2) end
-    if p.dtype ~= "float32" then
-      error(("%s: param %d must be float32, got %s"):format(self.__name, i, p.dtype), 2)
+    if p.dtype == "int64" then
+      error(("%s: param %d must be a float tensor (float32, bfloat16 or float16), got %s"):format(self.__name, i, p.dtype), 2)
     end
     local key = tensor_key(p)
     if seen[key] then error(self.__name .. ": some parameters appear in more than one parameter group", 2) end

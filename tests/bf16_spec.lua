@@ -1,0 +1,144 @@
+-- bfloat16 compute beyond the op-case table (which checks every op's forward and gradients on
+-- bfloat16 inputs): the engine's dtype rule for gradients, mixed-dtype errors, in-place updates,
+-- random fills and optimizer steps on bfloat16 tensors. Each result is compared with the same
+-- computation in float32 on the same (bfloat16) values, rounded once.
+local fsdp = require "fsdp"
+local H = require "helpers"
+local R = require "op_refs"
+local F, optim = fsdp.nn.functional, fsdp.optim
+
+local function bf16(values) return fsdp.tensor(values, "bfloat16") end
+local function rounded(list)
+  local r = {}
+  for i, v in ipairs(list) do r[i] = R.to_dtype(v, "bfloat16") end
+  return r
+end
+-- n values in [-2, 2] from a fixed stream, exactly representable in bfloat16
+local function values(n, salt)
+  local v = {}
+  for i = 1, n do v[i] = R.to_dtype(2 * math.sin(i * 1.3 + (salt or 0)), "bfloat16") end
+  return v
+end
+
+describe("bfloat16: gradients have their tensor's dtype", function()
+  it("a bfloat16 leaf gets a bfloat16 gradient, the float32 sum of its contributions rounded", function()
+    local a, b = values(6, 1), values(6, 2)
+    local x = bf16(values(6, 3))
+    x.requires_grad = true
+    -- two uses of x: its gradient is a + b (each contribution exact in bfloat16), rounded once
+    local y = (x * bf16(a) + x * bf16(b)):sum()
+    assert.equal("bfloat16", y.dtype)
+    y:backward()
+    assert.equal("bfloat16", x.grad.dtype)
+    local want = {}
+    for i = 1, 6 do want[i] = a[i] + b[i] end
+    H.assert_close(x.grad:tolist(), rounded(want), 0, 0, "x.grad")
+  end)
+
+  it("a float32 leaf used through a bfloat16 cast gets a float32 gradient", function()
+    local x = fsdp.tensor(values(4, 4))
+    x.requires_grad = true
+    local y = (x:bfloat16() * 3):sum()
+    y:backward()
+    assert.equal("float32", x.grad.dtype)
+    H.assert_close(x.grad:tolist(), { 3, 3, 3, 3 }, 0, 0)
+  end)
+
+  it("hooks of a bfloat16 non-leaf see bfloat16 gradients, and an explicit gradient is cast", function()
+    local x = bf16(values(3, 5))
+    x.requires_grad = true
+    local h = x * 2
+    local seen
+    h:register_hook(function(g) seen = g.dtype end)
+    h:backward(fsdp.tensor({ 0.1, 0.2, 0.3 }))  -- a float32 gradient for a bfloat16 output
+    assert.equal("bfloat16", seen)
+    assert.equal("bfloat16", x.grad.dtype)
+    H.assert_close(x.grad:tolist(), rounded { 0.2, 0.4, 0.6 }, 0, 0)
+  end)
+end)
+
+describe("bfloat16: mixed dtypes", function()
+  it("promotes elementwise ops to float32, and a 0-dim float32 tensor keeps bfloat16", function()
+    assert.equal("float32", (bf16 { 1, 2 } + fsdp.tensor { 1, 2 }).dtype)
+    assert.equal("bfloat16", (bf16 { 1, 2 } * fsdp.tensor(3)).dtype)
+    assert.equal("bfloat16", (bf16 { 1, 2 } + 0.5).dtype)
+  end)
+
+  it("refuses float32 with bfloat16 where PyTorch does, naming both dtypes", function()
+    local x, w = fsdp.randn(2, 4), fsdp.randn(3, 4):bfloat16()
+    H.assert_error(function() return F.linear(x, w) end, "linear", "float32", "bfloat16", "(2, 4)", "(3, 4)")
+    H.assert_error(function() return x:matmul(w:t()) end, "matmul", "float32", "bfloat16")
+    local img, k = fsdp.randn(1, 2, 5, 5), fsdp.randn(3, 2, 3, 3):bfloat16()
+    H.assert_error(function() return F.conv2d(img, k) end, "conv2d", "float32", "bfloat16")
+    local q = fsdp.randn(1, 2, 3, 4)
+    H.assert_error(function() return F.scaled_dot_product_attention(q, q:bfloat16(), q) end,
+      "scaled_dot_product_attention", "float32", "bfloat16")
+    H.assert_error(function() return F.layer_norm(x:bfloat16(), { 4 }, fsdp.ones(4):half()) end, "layer_norm",
+      "float16", "bfloat16")
+  end)
+
+  it("still refuses integer tensors in float ops", function()
+    H.assert_error(function() return fsdp.tensor({ 1, 2 }, "int64"):exp() end, "exp", "int64", "float")
+  end)
+end)
+
+describe("bfloat16: in-place updates and random fills", function()
+  it("add_ and mul_ compute in float32 and round each element once", function()
+    local a, b = values(8, 6), values(8, 7)
+    local t = bf16(a)
+    fsdp.no_grad(function() t:add_(bf16(b), 0.3):mul_(1.7) end)
+    -- two updates, each rounded once
+    local mid = {}
+    for i = 1, 8 do mid[i] = R.to_dtype(a[i] + 0.3 * b[i], "bfloat16") * 1.7 end
+    H.assert_rounded_once(t:tolist(), mid, "bfloat16", 1e-6, 1e-6, "add_ then mul_")
+    assert.equal("bfloat16", t.dtype)
+  end)
+
+  it("uniform_ and normal_ draw the float32 stream and round it", function()
+    for _, fill in ipairs { "uniform_", "normal_" } do
+      local t32, t16 = fsdp.empty(50), fsdp.empty({ 50 }, { dtype = "bfloat16" })
+      fsdp.manual_seed(3)
+      t32[fill](t32)
+      fsdp.manual_seed(3)
+      t16[fill](t16)
+      H.assert_close(t16:tolist(), rounded(t32:tolist()), 0, 0, fill)
+    end
+  end)
+end)
+
+describe("bfloat16: optimizer steps on bfloat16 parameters", function()
+  -- one step on a bfloat16 parameter against the same step in float32 on the same values: the
+  -- parameter and each state tensor are the float32 results rounded once, in bfloat16
+  local function one_step(make, state_names)
+    local p0, g0 = values(12, 8), values(12, 9)
+    local p16, p32 = bf16(p0), fsdp.tensor(p0)
+    p16.requires_grad, p32.requires_grad = true, true
+    p16.grad, p32.grad = bf16(g0), fsdp.tensor(g0)
+    local o16, o32 = make { p16 }, make { p32 }
+    o16:step()
+    o32:step()
+    assert.equal("bfloat16", p16.dtype)
+    H.assert_rounded_once(p16:tolist(), p32:tolist(), "bfloat16", 1e-7, 1e-6, "parameter")
+    for _, name in ipairs(state_names) do
+      local s16, s32 = o16:state_of(p16)[name], o32:state_of(p32)[name]
+      assert.equal("bfloat16", s16.dtype, name)
+      H.assert_rounded_once(s16:tolist(), s32:tolist(), "bfloat16", 1e-7, 1e-6, name)
+    end
+  end
+
+  it("SGD with momentum and weight decay", function()
+    one_step(function(ps) return optim.SGD(ps, { lr = 0.1, momentum = 0.9, weight_decay = 0.01 }) end,
+      { "momentum_buffer" })
+  end)
+
+  it("Adam and AdamW", function()
+    one_step(function(ps) return optim.Adam(ps, { lr = 0.01 }) end, { "exp_avg", "exp_avg_sq" })
+    one_step(function(ps) return optim.AdamW(ps, { lr = 0.01, amsgrad = true }) end,
+      { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" })
+  end)
+
+  it("refuses an int64 parameter", function()
+    local p = fsdp.tensor({ 1, 2 }, "int64")
+    H.assert_error(function() return optim.SGD({ p }, { lr = 0.1 }) end, "SGD", "float tensor", "int64")
+  end)
+end)
