@@ -40,6 +40,23 @@ static void copy_tiled_f32(float* dst, const float* src, int ndim, const int64_t
   }
 }
 
+// the conversions every bfloat16 op makes -- inputs to float32, results back -- have loops of their
+// own for contiguous runs, which the compiler vectorizes (the generic path goes through double)
+static int is_bf16_pair(int ddt, int sdt) {
+  return (ddt == FSDP_F32 && sdt == FSDP_BF16) || (ddt == FSDP_BF16 && sdt == FSDP_F32);
+}
+static void convert_bf16_run(void* dst, int ddt, const void* src, int64_t n) {
+  if (ddt == FSDP_F32) {
+    float* d = dst;
+    const uint16_t* s = src;
+    for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_to_f32(s[i]);
+  } else {
+    uint16_t* d = dst;
+    const float* s = src;
+    for (int64_t i = 0; i < n; i++) d[i] = fsdp_f32_to_bf16(s[i]);
+  }
+}
+
 static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int ndim, const int64_t* shape,
                              const int64_t* sstride) {
   size_t des = fsdp_dtype_size(ddt), ses = fsdp_dtype_size(sdt);
@@ -64,6 +81,17 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
   int64_t inner_stride = (d == ndim - 2 && ndim > 0 && sstride[ndim - 1] != 1) ? sstride[ndim - 1] : 1;
   int64_t outer = n / run;
   const char* s = (const char*)src;
+  // one long contiguous run converted between float32 and bfloat16: the threads share it in chunks
+  if (outer == 1 && inner_stride == 1 && is_bf16_pair(ddt, sdt)) {
+    const int64_t chunk = 16384;
+    int64_t nc = (run + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+      int64_t lo = c * chunk, len = run - lo < chunk ? run - lo : chunk;
+      convert_bf16_run((char*)dst + lo * (int64_t)des, ddt, s + lo * (int64_t)ses, len);
+    }
+    return;
+  }
   // runs are shared out over the threads when there is enough to copy and they are long enough
   // for the index arithmetic of each run's start not to matter
 #pragma omp parallel for schedule(static) if (n > PAR_MIN && run >= 16 && outer > 1)
@@ -76,6 +104,7 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
     const char* sp = s + off * (int64_t)ses;
     char* o = (char*)dst + r * run * (int64_t)des;
     if (ddt == sdt && inner_stride == 1) memcpy(o, sp, run * des);
+    else if (inner_stride == 1 && is_bf16_pair(ddt, sdt)) convert_bf16_run(o, ddt, sp, run);
     else if (ddt == FSDP_F32 && sdt == FSDP_F32) {
       float* of = (void*)o;
       const float* sf = (const void*)sp;
