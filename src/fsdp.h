@@ -84,6 +84,10 @@ double fsdp_cpu_fma_peak(double seconds);
 // which library runs the GEMMs and why ("onednn (OpenBLAS not twice as fast)", "openblas (FSDP_GEMM)", ...;
 // backend/cpu/linalg.c chooses at the first GEMM, or when asked here first)
 const char* fsdp_cpu_gemm_backend(void);
+// how GEMMs on two bfloat16 operands run ("onednn bf16 (native: avx512_bf16)", "upcast to float32
+// (oneDNN has no bf16 GEMM for this CPU)", "upcast to float32 (FSDP_BF16_GEMM)", ...; backend/cpu/bf16.c
+// chooses at the first such GEMM, or when asked here first)
+const char* fsdp_cpu_bf16_gemm_backend(void);
 
 // ---- memory ------------------------------------------------------------------------------
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT)

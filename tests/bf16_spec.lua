@@ -142,3 +142,43 @@ describe("bfloat16: optimizer steps on bfloat16 parameters", function()
     H.assert_error(function() return optim.SGD({ p }, { lr = 0.1 }) end, "SGD", "float tensor", "int64")
   end)
 end)
+
+describe("bfloat16: GEMMs on two bfloat16 operands", function()
+  local ffi = require "ffi"
+  local flags = H.read_file("/proc/cpuinfo")
+  local forced = os.getenv("FSDP_BF16_GEMM") or os.getenv("ONEDNN_MAX_CPU_ISA")
+
+  it("run through oneDNN's bf16 GEMM where the CPU has bf16 instructions, else on float32 copies", function()
+    local name = ffi.string(fsdp.C.fsdp_cpu_bf16_gemm_backend())
+    if forced then
+      return pending("FSDP_BF16_GEMM or ONEDNN_MAX_CPU_ISA is set: " .. name)
+    end
+    if flags:find(" avx512_bf16") or flags:find(" amx_bf16") then
+      assert.truthy(name:find("^onednn bf16 %(native"), name)
+    elseif not flags:find(" avx512f") then
+      assert.truthy(name:find("^upcast to float32"), name)
+    end
+  end)
+
+  -- the float32 path, forced, must pass every bfloat16 op case the native path passes (the op
+  -- cases check each result is the float32 computation rounded once)
+  it("give the same results on float32 copies (FSDP_BF16_GEMM=upcast runs the bfloat16 op cases)", function()
+    -- a shell command in the checkout with the float32 path forced: exit status and output
+    local function upcast(cmd)
+      local p = io.popen(("cd '%s' && FSDP_BF16_GEMM=upcast OMP_NUM_THREADS=1 timeout 300 %s 2>&1; echo __rc=$?")
+        :format(H.root, cmd))
+      local out = p:read("*a")
+      p:close()
+      return tonumber(out:match("__rc=(%d+)%s*$")), out
+    end
+    local rc, out = upcast([[luajit -e 'package.cpath = "./?.so;" .. package.cpath
+      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
+      print(require("ffi").string(require("fsdp").C.fsdp_cpu_bf16_gemm_backend()))']])
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("upcast to float32 (FSDP_BF16_GEMM)", 1, true), out)
+    rc, out = upcast([[luajit "$(command -v busted)" --filter='%sbf16' tests/ops_spec.lua]])
+    assert.equal(0, rc, out:sub(-3000))
+    local ok, failed = out:match("(%d+) successes / (%d+) failures")
+    assert.truthy(ok and tonumber(ok) > 1000 and failed == "0", out:sub(-3000))
+  end)
+end)

@@ -1,6 +1,7 @@
 /*
  * core/kernels_linalg.h -- GEMM, convolution and pooling kernels (one table per device).
- * Matrices are row-major f32; the op layer (ops/linalg.c, ops/conv.c) checks shapes.
+ * Matrices are row-major f32 (gemm_bf16_many: bf16 operands); the op layer (ops/linalg.c, ops/conv.c)
+ * checks shapes.
  */
 #ifndef FSDP_KERNELS_LINALG_H
 #define FSDP_KERNELS_LINALG_H
@@ -28,6 +29,22 @@ typedef struct fsdp_gemm_args {
   int64_t ldc;
 } fsdp_gemm_args;
 
+// one GEMM on bfloat16 operands: C (M,N) = alpha * op(A) @ op(B) + beta * C with A and B bfloat16
+// (raw bits; row-major with row strides lda/ldb, as in fsdp_gemm_args) and C float32: the products
+// are exact in float32 and summed in float32
+typedef struct fsdp_gemm_bf16_args {
+  int ta, tb;
+  int64_t M, N, K;
+  float alpha;
+  const uint16_t* A;
+  int64_t lda;
+  const uint16_t* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+} fsdp_gemm_bf16_args;
+
 // gemm_tiles' limits, for causal self-attention over T queries and T keys (query i sees keys j <= i),
 // per 4-row tile of C holding rows [m0, m1):
 enum {
@@ -52,6 +69,10 @@ typedef struct fsdp_linalg_kernels {
   // GEMM i skips the parts causal self-attention knows to be zero (limits[i], below). 0, or -1 with
   // the error set
   int (*gemm_tiles)(int n, const fsdp_gemm_args* g, const int* limits);
+  // n independent GEMMs on bfloat16 operands (none empty), run together: a bf16 GEMM where the
+  // device has one, else the float32 GEMM on float32 copies of the operands. 0, or -1 with the
+  // error set (no scratch memory)
+  int (*gemm_bf16_many)(int n, const fsdp_gemm_bf16_args* g);
   // ---- linear -----------------------------------------------------------------------------------
   // every row of y (M, N) = b (N)
   void (*bias_rows)(float* y, const float* b, int64_t M, int64_t N);

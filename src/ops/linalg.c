@@ -1,9 +1,12 @@
 /*
  * ops/linalg.c -- matmul (torch.matmul semantics), bmm and linear, with their backward.
  *
- * Everything is a GEMM through the device's linalg table. Operands are passed to the GEMM
- * without copies when they are row-major matrices or transposed row-major matrices (x:t(),
- * k:transpose(-2, -1)); anything else is made contiguous first. Batched products fold the
+ * Everything is a GEMM through the device's linalg table, float32 accumulation and output. A
+ * product of two bfloat16 operands reads them as they are (gemm_bf16_many: oneDNN's bf16 GEMM
+ * where the CPU has it); any other float dtypes are read as float32. Outputs are rounded to the
+ * inputs' dtype once. Operands are passed to the GEMM without copies when they are row-major
+ * matrices or transposed row-major matrices (x:t(), k:transpose(-2, -1)) of the dtype the GEMM
+ * reads; anything else is made contiguous first. Batched products fold the
  * batch into the GEMM's M when the right operand has no batch (x (B, T, C) @ w (C, D) is one
  * GEMM of (B*T, C) @ (C, D)), and broadcast batch dims are reduced by accumulating GEMMs
  * (beta = 1) instead of materializing the broadcast.
@@ -12,16 +15,63 @@
 
 // ---- helpers ----------------------------------------------------------------------------------------
 
-// a GEMM call that tolerates empty sizes (BLAS rejects leading dimensions of 0)
-static void mm(const fsdp_linalg_kernels* k, int ta, int tb, int64_t M, int64_t N, int64_t K, const float* A,
-               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (beta == 0.0f)
-      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, N * sizeof(float));
-    return;
+// the dtype a product's GEMMs read its operands in: bfloat16 when both operands are (the linalg
+// table's gemm_bf16_many, a native bf16 GEMM where the CPU has one), else float32 (a bfloat16 or
+// float16 operand through a float32 copy). C is float32 either way.
+static int gemm_dtype(const fsdp_tensor* a, const fsdp_tensor* b) {
+  return a->dtype == FSDP_BF16 && b->dtype == FSDP_BF16 ? FSDP_BF16 : FSDP_F32;
+}
+
+// element p[off] of a buffer of `dtype` elements
+static const void* elem_at(const void* p, int64_t off, int dtype) {
+  return (const char*)p + off * (int64_t)fsdp_dtype_size(dtype);
+}
+
+// one GEMM of this file: C (M,N) f32 = op(A) @ op(B) + beta * C, A and B in the product's dtype
+typedef struct {
+  int ta, tb;
+  int64_t M, N, K;
+  const void* A;
+  int64_t lda;
+  const void* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+} gemm_op;
+
+// n independent GEMMs on operands of dtype (float32 or bfloat16), run together by the device. Empty
+// sizes are handled here (BLAS rejects leading dimensions of 0): K = 0 leaves beta * C (zeros for
+// beta 0). 0, or -1 with the error set.
+static int run_gemms(const fsdp_backend* be, int dtype, int n, const gemm_op* g) {
+  union {
+    fsdp_gemm_args f32[16];
+    fsdp_gemm_bf16_args bf16[16];
+  } stack;
+  size_t es = dtype == FSDP_BF16 ? sizeof(fsdp_gemm_bf16_args) : sizeof(fsdp_gemm_args);
+  void* list = n <= 16 ? (void*)&stack : malloc((size_t)n * es);
+  CHECK_INT(list, "matmul: out of memory for a list of %d GEMMs", n);
+  fsdp_gemm_args* l32 = list;
+  fsdp_gemm_bf16_args* l16 = list;
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    const gemm_op* o = &g[i];
+    if (o->M == 0 || o->N == 0) continue;
+    if (o->K == 0) {
+      if (o->beta == 0.0f)
+        for (int64_t r = 0; r < o->M; r++) memset(o->C + r * o->ldc, 0, o->N * sizeof(float));
+      continue;
+    }
+    int64_t lda = o->lda > 0 ? o->lda : 1, ldb = o->ldb > 0 ? o->ldb : 1, ldc = o->ldc > 0 ? o->ldc : 1;
+    if (dtype == FSDP_BF16)
+      l16[m++] = (fsdp_gemm_bf16_args){o->ta, o->tb, o->M, o->N, o->K, 1.0f, o->A, lda, o->B, ldb, o->beta, o->C, ldc};
+    else l32[m++] = (fsdp_gemm_args){o->ta, o->tb, o->M, o->N, o->K, 1.0f, o->A, lda, o->B, ldb, o->beta, o->C, ldc};
   }
-  k->gemm(ta, tb, M, N, K, 1.0f, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, ldc > 0 ? ldc : 1);
+  int rc = 0;
+  if (m > 0 && dtype == FSDP_BF16) rc = be->linalg->gemm_bf16_many(m, l16);
+  else if (m > 0) be->linalg->gemm_many(m, l32);
+  if (list != (void*)&stack) free(list);
+  return rc;
 }
 
 static bool dims_contiguous(int ndim, const int64_t* shape, const int64_t* stride) {
@@ -33,20 +83,21 @@ static bool dims_contiguous(int ndim, const int64_t* shape, const int64_t* strid
   return true;
 }
 
-// A GEMM operand: a new ref to a f32 tensor whose matrices (last two dims, or the vector of a
-// 1-D tensor) are row-major (trans = 0, ld = cols) or the transpose of row-major (trans = 1,
-// ld = rows), with batch dims contiguous at a stride of rows*cols. No copy when x already is.
+// A GEMM operand: a new ref to a tensor of the product's dtype whose matrices (last two dims, or
+// the vector of a 1-D tensor) are row-major (trans = 0, ld = cols) or the transpose of row-major
+// (trans = 1, ld = rows), with batch dims contiguous at a stride of rows*cols. No copy when x
+// already is one.
 typedef struct {
   fsdp_tensor* t;
-  const float* p;
+  const void* p;
   int trans;
   int64_t ld;
 } operand;
 
-static int operand_of(fsdp_tensor* x, int64_t rows, int64_t cols, operand* op) {
+static int operand_of(fsdp_tensor* x, int64_t rows, int64_t cols, int dtype, operand* op) {
   op->trans = 0;
   op->t = NULL;
-  if (x->dtype == FSDP_F32 && !fsdp_tensor_is_contiguous(x) && x->ndim >= 2) {
+  if (x->dtype == dtype && !fsdp_tensor_is_contiguous(x) && x->ndim >= 2) {
     int64_t shape[FSDP_MAX_DIMS], stride[FSDP_MAX_DIMS];
     memcpy(shape, x->shape, x->ndim * sizeof(int64_t));
     memcpy(stride, x->stride, x->ndim * sizeof(int64_t));
@@ -63,9 +114,9 @@ static int operand_of(fsdp_tensor* x, int64_t rows, int64_t cols, operand* op) {
       op->trans = 1;
     }
   }
-  if (!op->t) op->t = fsdp_as_contig(x);
+  if (!op->t) op->t = fsdp_as_contig_dtype(x, dtype);
   if (!op->t) return -1;
-  op->p = fsdp_f32(op->t);
+  op->p = fsdp_ptr(op->t);
   op->ld = op->trans ? rows : cols;
   return 0;
 }
@@ -85,59 +136,41 @@ static void batch_strides(int nbatch_x, const int64_t* xshape, int64_t matsize, 
   }
 }
 
-// the single stride of the flattened batch index, if the strides are expressible by one
-static bool uniform_stride(int nb, const int64_t* bshape, const int64_t* st, int64_t* u) {
-  int64_t s = -1, expect = 0;
-  for (int i = nb - 1; i >= 0; i--) {
-    if (bshape[i] == 1) continue;
-    if (s < 0) {
-      s = st[i];
-      expect = s * bshape[i];
-      continue;
-    }
-    if (st[i] != (s == 0 ? 0 : expect)) return false;
-    expect *= bshape[i];
-  }
-  *u = s < 0 ? 0 : s;
-  return true;
-}
-
-// Z[z(i)] (+)= op(X[x(i)]) @ op(Y[y(i)]) over the broadcast batch index i; Z (M, N) row-major with
-// ldz = N. When Z is reduced over broadcast dims (zred), it is zeroed first and accumulated.
-static void gemm_batch(const fsdp_backend* be, int nb, const int64_t* bshape, int64_t M, int64_t N, int64_t K, int tx,
-                       const float* X, int64_t ldx, const int64_t* sx, int ty, const float* Y, int64_t ldy,
-                       const int64_t* sy, float* Z, const int64_t* sz, int64_t z_numel, bool zred) {
-  const fsdp_linalg_kernels* k = be->linalg;
-  int64_t total = fsdp_shape_numel(nb, bshape), ux, uy, uz;
-  if (total == 0 || M == 0 || N == 0) {
+// Z[z(i)] (+)= op(X[x(i)]) @ op(Y[y(i)]) over the broadcast batch index i; X and Y of dtype, Z (M, N)
+// float32 row-major with ldz = N. When Z is reduced over broadcast dims (zred), it is zeroed first
+// and the GEMMs accumulate into it one after another; otherwise they are independent and run together.
+static int gemm_batch(const fsdp_backend* be, int dtype, int nb, const int64_t* bshape, int64_t M, int64_t N, int64_t K,
+                      int tx, const void* X, int64_t ldx, const int64_t* sx, int ty, const void* Y, int64_t ldy,
+                      const int64_t* sy, float* Z, const int64_t* sz, int64_t z_numel, bool zred) {
+  int64_t total = fsdp_shape_numel(nb, bshape);
+  if (total == 0 || M == 0 || N == 0 || zred) {
     if (z_numel) be->elem->fill(Z, FSDP_F32, z_numel, 0.0);
-    return;
+    if (total == 0 || M == 0 || N == 0) return 0;
   }
-  float beta = 0.0f;
-  if (zred || K == 0) {
-    be->elem->fill(Z, FSDP_F32, z_numel, 0.0);
-    beta = 1.0f;
-  }
-  if (K == 0) return;
-  if (!zred && uniform_stride(nb, bshape, sx, &ux) && uniform_stride(nb, bshape, sy, &uy) &&
-      uniform_stride(nb, bshape, sz, &uz)) {
-    k->gemm_batched(total, tx, ty, M, N, K, 1.0f, X, ldx, ux, Y, ldy, uy, beta, Z, N, uz);
-    return;
-  }
+  int64_t nlist = zred ? 1 : total;
+  gemm_op one = {0};
+  gemm_op* g = nlist == 1 ? &one : malloc(nlist * sizeof *g);
+  CHECK_INT(g, "matmul: out of memory for a list of %lld GEMMs", (long long)nlist);
   int64_t idx[FSDP_MAX_DIMS] = {0};
-  for (int64_t i = 0; i < total; i++) {
+  int rc = 0;
+  for (int64_t i = 0; i < total && !rc; i++) {
     int64_t ox = 0, oy = 0, oz = 0;
     for (int d = 0; d < nb; d++) {
       ox += idx[d] * sx[d];
       oy += idx[d] * sy[d];
       oz += idx[d] * sz[d];
     }
-    k->gemm(tx, ty, M, N, K, 1.0f, X + ox, ldx, Y + oy, ldy, beta, Z + oz, N);
+    g[zred ? 0 : i] = (gemm_op){
+        tx, ty, M, N, K, elem_at(X, ox, dtype), ldx, elem_at(Y, oy, dtype), ldy, zred ? 1.0f : 0.0f, Z + oz, N};
+    if (zred) rc = run_gemms(be, dtype, 1, g);
     for (int d = nb - 1; d >= 0; d--) {
       if (++idx[d] < bshape[d]) break;
       idx[d] = 0;
     }
   }
+  if (!zred && !rc) rc = run_gemms(be, dtype, (int)total, g);
+  if (g != &one) free(g);
+  return rc;
 }
 
 // ---- matmul / bmm -----------------------------------------------------------------------------------
@@ -183,30 +216,35 @@ static int matmul_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   mm_shape s;
   if (mm_shape_of(node->name, a, b, &s)) return -1;
   const fsdp_backend* be = fsdp_backend_of(a);
+  int dt = gemm_dtype(a, b);
   int64_t sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS], sg[FSDP_MAX_DIMS];
   batch_strides(s.na_batch, a->shape, s.n * s.k, s.nbatch, s.bshape, sa);
   batch_strides(s.nb_batch, b->shape, s.k * s.m, s.nbatch, s.bshape, sb);
   batch_strides(s.nbatch, s.bshape, s.n * s.m, s.nbatch, s.bshape, sg);
   operand A = {0}, B = {0};
-  fsdp_tensor *g = fsdp_as_contig(grad_out), *ga = NULL, *gb = NULL;  // g (batch, n, m)
+  fsdp_tensor *g = fsdp_as_contig_dtype(grad_out, dt), *ga = NULL, *gb = NULL;  // g (batch, n, m)
   if (!g) return -1;
-  const float* G = fsdp_f32(g);
+  const void* G = fsdp_ptr(g);
+  int rc = 0;
 
   if (node->needs_grad[0]) {  // gA[a(i)] += g[i] @ op(B[b(i)])^T
-    if (operand_of(b, s.k, s.m, &B) || !(ga = fsdp_new(a->ndim, a->shape, FSDP_F32, fsdp_device_of(a)))) goto fail;
+    if (operand_of(b, s.k, s.m, dt, &B) || !(ga = fsdp_new(a->ndim, a->shape, FSDP_F32, fsdp_device_of(a)))) goto fail;
     if (s.b_batch == 1)  // fold the batch into M: one GEMM
-      mm(be->linalg, 0, !B.trans, s.batch * s.n, s.k, s.m, G, s.m, B.p, B.ld, 0.0f, fsdp_f32(ga), s.k);
+      rc = run_gemms(be, dt, 1,
+                     &(gemm_op){0, !B.trans, s.batch * s.n, s.k, s.m, G, s.m, B.p, B.ld, 0.0f, fsdp_f32(ga), s.k});
     else
-      gemm_batch(be, s.nbatch, s.bshape, s.n, s.k, s.m, 0, G, s.m, sg, !B.trans, B.p, B.ld, sb, fsdp_f32(ga), sa,
-                 s.a_batch * s.n * s.k, s.a_batch < s.batch);
+      rc = gemm_batch(be, dt, s.nbatch, s.bshape, s.n, s.k, s.m, 0, G, s.m, sg, !B.trans, B.p, B.ld, sb, fsdp_f32(ga),
+                      sa, s.a_batch * s.n * s.k, s.a_batch < s.batch);
+    if (rc) goto fail;
   }
   if (node->needs_grad[1]) {  // gB[b(i)] += op(A[a(i)])^T @ g[i]
-    if (operand_of(a, s.n, s.k, &A) || !(gb = fsdp_new(b->ndim, b->shape, FSDP_F32, fsdp_device_of(b)))) goto fail;
+    if (operand_of(a, s.n, s.k, dt, &A) || !(gb = fsdp_new(b->ndim, b->shape, FSDP_F32, fsdp_device_of(b)))) goto fail;
     if (s.b_batch == 1 && !A.trans)  // (k, batch*n) @ (batch*n, m): the batch sum is the GEMM's K
-      mm(be->linalg, 1, 0, s.k, s.m, s.batch * s.n, A.p, s.k, G, s.m, 0.0f, fsdp_f32(gb), s.m);
+      rc = run_gemms(be, dt, 1, &(gemm_op){1, 0, s.k, s.m, s.batch * s.n, A.p, s.k, G, s.m, 0.0f, fsdp_f32(gb), s.m});
     else
-      gemm_batch(be, s.nbatch, s.bshape, s.k, s.m, s.n, !A.trans, A.p, A.ld, sa, 0, G, s.m, sg, fsdp_f32(gb), sb,
-                 s.b_batch * s.k * s.m, s.b_batch < s.batch);
+      rc = gemm_batch(be, dt, s.nbatch, s.bshape, s.k, s.m, s.n, !A.trans, A.p, A.ld, sa, 0, G, s.m, sg, fsdp_f32(gb),
+                      sb, s.b_batch * s.k * s.m, s.b_batch < s.batch);
+    if (rc) goto fail;
   }
   fsdp_tensor_release(A.t);
   fsdp_tensor_release(B.t);
@@ -238,26 +276,29 @@ static fsdp_tensor* matmul_impl(const char* op, const char* node_name, fsdp_tens
   if (b->ndim > 1) oshape[on++] = s.m;
 
   const fsdp_backend* be = fsdp_backend_of(a);
+  int dt = gemm_dtype(a, b), rc = -1;
   operand A = {0}, B = {0};
-  fsdp_tensor* out = NULL;
-  if (operand_of(a, s.n, s.k, &A) || operand_of(b, s.k, s.m, &B) ||
-      !(out = fsdp_new(on, oshape, FSDP_F32, fsdp_device_of(a)))) {
-    fsdp_tensor_release(A.t);
-    fsdp_tensor_release(B.t);
-    return NULL;
-  }
-  if (s.b_batch == 1 && !A.trans) {  // (batch*n, k) @ (k, m): one GEMM
-    mm(be->linalg, 0, B.trans, s.batch * s.n, s.m, s.k, A.p, A.ld, B.p, B.ld, 0.0f, fsdp_f32(out), s.m);
-  } else {
-    int64_t sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS], so[FSDP_MAX_DIMS];
-    batch_strides(s.na_batch, a->shape, s.n * s.k, s.nbatch, s.bshape, sa);
-    batch_strides(s.nb_batch, b->shape, s.k * s.m, s.nbatch, s.bshape, sb);
-    batch_strides(s.nbatch, s.bshape, s.n * s.m, s.nbatch, s.bshape, so);
-    gemm_batch(be, s.nbatch, s.bshape, s.n, s.m, s.k, A.trans, A.p, A.ld, sa, B.trans, B.p, B.ld, sb, fsdp_f32(out), so,
-               fsdp_tensor_numel(out), false);
+  fsdp_tensor* out = NULL;  // float32, rounded to a's dtype at the end
+  if (!operand_of(a, s.n, s.k, dt, &A) && !operand_of(b, s.k, s.m, dt, &B) &&
+      (out = fsdp_new(on, oshape, FSDP_F32, fsdp_device_of(a)))) {
+    if (s.b_batch == 1 && !A.trans) {  // (batch*n, k) @ (k, m): one GEMM
+      rc = run_gemms(be, dt, 1,
+                     &(gemm_op){0, B.trans, s.batch * s.n, s.m, s.k, A.p, A.ld, B.p, B.ld, 0.0f, fsdp_f32(out), s.m});
+    } else {
+      int64_t sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS], so[FSDP_MAX_DIMS];
+      batch_strides(s.na_batch, a->shape, s.n * s.k, s.nbatch, s.bshape, sa);
+      batch_strides(s.nb_batch, b->shape, s.k * s.m, s.nbatch, s.bshape, sb);
+      batch_strides(s.nbatch, s.bshape, s.n * s.m, s.nbatch, s.bshape, so);
+      rc = gemm_batch(be, dt, s.nbatch, s.bshape, s.n, s.m, s.k, A.trans, A.p, A.ld, sa, B.trans, B.p, B.ld, sb,
+                      fsdp_f32(out), so, fsdp_tensor_numel(out), false);
+    }
   }
   fsdp_tensor_release(A.t);
   fsdp_tensor_release(B.t);
+  if (rc) {
+    fsdp_tensor_release(out);
+    return NULL;
+  }
   out = fsdp_round_to(out, a->dtype);
   if (!out) return NULL;
   fsdp_node* n = fsdp_node_new(node_name, matmul_backward, 2, (fsdp_tensor*[]){a, b});
@@ -289,34 +330,32 @@ static int linear_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   if (!x || !w) return -1;
   const fsdp_backend* be = fsdp_backend_of(x);
   int64_t out_f = w->shape[0], in_f = w->shape[1], M = fsdp_shape_numel(x->ndim - 1, x->shape);
+  int dt = gemm_dtype(x, w);
   operand W = {0};
-  fsdp_tensor *gy = fsdp_as_contig(grad_out), *xc = NULL, *gx = NULL, *gw = NULL, *gb = NULL;  // gy (M, out)
+  fsdp_tensor *gy = fsdp_as_contig_dtype(grad_out, dt), *gy32 = NULL, *xc = NULL;  // gy (M, out)
+  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
   if (!gy) return -1;
   // the two GEMMs are independent: they run together (one per thread at 2 threads)
-  fsdp_gemm_args gm[2];
+  gemm_op gm[2];
   int n_gemm = 0;
   if (node->needs_grad[0]) {  // gx (M, in) = gy (M, out) @ w (out, in)
-    if (operand_of(w, out_f, in_f, &W) || !(gx = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x)))) goto fail;
-    gm[n_gemm++] =
-        (fsdp_gemm_args){0, W.trans, M, in_f, out_f, 1.0f, fsdp_f32(gy), out_f, W.p, W.ld, 0.0f, fsdp_f32(gx), in_f};
+    if (operand_of(w, out_f, in_f, dt, &W) || !(gx = fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x))))
+      goto fail;
+    gm[n_gemm++] = (gemm_op){0, W.trans, M, in_f, out_f, fsdp_ptr(gy), out_f, W.p, W.ld, 0.0f, fsdp_f32(gx), in_f};
   }
   if (node->needs_grad[1]) {  // gw (out, in) = gy^T (out, M) @ x (M, in)
-    if (!(xc = fsdp_as_contig(x)) || !(gw = fsdp_new(2, w->shape, FSDP_F32, fsdp_device_of(w)))) goto fail;
-    gm[n_gemm++] =
-        (fsdp_gemm_args){1, 0, out_f, in_f, M, 1.0f, fsdp_f32(gy), out_f, fsdp_f32(xc), in_f, 0.0f, fsdp_f32(gw), in_f};
+    if (!(xc = fsdp_as_contig_dtype(x, dt)) || !(gw = fsdp_new(2, w->shape, FSDP_F32, fsdp_device_of(w)))) goto fail;
+    gm[n_gemm++] = (gemm_op){1, 0, out_f, in_f, M, fsdp_ptr(gy), out_f, fsdp_ptr(xc), in_f, 0.0f, fsdp_f32(gw), in_f};
   }
-  if (M > 0 && out_f > 0 && in_f > 0) be->linalg->gemm_many(n_gemm, gm);
-  else
-    for (int i = 0; i < n_gemm; i++)  // empty sizes: mm() zero-fills
-      mm(be->linalg, gm[i].ta, gm[i].tb, gm[i].M, gm[i].N, gm[i].K, gm[i].A, gm[i].lda, gm[i].B, gm[i].ldb, 0.0f,
-         gm[i].C, gm[i].ldc);
-  if (node->needs_grad[2]) {  // gb (out) = column sums of gy
-    if (!(gb = fsdp_new(1, &out_f, FSDP_F32, fsdp_device_of(x)))) goto fail;
-    be->linalg->sum_rows(fsdp_f32(gb), fsdp_f32(gy), M, out_f);
+  if (run_gemms(be, dt, n_gemm, gm)) goto fail;
+  if (node->needs_grad[2]) {  // gb (out) = column sums of gy, in float32
+    if (!(gy32 = fsdp_as_contig(gy)) || !(gb = fsdp_new(1, &out_f, FSDP_F32, fsdp_device_of(x)))) goto fail;
+    be->linalg->sum_rows(fsdp_f32(gb), fsdp_f32(gy32), M, out_f);
   }
   fsdp_tensor_release(W.t);
   fsdp_tensor_release(xc);
   fsdp_tensor_release(gy);
+  fsdp_tensor_release(gy32);
   grad_in[0] = gx;
   grad_in[1] = gw;
   grad_in[2] = gb;
@@ -325,6 +364,7 @@ fail:
   fsdp_tensor_release(W.t);
   fsdp_tensor_release(xc);
   fsdp_tensor_release(gy);
+  fsdp_tensor_release(gy32);
   fsdp_tensor_release(gx);
   fsdp_tensor_release(gw);
   fsdp_tensor_release(gb);
@@ -353,21 +393,24 @@ fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b) {
   oshape[x->ndim - 1] = out_f;
   int64_t M = fsdp_shape_numel(x->ndim - 1, x->shape);
   const fsdp_backend* be = fsdp_backend_of(x);
+  int dt = gemm_dtype(x, w), rc = -1;
   operand W = {0};
-  fsdp_tensor *xc = fsdp_as_contig(x), *bc = NULL, *y = NULL;
-  if (!xc || operand_of(w, out_f, in_f, &W) || (b && !(bc = fsdp_as_contig(b))) ||
-      !(y = fsdp_new(x->ndim, oshape, FSDP_F32, fsdp_device_of(x)))) {
-    fsdp_tensor_release(xc);
-    fsdp_tensor_release(W.t);
-    fsdp_tensor_release(bc);
-    return NULL;
+  fsdp_tensor *xc = fsdp_as_contig_dtype(x, dt), *bc = NULL, *y = NULL;  // y float32, rounded at the end
+  if (xc && !operand_of(w, out_f, in_f, dt, &W) && (!b || (bc = fsdp_as_contig(b))) &&
+      (y = fsdp_new(x->ndim, oshape, FSDP_F32, fsdp_device_of(x)))) {
+    // y = b (pre-filled rows) + x @ w^T in one GEMM with beta = 1
+    if (bc) be->linalg->bias_rows(fsdp_f32(y), fsdp_f32(bc), M, out_f);
+    rc = run_gemms(
+        be, dt, 1,
+        &(gemm_op){0, !W.trans, M, out_f, in_f, fsdp_ptr(xc), in_f, W.p, W.ld, bc ? 1.0f : 0.0f, fsdp_f32(y), out_f});
   }
-  // y = b (pre-filled rows) + x @ w^T in one GEMM with beta = 1
-  if (bc) be->linalg->bias_rows(fsdp_f32(y), fsdp_f32(bc), M, out_f);
-  mm(be->linalg, 0, !W.trans, M, out_f, in_f, fsdp_f32(xc), in_f, W.p, W.ld, bc ? 1.0f : 0.0f, fsdp_f32(y), out_f);
   fsdp_tensor_release(xc);
   fsdp_tensor_release(W.t);
   fsdp_tensor_release(bc);
+  if (rc) {
+    fsdp_tensor_release(y);
+    return NULL;
+  }
   y = fsdp_round_to(y, x->dtype);
   if (!y) return NULL;
 

@@ -1,6 +1,6 @@
 /*
- * backend/cpu/cpu.h -- the CPU backend's kernel tables, one per op family (elem.c, linalg.c,
- * nn.c, optim.c); backend.c gathers them into the CPU's device table.
+ * backend/cpu/cpu.h -- the CPU backend's kernel tables, one per op family (elem.c, linalg.c with
+ * bf16.c, nn.c, optim.c); backend.c gathers them into the CPU's device table.
  */
 #ifndef FSDP_BACKEND_CPU_H
 #define FSDP_BACKEND_CPU_H
@@ -10,6 +10,9 @@ extern const fsdp_elem_kernels fsdp_cpu_elem_kernels;
 extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
+
+// GEMMs on bfloat16 operands (bf16.c): the linalg table's gemm_bf16_many
+int fsdp_cpu_gemm_bf16_many(int n, const fsdp_gemm_bf16_args* g);
 
 // the vector ISA our kernels and oneDNN may use (cpuinfo.c): the CPU's widest, capped by
 // FSDP_CPU_ISA; cheap after the first call

@@ -1287,6 +1287,7 @@ const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
     .gemm_batched = cpu_gemm_batched,
     .gemm_many = cpu_gemm_many,
     .gemm_tiles = cpu_gemm_tiles,
+    .gemm_bf16_many = fsdp_cpu_gemm_bf16_many,
     .bias_rows = cpu_bias_rows,
     .sum_rows = cpu_sum_rows,
     .conv2d_forward = cpu_conv2d_forward,
