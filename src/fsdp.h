@@ -161,6 +161,9 @@ int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha);  // t += alpha 
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
 int fsdp_normal_(fsdp_tensor* t, double mean, double std);
+// t and its .grad take a float dtype in place, keeping the tensor object (module.to(dtype)): new
+// storage with the values converted (rounded to nearest even). Leaves only, not FSDP parameters.
+int fsdp_set_dtype_(fsdp_tensor* t, int dtype);
 
 // ---- views and shape ops (0-based dims) -----------------------------------------------------
 fsdp_tensor* fsdp_detach(fsdp_tensor* a);                                   // shares storage, no grad

@@ -182,3 +182,57 @@ describe("bfloat16: GEMMs on two bfloat16 operands", function()
     assert.truthy(ok and tonumber(ok) > 1000 and failed == "0", out:sub(-3000))
   end)
 end)
+
+describe("bfloat16: a model trains in bfloat16 (Module:to)", function()
+  local nn = fsdp.nn
+  -- the same MLP from the same seed and data, trained in float32 and, converted with
+  -- Module:to("bfloat16"), in bfloat16: the per-step losses
+  local function train(dtype, make_opt, steps)
+    fsdp.manual_seed(1)
+    local m = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 10))
+    m:to(dtype)
+    fsdp.manual_seed(2)
+    local x = fsdp.randn(128, 16)
+    local y = x:matmul(fsdp.randn(16, 10)):argmax(2)  -- a teacher's labels: learnable
+    x = x:to(dtype)
+    local opt = make_opt(m:parameters())
+    local losses = {}
+    for s = 1, steps do
+      local out = m(x)
+      assert.equal(dtype, out.dtype)
+      local loss = F.cross_entropy(out, y)
+      opt:zero_grad()
+      loss:backward()
+      opt:step()
+      losses[s] = loss:item()
+    end
+    for _, p in ipairs(m:parameters()) do assert.equal(dtype, p.dtype) end
+    return losses
+  end
+
+  -- measured: max |difference| 0.0062 over 40 steps (losses 2.61 -> 0.0016); the bound leaves 3x
+  it("with SGD: its losses follow float32 within 0.02 + 2% and fall 50-fold", function()
+    local sgd = function(ps) return optim.SGD(ps, { lr = 0.2, momentum = 0.9 }) end
+    local l32, l16 = train("float32", sgd, 40), train("bfloat16", sgd, 40)
+    local differs = false
+    for s = 1, #l32 do
+      assert(math.abs(l16[s] - l32[s]) <= 0.02 + 0.02 * l32[s],
+        ("step %d: bfloat16 loss %.5f, float32 loss %.5f"):format(s, l16[s], l32[s]))
+      differs = differs or l16[s] ~= l32[s]
+    end
+    assert.is_true(differs, "the bfloat16 run gave exactly the float32 losses")
+    assert(l16[#l16] < l16[1] / 50, ("bfloat16 loss fell from %.4f to %.4f only"):format(l16[1], l16[#l16]))
+  end)
+
+  -- Adam's small updates fall below half a bfloat16 ulp of the weights and are lost (why FSDP keeps
+  -- float32 master shards): measured 0.39 against 0.34 after 40 steps, so a looser bound
+  it("with AdamW: its losses fall 5-fold and stay within 0.1 + 20% of float32", function()
+    local adamw = function(ps) return optim.AdamW(ps, { lr = 3e-3 }) end
+    local l32, l16 = train("float32", adamw, 40), train("bfloat16", adamw, 40)
+    for s = 1, #l32 do
+      assert(math.abs(l16[s] - l32[s]) <= 0.1 + 0.2 * l32[s],
+        ("step %d: bfloat16 loss %.5f, float32 loss %.5f"):format(s, l16[s], l32[s]))
+    end
+    assert(l16[#l16] < l16[1] / 5, ("bfloat16 loss fell from %.4f to %.4f only"):format(l16[1], l16[#l16]))
+  end)
+end)

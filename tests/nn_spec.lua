@@ -2,6 +2,7 @@
 -- layers against the functional ops and naive references, default init, printing.
 local fsdp = require "fsdp"
 local H = require "helpers"
+local R = require "op_refs"
 local nn, F, optim = fsdp.nn, fsdp.nn.functional, fsdp.optim
 local C = fsdp.C
 
@@ -132,6 +133,33 @@ describe("nn.Module registration", function()
     for i = 1, #before do assert.is_true(before[i] == after[i]) end
     H.assert_error(function() m:to("cuda") end, 'device "cuda" is not available')
     H.assert_error(function() m:to("tpu") end, 'unknown device "tpu"')
+  end)
+
+  it("to(dtype) converts float parameters, buffers and gradients in place, keeping the tensors", function()
+    local m = nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))
+    m:register_buffer("steps", fsdp.tensor({ 3 }, "int64"))
+    m:register_buffer("scale", fsdp.tensor { 0.1 })
+    m(fsdp.randn(4, 2)):sum():backward()
+    local before, values = m:parameters(), {}
+    for i, p in ipairs(before) do values[i] = p:tolist() end
+    assert.equal(m, m:to("bfloat16"))
+    local after = m:parameters()
+    for i = 1, #before do
+      assert.is_true(before[i] == after[i])
+      assert.equal("bfloat16", after[i].dtype)
+      assert.equal("bfloat16", after[i].grad.dtype)
+      assert.is_true(after[i].requires_grad)
+      for j, v in ipairs(after[i]:tolist()) do assert.equal(R.to_dtype(values[i][j], "bfloat16"), v) end
+    end
+    local bufs = {}
+    for name, b in m:named_buffers() do bufs[name] = b.dtype end
+    assert.same({ steps = "int64", scale = "bfloat16" }, bufs)
+    assert.equal("bfloat16", m(fsdp.randn(4, 2):bfloat16()).dtype)
+    assert.equal(m, m:to { device = "cpu", dtype = "float32" })
+    assert.equal("float32", before[1].dtype)
+    assert.equal(m, m:half())
+    assert.equal("float16", before[1].dtype)
+    H.assert_error(function() m:to("int64") end, "Module:to", "int64", "not a float dtype")
   end)
 
   it("zero_grad drops every gradient; apply visits children before parents", function()

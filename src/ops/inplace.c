@@ -1,6 +1,6 @@
 /*
  * ops/inplace.c -- in-place writes outside autograd: fill_, copy_ (broadcasting the source),
- * add_, mul_ (a scalar). Each bumps the storage's version, so autograd notices a saved tensor
+ * add_, mul_ (a scalar), and set_dtype_ (a leaf's dtype changed in place, for Module:to(dtype)). Each bumps the storage's version, so autograd notices a saved tensor
  * that changed. A source that overlaps the destination in memory (a:copy_(a:t()), a shifted view
  * added into its own tensor) is copied to a temporary first, as PyTorch does. add_ and mul_ on a
  * bfloat16 (or float16) tensor compute in float32 and round each element back once.
@@ -125,5 +125,45 @@ int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
   fsdp_backend_of(t)->elem->scale(fsdp_f32(w), fsdp_tensor_numel(t), (float)s);
   if (fsdp_write_back(t, w)) return -1;
   fsdp_bump_version(t);
+  return 0;
+}
+
+// t's bytes replaced by a contiguous copy of its values in dtype (same tensor object)
+static int retype(fsdp_tensor* t, int dtype) {
+  fsdp_tensor* c = fsdp_new_cat(t->ndim, t->shape, dtype, fsdp_device_of(t), t->storage->cat);
+  if (!c || fsdp_copy_strided(c, t)) {
+    fsdp_tensor_release(c);
+    return -1;
+  }
+  c->storage->refcount++;
+  fsdp_storage_release(t->storage);
+  t->storage = c->storage;
+  t->dtype = dtype;
+  t->offset = 0;
+  fsdp_contiguous_strides(t->ndim, t->shape, t->stride);
+  fsdp_tensor_release(c);
+  return 0;
+}
+
+int fsdp_set_dtype_(fsdp_tensor* t, int dtype) {
+  const char* op = "to";
+  CHECK_INT(dtype >= 0 && dtype < FSDP_NDTYPES && fsdp_is_float(dtype) && fsdp_is_float(t->dtype),
+            "%s: only float tensors change dtype in place (%s of shape %s to %s)", op, DT(t), SH(t),
+            fsdp_dtype_name(dtype));
+  CHECK_INT(!t->grad_fn, "%s: the tensor of shape %s comes from %s; only leaves change dtype in place", op, SH(t),
+            t->grad_fn ? t->grad_fn->name : "");
+  CHECK_INT(!t->owner,
+            "%s: the tensor of shape %s is a parameter of an FSDP unit; convert the module before fsdp.wrap, or "
+            "compute in %s with mixed_precision = {param = \"%s\"}",
+            op, SH(t), fsdp_dtype_name(dtype), fsdp_dtype_name(dtype));
+  if (t->dtype == dtype) return 0;
+  if (fsdp_check_data(op, t) || retype(t, dtype)) return -1;
+  if (t->grad && t->grad->dtype != dtype) {  // the gradient follows, as in PyTorch
+    fsdp_tensor* g = fsdp_as_contig_dtype(t->grad, dtype);
+    if (!g) return -1;
+    fsdp_tensor_set_mem_category(g, FSDP_MEM_GRADS);
+    fsdp_tensor_release(t->grad);
+    t->grad = g;
+  }
   return 0;
 }

@@ -276,14 +276,32 @@ end
 -- model:to(device) moves every parameter and buffer to the device in place and returns model: the
 -- tensors keep their identity, so optimizers and FSDP units built on them stay valid. Only "cpu"
 -- exists in this build; naming another device is the same error as Tensor:to's.
-function Module:to(device)
-  if type(device) == "table" then device = device.device end
+-- model:to(dtype) ("bfloat16", "float32", "float16"), or model:to{device = ..., dtype = ...}, also
+-- converts every float parameter and buffer (and gradient) in place, keeping identity as PyTorch
+-- does; integer buffers stay. Before fsdp.wrap only: a unit computes in bf16 by its mixed_precision.
+function Module:to(what)
+  local device, dtype
+  if type(what) == "table" then
+    device, dtype = what.device, what.dtype
+  elseif fsdp._devices[what] or not pcall(fsdp._dtype, what) then
+    device = what  -- (a name that is neither: the unknown-device error below names the devices)
+  else
+    dtype = what
+  end
+  local dt = dtype ~= nil and fsdp._dtype(dtype) or nil
+  if dt == C.FSDP_I64 then error(("Module:to: %s is not a float dtype; parameters stay float"):format(dtype), 2) end
   for _, kind in ipairs { "parameters", "buffers" } do
-    for _, t in ipairs(self[kind](self)) do fsdp._to_device(t, device) end
+    for _, t in ipairs(self[kind](self)) do
+      if device ~= nil then fsdp._to_device(t, device) end
+      if dt ~= nil and t.dtype ~= "int64" then fsdp._check(C.fsdp_set_dtype_(t.p, dt)) end
+    end
   end
   return self
 end
 function Module:cpu() return self:to("cpu") end
+function Module:float() return self:to("float32") end
+function Module:bfloat16() return self:to("bfloat16") end
+function Module:half() return self:to("float16") end
 
 function Module:train(mode)
   if mode == nil then mode = true end
