@@ -101,6 +101,10 @@ function W.wrap(module, opts)
   local c = C.fsdp_unit_new(module_label(module), unit_options(opts))
   if c == nil then fsdp._raise(2) end
   local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module) }, Unit)
+  -- under mixed precision the gathered parameters are tensors of the param dtype, and so are the
+  -- unit's float inputs (cast on the way in, as FSDP's MixedPrecision casts forward inputs)
+  local pdt = fsdp._dtype_names[unit_options(opts).param_dtype]
+  if pdt ~= "float32" then u.compute_dtype = pdt end
   -- units nested below take their paths from this module; this one is "<root>" until wrapped by a parent
   for name, x in module:named_modules() do
     local nu = rawget(x, "_fsdp_unit")
@@ -161,10 +165,32 @@ local function mark(u, v)
   return v
 end
 
+-- v with its float tensors (in plain tables too) in dtype; differentiable, so gradients flow back in
+-- the inputs' own dtype
+local function cast(v, dtype)
+  if fsdp.is_tensor(v) then
+    if v.dtype ~= dtype and v.dtype ~= "int64" then return v:to(dtype) end
+    return v
+  end
+  if type(v) == "table" and getmetatable(v) == nil then
+    local r = {}
+    for k, x in pairs(v) do r[k] = cast(x, dtype) end
+    return r
+  end
+  return v
+end
+
+local function cast_all(dtype, ...)
+  if not dtype then return ... end
+  local args = pack(...)
+  for i = 1, args.n do args[i] = cast(args[i], dtype) end
+  return unpack(args, 1, args.n)
+end
+
 function Unit:run(module, inner, ...)
   check(C.fsdp_unit_pre_forward(self.c))
   self.forwarded = true
-  local out = pack(pcall(inner, module, ...))
+  local out = pack(pcall(inner, module, cast_all(self.compute_dtype, ...)))
   if not out[1] then
     C.fsdp_unit_abort_forward(self.c)
     error(out[2], 0)

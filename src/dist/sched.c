@@ -2,8 +2,10 @@
  * dist/sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
  * events (backward). One training step, for each unit:
  *
- *   pre_forward     gather (or finish a prefetch); parameters take their full form; the first
- *                   unit entered at depth 0 is the root of this forward pass
+ *   pre_forward     gather (or finish a prefetch); parameters take their full form, in the unit's
+ *                   param dtype (mixed precision: bfloat16 tensors; the Lua wrapper casts the
+ *                   unit's float inputs to it); the first unit entered at depth 0 is the root of
+ *                   this forward pass
  *   post_forward    reshard unless the policy keeps the parameters (the root, SHARD_GRAD_OP)
  *   mark_output     outputs pass through an identity node whose backward runs pre_backward
  *   pre_backward    gather again; set aside the .grad pieces from earlier steps; prefetch the
@@ -101,10 +103,10 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   return u;
 }
 
-// every parameter of u becomes a standalone full tensor again (collective: gathers u)
+// every parameter of u becomes a standalone full tensor again (collective: gathers u, in float32)
 static int release_all(fsdp_unit* u) {
   if (u->n == 0) return 0;
-  if (fsdp_shard_gather_finish(u)) return -1;
+  if (fsdp_shard_gather_finish(u, FSDP_F32)) return -1;
   for (int i = 0; i < u->n; i++) {
     if (fsdp_shard_release_param(u, i)) return -1;
     fsdp_tensor_release(u->p[i].stash);
@@ -213,6 +215,11 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
 }
 
 // ---- forward -----------------------------------------------------------------------------------------------
+// whether the unit gives its gathered buffers back at the end of a step: all but NO_SHARD units whose
+// parameters are the shards themselves (a NO_SHARD unit under mixed precision gathers a bfloat16
+// copy, which the optimizer's step makes stale)
+static int reshards(const fsdp_unit* u) { return u->opts.sharding != FSDP_NO_SHARD || u->separate_full; }
+
 static int reshard_after_forward(const fsdp_unit* u) {
   if (u->opts.reshard_after_forward >= 0) return u->opts.reshard_after_forward;
   return u->opts.sharding == FSDP_FULL_SHARD && !u->is_root;
@@ -227,7 +234,7 @@ static int64_t g_inflight_gathers(void) {
 
 static void prefetch(fsdp_unit* v) {
   if (!v || v->gathered || v->g[0].gather || v->g[1].gather || g_inflight_gathers() >= 2) return;
-  if (fsdp_shard_gather_start(v)) fsdp_clear_error();  // a failed prefetch is retried when needed
+  if (fsdp_shard_gather_start(v, v->opts.param_dtype)) fsdp_clear_error();  // a failed prefetch is retried when needed
 }
 
 // returns a unit left over from an earlier pass to IDLE (its backward never came, or an error
@@ -247,7 +254,7 @@ static int finalize_unit(fsdp_unit* u) {
       }
     }
   }
-  if (u->opts.sharding != FSDP_NO_SHARD && fsdp_shard_reshard(u, 0)) rc = -1;
+  if (reshards(u) && fsdp_shard_reshard(u, 0)) rc = -1;
   u->state = FSDP_UNIT_IDLE;
   return rc;
 }
@@ -287,7 +294,7 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
   if (u->order_index < 0 && order_push(u)) return -1;
   u->is_root = g_depth == 0;
   g_depth++;
-  if (fsdp_shard_gather_finish(u)) {
+  if (fsdp_shard_gather_finish(u, u->opts.param_dtype)) {
     g_depth--;
     return -1;
   }
@@ -306,7 +313,7 @@ int fsdp_unit_post_forward(fsdp_unit* u) {
   g_depth--;
   if (!fsdp_is_grad_enabled()) {  // no backward will follow (no_grad / eval)
     u->state = FSDP_UNIT_IDLE;
-    return u->opts.sharding == FSDP_NO_SHARD ? 0 : fsdp_shard_reshard(u, 0);
+    return reshards(u) ? fsdp_shard_reshard(u, 0) : 0;
   }
   u->state = FSDP_UNIT_FORWARD_DONE;
   return reshard_after_forward(u) ? fsdp_shard_reshard(u, 0) : 0;
@@ -326,7 +333,7 @@ static int pre_backward(fsdp_unit* u) {
               "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward (was %s); "
               "change freezing only between steps",
               u->path, u->p[i].name, u->p[i].rg_at_forward ? "true" : "false");
-  if (fsdp_shard_gather_finish(u)) return -1;
+  if (fsdp_shard_gather_finish(u, u->opts.param_dtype)) return -1;
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;  // gathered again for a late node; nothing else to do
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
@@ -386,7 +393,7 @@ static int post_backward(fsdp_unit* u) {
     }
   }
   u->state = FSDP_UNIT_BACKWARD_DONE;
-  if (u->opts.sharding != FSDP_NO_SHARD && fsdp_shard_reshard(u, 0)) return -1;
+  if (reshards(u) && fsdp_shard_reshard(u, 0)) return -1;
   return reap_reductions();
 }
 
@@ -491,7 +498,7 @@ static void sched_install(void) {
 int fsdp_unit_unshard(fsdp_unit* u) {
   CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': summon_full_params only between steps (state %s)", u->path,
             state_names[u->state]);
-  return fsdp_shard_gather_finish(u);
+  return fsdp_shard_gather_finish(u, FSDP_F32);  // the exact (float32) values, also under mixed precision
 }
 int fsdp_unit_reshard(fsdp_unit* u, int writeback) {
   CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': reshard only between steps (state %s)", u->path,

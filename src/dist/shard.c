@@ -1,12 +1,13 @@
 /*
  * dist/shard.c -- an FSDP unit's buffers: layout of the per-parameter chunks, all-gather with
  * copy-out into the full buffers, reshard, gradient copy-in with reduce-scatter, and the two
- * forms a parameter tensor takes (see unit.h for the picture).
+ * forms a parameter tensor takes (see unit.h for the picture). In its full form a parameter has
+ * the dtype its unit gathered in (bfloat16 under mixed precision), in its piece form float32.
  */
 #include "dist/unit.h"
 
 static const int64_t ONE = 1;
-// shards, full buffers and gradient pieces are float32 (the master copy); their element size
+// shards and gradient pieces are float32 (the master copy); their element size
 #define F32_SIZE fsdp_dtype_size(FSDP_F32)
 
 // dst[0..n) <- src[0..n) between storages, converting dtypes (contiguous runs)
@@ -40,11 +41,13 @@ void fsdp_shard_set_form(fsdp_unit* u, int full) {
     unit_group* g = &u->g[p->group];
     if (full || p->len == p->numel) {  // full view, or a piece that is the whole parameter
       point_at(t, full ? g->full : g->shard);
+      t->dtype = full ? u->full_dtype : FSDP_F32;
       t->ndim = p->ndim;
       memcpy(t->shape, p->shape, sizeof t->shape);
       t->offset = full ? p->full_off : p->shard_off;
     } else {
       point_at(t, g->shard);
+      t->dtype = FSDP_F32;
       t->ndim = 1;
       t->shape[0] = p->len;
       t->offset = p->shard_off;
@@ -116,6 +119,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
     p->t->owner_index = i;
   }
   u->gathered = !u->separate_full;
+  u->full_dtype = FSDP_F32;  // (a unit without a separate full buffer is gathered in float32 always)
   fsdp_shard_set_form(u, 0);
   for (int k = 0; k < 2; k++) {
     fsdp_storage_release(old[k].shard);
@@ -124,13 +128,13 @@ int fsdp_shard_layout(fsdp_unit* u) {
   return 0;
 }
 
-// Parameter i leaves the unit as a standalone tensor holding its full values. The unit must be
-// gathered; the caller re-lays out the unit afterwards.
+// Parameter i leaves the unit as a standalone float32 tensor holding its full values. The unit must
+// be gathered in float32; the caller re-lays out the unit afterwards.
 int fsdp_shard_release_param(fsdp_unit* u, int i) {
   unit_param* p = &u->p[i];
   fsdp_storage* s = fsdp_storage_new((size_t)p->numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
   if (!s) return -1;
-  copy_run(s, FSDP_F32, 0, u->g[p->group].full, FSDP_F32, p->full_off, p->numel);
+  copy_run(s, FSDP_F32, 0, u->g[p->group].full, u->full_dtype, p->full_off, p->numel);
   fsdp_tensor* t = p->t;
   point_at(t, s);
   fsdp_storage_release(s);
@@ -138,6 +142,7 @@ int fsdp_shard_release_param(fsdp_unit* u, int i) {
   memcpy(t->shape, p->shape, sizeof t->shape);
   fsdp_contiguous_strides(t->ndim, t->shape, t->stride);
   t->offset = 0;
+  t->dtype = FSDP_F32;
   t->owner = NULL;
   t->owner_index = 0;
   return 0;
@@ -154,40 +159,48 @@ static void gather_cleanup(unit_group* g) {
   g->gather_send = g->gather_recv = NULL;
 }
 
-int fsdp_shard_gather_start(fsdp_unit* u) {
-  if (u->gathered) return 0;
-  int pdt = u->opts.param_dtype;
+// (a replicated unit -- NO_SHARD, layout world 1 -- holds every value in its shard: its full buffer
+// is a converted copy, made in gather_finish without a collective)
+int fsdp_shard_gather_start(fsdp_unit* u, int dtype) {
+  if (u->gathered || u->W == 1) return 0;
   for (int k = 0; k < 2; k++) {
     unit_group* g = &u->g[k];
     if (g->gather || g->full_numel == 0) continue;
     int64_t S = g->shard_numel, WS = S * u->W;
-    if (pdt == FSDP_F32) {
+    if (dtype == FSDP_F32) {
       g->gather_send = fsdp_view_storage(g->shard, FSDP_F32, 1, &S, 0);
     } else {  // mixed precision: gather in the low-precision dtype
-      g->gather_send = fsdp_new_cat(1, &S, pdt, u->device, FSDP_MEM_COMM);
-      if (g->gather_send) copy_run(g->gather_send->storage, pdt, 0, g->shard, FSDP_F32, 0, S);
+      g->gather_send = fsdp_new_cat(1, &S, dtype, u->device, FSDP_MEM_COMM);
+      if (g->gather_send) copy_run(g->gather_send->storage, dtype, 0, g->shard, FSDP_F32, 0, S);
     }
-    g->gather_recv = fsdp_new_cat(1, &WS, pdt, u->device, FSDP_MEM_COMM);
+    g->gather_recv = fsdp_new_cat(1, &WS, dtype, u->device, FSDP_MEM_COMM);
     if (g->gather_send && g->gather_recv) g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
     if (!g->gather) {
       gather_cleanup(g);
       return -1;
     }
+    g->gather_dtype = dtype;
   }
   return 0;
 }
 
-int fsdp_shard_gather_finish(fsdp_unit* u) {
+int fsdp_shard_gather_finish(fsdp_unit* u, int dtype) {
+  // gathered, or a prefetch in flight, in the other dtype (summon_full_params's float32 against the
+  // compute dtype): drop it and gather again
+  int other = u->separate_full &&
+              ((u->gathered && u->full_dtype != dtype) || (u->g[0].gather && u->g[0].gather_dtype != dtype) ||
+               (u->g[1].gather && u->g[1].gather_dtype != dtype));
+  if (other && fsdp_shard_reshard(u, 0)) return -1;
   if (u->gathered) {
     fsdp_shard_set_form(u, 1);
     return 0;
   }
-  if (fsdp_shard_gather_start(u)) return -1;
-  int pdt = u->opts.param_dtype;
+  if (fsdp_shard_gather_start(u, dtype)) return -1;
   for (int k = 0; k < 2; k++) {
     unit_group* g = &u->g[k];
     if (g->full_numel == 0) continue;
-    int rc = fsdp_work_wait(g->gather);
+    int rc = u->W == 1 ? 0 : fsdp_work_wait(g->gather);
+    g->full->nbytes = (size_t)g->full_numel * fsdp_dtype_size(dtype);  // (its data is absent: resharded)
     if (!rc) rc = fsdp_storage_ensure_data(g->full);
     if (rc) {
       char msg[2048];
@@ -196,18 +209,23 @@ int fsdp_shard_gather_finish(fsdp_unit* u) {
       fsdp_errorf("FSDP unit '%s': all-gather of its parameters failed: %s", u->path, msg);
       return -1;
     }
+    if (u->W == 1) {  // the shard is the group's full layout
+      copy_run(g->full, dtype, 0, g->shard, FSDP_F32, 0, g->full_numel);
+      continue;
+    }
     // copy-out: rank r's chunk of parameter p lands at p's full offset + r * chunk
     fsdp_storage* recv = g->gather_recv->storage;
     for (int r = 0; r < u->W; r++)
       for (int i = 0; i < u->n; i++) {
         unit_param* p = &u->p[i];
         if (p->group != k) continue;
-        copy_run(g->full, FSDP_F32, p->full_off + (int64_t)r * p->chunk, recv, pdt,
+        copy_run(g->full, dtype, p->full_off + (int64_t)r * p->chunk, recv, dtype,
                  (int64_t)r * g->shard_numel + p->shard_off, piece_len(p, r));
       }
     gather_cleanup(g);
   }
   u->gathered = 1;
+  u->full_dtype = dtype;
   fsdp_shard_set_form(u, 1);
   return 0;
 }
@@ -226,7 +244,7 @@ int fsdp_shard_reshard(fsdp_unit* u, int writeback) {
   if (u->gathered && writeback)
     for (int i = 0; i < u->n; i++) {
       unit_param* p = &u->p[i];
-      copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, FSDP_F32, p->full_off + p->start,
+      copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, u->full_dtype, p->full_off + p->start,
                p->len);
     }
   for (int k = 0; k < 2; k++) fsdp_storage_drop_data(u->g[k].full);

@@ -10,6 +10,10 @@
  *     full:  the gathered parameters, back to back in their own order (F_g = sum n_p elements)
  *   all-gather:     shard (S_g) of every rank -> staging (W * S_g, rank-major) -> copy-out to full
  *   reduce-scatter: full grads -> copy-in to staging (W * S_g, rank-major) -> this rank's S_g sums
+ * Shards (the master copy) and gradient pieces are float32. The full buffers hold the dtype they
+ * were gathered in: the unit's param dtype for forward and backward (bfloat16 under mixed
+ * precision: parameters are then bfloat16 tensors, and the unit computes in bfloat16), float32 for
+ * summon_full_params and for parameters leaving the unit (their exact values).
  * A parameter tensor switches between two forms in place (same C struct, so Lua, optimizers and
  * autograd edges keep seeing one object): the piece view of shard, and the full view of full.
  */
@@ -39,6 +43,7 @@ typedef struct unit_group {
   fsdp_storage* shard;  // PARAMS, always allocated
   fsdp_storage* full;   // PARAMS; == shard when the unit needs no separate full buffer
   fsdp_work* gather;    // all-gather in flight into gather_recv
+  int gather_dtype;     // the dtype it gathers in
   fsdp_tensor *gather_send, *gather_recv;
 } unit_group;
 
@@ -53,6 +58,7 @@ struct fsdp_unit {
   unit_group g[2];
   int state;        // fsdp_unit_phase
   int gathered;     // full buffers hold the current values
+  int full_dtype;   // ... in this dtype (the param dtype, or float32 for full precision)
   int is_root;      // root of the current forward pass
   int sync_grads;   // 0 inside no_sync
   int order_index;  // position in the last forward order, -1 if not reached
@@ -66,15 +72,16 @@ struct fsdp_unit {
 };
 
 // shard.c
-int fsdp_shard_layout(fsdp_unit* u);                   // (re)builds buffers from the params' groups
-int fsdp_shard_gather_start(fsdp_unit* u);             // issues the all-gathers (no-op if gathered)
-int fsdp_shard_gather_finish(fsdp_unit* u);            // waits, copies out, params take full form
-int fsdp_shard_reshard(fsdp_unit* u, int writeback);   // frees full buffers, params take piece form
-int fsdp_shard_reduce_start(fsdp_unit* u);             // copy-in grads, issue reduce-scatter
-int fsdp_shard_reduce_finish(fsdp_unit* u);            // waits, assigns piece grads (+ stash)
-void fsdp_shard_set_form(fsdp_unit* u, int full);      // points every param at full or piece view
-int fsdp_shard_requires_relayout(const fsdp_unit* u);  // a param's requires_grad moved it between groups
-int fsdp_shard_release_param(fsdp_unit* u, int i);     // param i becomes a standalone full tensor
+int fsdp_shard_layout(fsdp_unit* u);  // (re)builds buffers from the params' groups
+// gathers in `dtype`: the param dtype (compute) or FSDP_F32 (full precision)
+int fsdp_shard_gather_start(fsdp_unit* u, int dtype);   // issues the all-gathers (no-op if gathered)
+int fsdp_shard_gather_finish(fsdp_unit* u, int dtype);  // waits, copies out, params take full form
+int fsdp_shard_reshard(fsdp_unit* u, int writeback);    // frees full buffers, params take piece form
+int fsdp_shard_reduce_start(fsdp_unit* u);              // copy-in grads, issue reduce-scatter
+int fsdp_shard_reduce_finish(fsdp_unit* u);             // waits, assigns piece grads (+ stash)
+void fsdp_shard_set_form(fsdp_unit* u, int full);       // points every param at full or piece view
+int fsdp_shard_requires_relayout(const fsdp_unit* u);   // a param's requires_grad moved it between groups
+int fsdp_shard_release_param(fsdp_unit* u, int i);      // param i becomes a standalone full tensor
 
 // sched.c
 extern fsdp_unit** fsdp_units;  // every unit, in creation order (the order collectives are issued in)
