@@ -360,7 +360,7 @@ static fsdp_tensor* tensor_alloc(int ndim, const int64_t* shape, int dtype) {
   t->refcount = 1;
   t->ndim = ndim;
   t->dtype = dtype;
-  memcpy(t->shape, shape, ndim * sizeof(int64_t));
+  if (ndim > 0) memcpy(t->shape, shape, ndim * sizeof(int64_t));  // (a 0-dim tensor may pass no shape)
   return t;
 }
 
