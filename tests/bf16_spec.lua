@@ -275,4 +275,12 @@ describe("bfloat16: FSDP mixed precision computes in bfloat16", function()
     end
     assert.is_true(fsdp.all_idle())
   end)
+
+  it("refuses a model already converted to bfloat16, pointing at mixed_precision", function()
+    local m = nn.Sequential(nn.Linear(2, 3)):to("bfloat16")
+    H.assert_error(function() fsdp.wrap(m) end, "fsdp.wrap", "'0.weight' is bfloat16", "mixed_precision")
+    local w = nn.Sequential(nn.Linear(2, 3))
+    fsdp.wrap(w)
+    H.assert_error(function() w:to("bfloat16") end, "FSDP unit", "before fsdp.wrap", "mixed_precision")
+  end)
 end)

@@ -147,8 +147,10 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
   for (int i = 0; i < n; i++) {
     fsdp_tensor* t = ts[i];
     const char* nm = names && names[i] ? names[i] : "?";
-    CHECK_INT(t->dtype == FSDP_F32, "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters", u->path, nm,
-              DT(t));
+    CHECK_INT(t->dtype == FSDP_F32,
+              "fsdp.wrap '%s': parameter '%s' is %s; FSDP shards float32 parameters (to compute in bf16, keep them "
+              "float32 and pass mixed_precision = {param = \"bf16\"})",
+              u->path, nm, DT(t));
     CHECK_INT(!t->grad_fn, "fsdp.wrap '%s': parameter '%s' is not a leaf tensor", u->path, nm);
     CHECK_INT(fsdp_device_of(t) == fsdp_device_of(ts[0]), "fsdp.wrap '%s': parameter '%s' is on %s, '%s' on %s",
               u->path, nm, fsdp_device_name(fsdp_device_of(t)), names && names[0] ? names[0] : "?",
