@@ -5,6 +5,7 @@
 package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
+local H = require "helpers"
 local F = fsdp.nn.functional
 
 pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")
@@ -32,15 +33,7 @@ local function run(path, x, w, b, gy, o, want)
   return { y = y, x = xl.grad, w = wl.grad, b = bl and bl.grad }
 end
 
--- max |a - b| <= tol * max |ref|
-local function assert_rel(a, ref, tol, what)
-  assert.same(ref:shape(), a:shape())
-  local scale = ref:abs():max():item()
-  local d = (a - ref):abs():max():item()
-  if not (d <= tol * scale) then
-    error(("%s: max |diff| %.3g > %.1g * max |ref| %.3g"):format(what, d, tol, scale), 2)
-  end
-end
+local assert_rel = H.assert_rel
 
 describe("conv2d through oneDNN", function()
   after_each(function() for k, v in pairs(saved) do setenv(k, v) end end)

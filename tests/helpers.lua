@@ -40,6 +40,18 @@ function H.assert_close(a, b, atol, rtol, what)
   end
 end
 
+-- asserts max |a - ref| <= tol * max |ref| over two tensors of one shape, in tensor ops (fast on
+-- large tensors); `what` names the comparison in the message
+function H.assert_rel(a, ref, tol, what)
+  local sa, sr = table.concat(a:shape(), "x"), table.concat(ref:shape(), "x")
+  if sa ~= sr then error(("%s: shape %s, expected %s"):format(what, sa, sr), 2) end
+  local scale = ref:abs():max():item()
+  local d = (a - ref):abs():max():item()
+  if not (d <= tol * scale) then
+    error(("%s: max |diff| %.3g > %.1g * max |ref| %.3g"):format(what, d, tol, scale), 2)
+  end
+end
+
 -- The spacing of `dtype`'s values around v (a unit in the last place: 8 significant bits for
 -- bfloat16, 11 for float16, 24 for float32), for |v| in the normal range
 local significant_bits = { bfloat16 = 8, float16 = 11, float32 = 24 }

@@ -35,15 +35,7 @@ local function run(algo, x, w, b, gy)
   return y, xl.grad, wl.grad, bl and bl.grad
 end
 
--- max |a - b| <= tol * max |ref|  (tensor ops: fast on large tensors)
-local function assert_rel(a, ref, tol, what)
-  assert.same(ref:shape(), a:shape())
-  local scale = ref:abs():max():item()
-  local d = (a - ref):abs():max():item()
-  if not (d <= tol * scale) then
-    error(("%s: max |diff| %.3g > %.1g * max |ref| %.3g"):format(what, d, tol, scale), 2)
-  end
-end
+local assert_rel = H.assert_rel
 
 describe("winograd conv2d", function()
   after_each(function() set_algo(saved_algo) end)
