@@ -17,8 +17,8 @@
  * blocked in the same layout. Primitives (a JIT compile each) live in a cache of 64 geometries,
  * keyed by the OpenMP thread count too (a primitive divides its work for the count it was made at).
  * Scratch memory is ours (user scratchpad, from fsdp_alloc), so concurrent calls are safe and
- * the bytes are counted. Functions return 0, 1 for geometries left to the caller (empty tensors, a
- * negative right padding), or -1 with the error set.
+ * the bytes are counted. Functions return 0, 1 for geometries left to the caller (empty tensors),
+ * or -1 with the error set.
  */
 #include "core/core.h"
 #include "backend/cpu/cpu.h"
@@ -40,8 +40,9 @@ static const char* pass_names[NPASS] = {"forward", "input gradient", "weight gra
 // one pass of one geometry: the primitive and, for each of its three operands, the layout it runs
 // in and the reorders between that and our plain layout (NULL where they are the same)
 typedef struct {
-  dnnl_primitive_t prim;  // NULL until first used
-  int blocked;
+  dnnl_primitive_t prim;          // NULL until first used
+  int wanted;                     // the layout conv_layout() asked for when it was made
+  int blocked;                    // the layout it runs in (blocked where plain would be oneDNN's reference code)
   int arg[3];                     // oneDNN argument ids: two inputs, then the output
   dnnl_memory_desc_t md[3];       // the primitive's layout of each operand
   dnnl_primitive_t to_md[3];      // plain -> md (inputs)
@@ -54,6 +55,10 @@ typedef struct {
   fsdp_conv_geom g;
   int has_bias;
   int threads;  // OpenMP threads when made: a primitive splits its work for that many for good
+  // the input rows and columns the windows reach (H, W less any the last window stops short of:
+  // oneDNN takes no negative right padding, so x is described as its first Hx rows, Wx columns)
+  // and the right padding then (>= 0)
+  int64_t Hx, Wx, pad_r[2];
   dnnl_memory_desc_t x_md, w_md, b_md, y_md;  // our plain layouts
   conv_pass pass[NPASS];
 } conv_entry;
@@ -94,11 +99,14 @@ static int make_entry(const fsdp_conv_geom* g, int has_bias, int threads, conv_e
   e->g = *g;
   e->has_bias = has_bias;
   e->threads = threads;
+  // rows of x the last window's bottom reaches past (padding) or stops short of (negative)
   int64_t pr = (g->OH - 1) * g->sh + (int64_t)(g->kh - 1) * g->dh + 1 - g->H - g->ph;
   int64_t pc = (g->OW - 1) * g->sw + (int64_t)(g->kw - 1) * g->dw + 1 - g->W - g->pw;
-  if (pr < 0 || pc < 0) return 1;
+  e->Hx = pr < 0 ? g->H + pr : g->H, e->Wx = pc < 0 ? g->W + pc : g->W;
+  e->pad_r[0] = pr < 0 ? 0 : pr, e->pad_r[1] = pc < 0 ? 0 : pc;
   int64_t G = g->groups;
-  dnnl_dims_t xd = {g->N, g->C, g->H, g->W}, yd = {g->N, g->O, g->OH, g->OW}, bd = {g->O};
+  dnnl_dims_t xd = {g->N, g->C, e->Hx, e->Wx}, yd = {g->N, g->O, g->OH, g->OW}, bd = {g->O};
+  dnnl_dims_t xs = {g->C * g->H * g->W, g->H * g->W, g->W, 1};  // x's strides (N, C, H, W)
   dnnl_dims_t wd = {G, g->O / G, g->C / G, g->kh, g->kw};
   int wnd = 5;
   dnnl_format_tag_t wtag = dnnl_goihw;
@@ -106,7 +114,7 @@ static int make_entry(const fsdp_conv_geom* g, int has_bias, int threads, conv_e
     wd[0] = g->O, wd[1] = g->C, wd[2] = g->kh, wd[3] = g->kw;
     wnd = 4, wtag = dnnl_oihw;
   }
-  if (dnnl_memory_desc_init_by_tag(&e->x_md, 4, xd, dnnl_f32, dnnl_nchw) ||
+  if (dnnl_memory_desc_init_by_strides(&e->x_md, 4, xd, dnnl_f32, xs) ||
       dnnl_memory_desc_init_by_tag(&e->w_md, wnd, wd, dnnl_f32, wtag) ||
       dnnl_memory_desc_init_by_tag(&e->b_md, 1, bd, dnnl_f32, dnnl_x) ||
       dnnl_memory_desc_init_by_tag(&e->y_md, 4, yd, dnnl_f32, dnnl_nchw))
@@ -119,8 +127,7 @@ static int init_descs(const conv_entry* e, int pass, const dnnl_memory_desc_t* x
                       const dnnl_memory_desc_t* y, dnnl_convolution_desc_t* fd, dnnl_convolution_desc_t* cd) {
   const fsdp_conv_geom* g = &e->g;
   dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pad_l = {g->ph, g->pw};
-  dnnl_dims_t pad_r = {(g->OH - 1) * g->sh + (int64_t)(g->kh - 1) * g->dh + 1 - g->H - g->ph,
-                       (g->OW - 1) * g->sw + (int64_t)(g->kw - 1) * g->dw + 1 - g->W - g->pw};
+  dnnl_dims_t pad_r = {e->pad_r[0], e->pad_r[1]};
   const dnnl_memory_desc_t* b = e->has_bias ? &e->b_md : NULL;
   if (dnnl_dilated_convolution_forward_desc_init(fd, dnnl_forward_training, dnnl_convolution_direct, x, w, b, y,
                                                  strides, dil, pad_l, pad_r))
@@ -146,21 +153,21 @@ static int make_reorder(const dnnl_memory_desc_t* from, const dnnl_memory_desc_t
   return st != dnnl_success;
 }
 
-// creates pass p of e: 0, or 1 when oneDNN refuses it (the pass is then left to the caller)
-static int make_pass(conv_entry* e, int pass) {
-  conv_pass* p = &e->pass[pass];
-  p->blocked = conv_layout(&e->g, pass);
+// the primitive descriptor of pass p of e in the plain or blocked layout, or NULL when oneDNN has
+// none, or only its reference code (C loops 10-100x slower than its JIT kernels: x described with
+// strides, as for a negative right padding, gets that in the plain layout)
+static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocked) {
   dnnl_memory_desc_t x = e->x_md, w = e->w_md, y = e->y_md;
-  if (p->blocked) {
+  if (blocked) {
     if (dnnl_memory_desc_init_by_tag(&x, 4, e->x_md.dims, dnnl_f32, dnnl_format_tag_any) ||
         dnnl_memory_desc_init_by_tag(&w, e->w_md.ndims, e->w_md.dims, dnnl_f32, dnnl_format_tag_any) ||
         dnnl_memory_desc_init_by_tag(&y, 4, e->y_md.dims, dnnl_f32, dnnl_format_tag_any))
-      return 1;
+      return NULL;
   }
   dnnl_convolution_desc_t fd, cd;
-  if (init_descs(e, pass, &x, &w, &y, &fd, &cd)) return 1;
+  if (init_descs(e, pass, &x, &w, &y, &fd, &cd)) return NULL;
   dnnl_primitive_attr_t attr;
-  if (dnnl_primitive_attr_create(&attr)) return 1;
+  if (dnnl_primitive_attr_create(&attr)) return NULL;
   dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   dnnl_primitive_desc_t hint = NULL, pd = NULL;
   int bad = 0;
@@ -168,7 +175,25 @@ static int make_pass(conv_entry* e, int pass) {
   if (!bad) bad = dnnl_primitive_desc_create(&pd, &cd, attr, g_engine, hint) != dnnl_success;
   dnnl_primitive_attr_destroy(attr);
   dnnl_primitive_desc_destroy(hint);
-  if (bad) return 1;
+  const char* impl = NULL;
+  if (!bad && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+      strncmp(impl, "ref", 3) == 0)
+    bad = 1;
+  if (bad) {
+    dnnl_primitive_desc_destroy(pd);
+    return NULL;
+  }
+  return pd;
+}
+
+// creates pass p of e: 0, or 1 when oneDNN refuses it (the pass is then left to the caller)
+static int make_pass(conv_entry* e, int pass) {
+  conv_pass* p = &e->pass[pass];
+  p->wanted = p->blocked = conv_layout(&e->g, pass);
+  dnnl_primitive_desc_t pd = pass_desc(e, pass, p->blocked);
+  if (!pd && !p->blocked) pd = pass_desc(e, pass, p->blocked = 1);
+  int bad = 0;
+  if (!pd) return 1;
   // operands: (inputs..., output) and our plain layout of each
   static const dnnl_query_t qs[NPASS][3] = {
       {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md},
@@ -224,7 +249,7 @@ static conv_entry* entry_for(const fsdp_conv_geom* g, int has_bias, int pass, in
   }
   // a layout forced by FSDP_CONV_LAYOUT since the pass was made: make it again (tests and
   // benchmarks switch layouts between calls, never while one runs)
-  if (e && e->pass[pass].prim && e->pass[pass].blocked != conv_layout(g, pass)) destroy_pass(&e->pass[pass]);
+  if (e && e->pass[pass].prim && e->pass[pass].wanted != conv_layout(g, pass)) destroy_pass(&e->pass[pass]);
   if (e && !e->pass[pass].prim && make_pass(e, pass)) e = NULL;
   pthread_mutex_unlock(&g_cache_lock);
   if (e) *rc = 0;
@@ -361,6 +386,14 @@ int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* g
   dnnl_stream_t s;
   CHECK_INT(dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) == dnnl_success,
             "conv2d: oneDNN could not create a stream");
+  if (gx && (ed->Hx < g->H || ed->Wx < g->W)) {  // the rows and columns no window reaches: gradient 0
+    for (int64_t plane = 0; plane < g->N * g->C; plane++) {
+      float* xp = gx + plane * g->H * g->W;
+      for (int64_t h = 0; h < g->H; h++)
+        if (h < ed->Hx) memset(xp + h * g->W + ed->Wx, 0, (size_t)(g->W - ed->Wx) * sizeof(float));
+        else memset(xp + h * g->W, 0, (size_t)g->W * sizeof(float));
+    }
+  }
   shared_operand gy_once = {NULL, NULL};  // gy in the blocked layout, made by the first pass
   void* gy_buf = NULL;
   size_t gy_bytes = 0;
