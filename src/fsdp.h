@@ -88,6 +88,10 @@ const char* fsdp_cpu_gemm_backend(void);
 // (oneDNN has no bf16 GEMM for this CPU)", "upcast to float32 (FSDP_BF16_GEMM)", ...; backend/cpu/bf16.c
 // chooses at the first such GEMM, or when asked here first)
 const char* fsdp_cpu_bf16_gemm_backend(void);
+// how many convolution passes (forward, input gradient, weight gradient) oneDNN has run in this
+// process on operands of `dtype` (FSDP_F32 or FSDP_BF16; backend/cpu/onednn.c), for tests and
+// benchmarks that want to know which path a convolution took
+int64_t fsdp_cpu_onednn_conv_passes(int dtype);
 
 // ---- memory ------------------------------------------------------------------------------
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT)

@@ -35,6 +35,9 @@ end
 
 local assert_rel = H.assert_rel
 
+local avx512 = ffi.string(fsdp.C.fsdp_cpu_isa()) == "avx512f"
+local native_bf16 = avx512 and io.open("/proc/cpuinfo"):read("*a"):find(" avx512_bf16") ~= nil
+
 describe("conv2d through oneDNN", function()
   after_each(function() for k, v in pairs(saved) do setenv(k, v) end end)
 
@@ -86,6 +89,51 @@ describe("conv2d through oneDNN", function()
           if want[k] then assert_rel(got[k], ref[k], 1e-5, path .. " gradient of " .. k)
           else assert.is_nil(got[k]) end
         end
+      end
+    end
+  end)
+
+  -- bfloat16 x and w: oneDNN's bf16 kernels (float32 accumulation, results rounded once) against
+  -- the float32 im2col path on the same bf16 values, rounded the same way
+  for _, c in ipairs { cases[2], cases[4], cases[5], cases[9] } do
+    local name, xs, ws, o = unpack(c)
+    for _, path in ipairs { "plain", "blocked", "default" } do
+      it(("%s in bfloat16 matches im2col on the same values: %s"):format(path, name), function()
+        fsdp.manual_seed(#name + 1)
+        local x, w, b = fsdp.randn(unpack(xs)):bfloat16(), fsdp.randn(unpack(ws)):bfloat16(), fsdp.randn(ws[1])
+        b = b:bfloat16()
+        local gy = fsdp.randn(unpack(F.conv2d(x, w, b, o):shape())):bfloat16()
+        local all = { x = true, w = true, b = true }
+        local ref = run("im2col", x:float(), w:float(), b:float(), gy:float(), o, all)
+        local before = fsdp.C.fsdp_cpu_onednn_conv_passes(fsdp.C.FSDP_BF16)
+        local got = run(path, x, w, b, gy, o, all)
+        -- where oneDNN has bf16 kernels (AVX512_BF16, not capped by FSDP_CPU_ISA) it ran all three
+        -- passes on the bf16 operands; below AVX-512 none (float32 copies); AVX-512 without bf16
+        -- instructions may go either way
+        local ran = tonumber(fsdp.C.fsdp_cpu_onednn_conv_passes(fsdp.C.FSDP_BF16) - before)
+        if native_bf16 then assert.equal(3, ran) elseif not avx512 then assert.equal(0, ran) end
+        assert.equal("bfloat16", got.y.dtype)
+        assert.equal("bfloat16", got.w.dtype)
+        -- one rounding to bf16 (8 significant bits): within 2^-8 of the largest value
+        H.assert_rel(got.y:float(), ref.y:bfloat16():float(), 2 ^ -8, "forward")
+        H.assert_rel(got.x:float(), ref.x:bfloat16():float(), 2 ^ -8, "input gradient")
+        H.assert_rel(got.w:float(), ref.w:bfloat16():float(), 2 ^ -8, "weight gradient")
+        H.assert_rel(got.b:float(), ref.b:bfloat16():float(), 2 ^ -8, "bias gradient")
+      end)
+    end
+  end
+
+  it("computes only the wanted gradients in bfloat16 too (a frozen weight with a trained bias)", function()
+    fsdp.manual_seed(7)
+    local x, w, b = fsdp.randn(2, 16, 10, 9):bfloat16(), fsdp.randn(32, 16, 3, 3):bfloat16(), fsdp.randn(32):bfloat16()
+    local o = { padding = 1 }
+    local gy = fsdp.randn(2, 32, 10, 9):bfloat16()
+    local ref = run("im2col", x:float(), w:float(), b:float(), gy:float(), o, { x = true, w = true, b = true })
+    for _, want in ipairs { { b = true }, { x = true, b = true }, { w = true }, { x = true } } do
+      local got = run("default", x, w, b, gy, o, want)
+      for _, k in ipairs { "x", "w", "b" } do
+        if want[k] then H.assert_rel(got[k]:float(), ref[k]:bfloat16():float(), 2 ^ -8, "gradient of " .. k)
+        else assert.is_nil(got[k]) end
       end
     end
   end)

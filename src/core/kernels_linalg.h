@@ -84,6 +84,12 @@ typedef struct fsdp_linalg_kernels {
   // any of gx (N,C,H,W), gw (O,C/groups,kh,kw), gb (O) may be NULL (not wanted); all are overwritten
   int (*conv2d_backward)(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy, const float* x,
                          const float* w);
+  // the same two on bfloat16 operands x, w, gy (the bias stays float32), accumulated in float32, with
+  // float32 results: 1 where the device has no bf16 convolution for this geometry (the op layer
+  // then runs the float32 entries on float32 copies)
+  int (*conv2d_forward_bf16)(const fsdp_conv_geom* g, float* y, const uint16_t* x, const uint16_t* w, const float* b);
+  int (*conv2d_backward_bf16)(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const uint16_t* gy,
+                              const uint16_t* x, const uint16_t* w);
   // ---- pooling (geometry: O = C, groups unused) -------------------------------------------------------
   // y (N, C, OH, OW) = max over each window; idx = flat argmax h*W + w within the plane
   void (*max_pool2d_forward)(const fsdp_conv_geom* g, float* y, int64_t* idx, const float* x);

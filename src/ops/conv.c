@@ -1,8 +1,9 @@
 /*
  * ops/conv.c -- conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW; computed in float32,
- * results rounded to the input's dtype: ops/ops.h, "float dtypes") with their backward. Shapes follow PyTorch's formulas; the work happens in the device's linalg kernels
- * (im2col + GEMM or Winograd for convolution -- the CPU kernels choose, FSDP_CONV_ALGO=im2col|winograd
- * forces one -- window loops for pooling).
+ * results rounded to the input's dtype: ops/ops.h, "float dtypes"; bf16 convolutions natively where
+ * the device can) with their backward. Shapes follow PyTorch's formulas; the work happens in the
+ * device's linalg kernels (oneDNN, or our im2col + GEMM or Winograd, for convolution: the CPU
+ * kernels choose, FSDP_CONV_ALGO forces ours -- window loops for pooling).
  */
 #include "ops/ops.h"
 
@@ -18,6 +19,11 @@ static int64_t pool_out_size(int64_t in, int k, int pad, int stride, int dil, in
 
 // ---- conv2d -----------------------------------------------------------------------------------------------
 
+// A convolution of bfloat16 x and w runs on them as they are where the device has bf16 kernels
+// (conv2d_forward_bf16 and conv2d_backward_bf16: float32 accumulation and results, rounded once
+// like every op's); else, and for any other dtype, on float32 copies.
+static uint16_t* bf16_ptr(const fsdp_tensor* t) { return (uint16_t*)fsdp_ptr(t); }
+
 static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* w = x ? fsdp_node_saved(node, 1) : NULL;
@@ -25,15 +31,24 @@ static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   fsdp_conv_geom g;
   fsdp_node_params(node, &g, sizeof g);
   int dev = fsdp_device_of(x);
-  fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *gy = fsdp_as_contig(grad_out);
-  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
+  const fsdp_linalg_kernels* k = fsdp_backend_of(x)->linalg;
+  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL, *xc = NULL, *wc = NULL, *gy = NULL;
   int rc = -1;
-  if (!xc || !wc || !gy) goto done;
   if (node->needs_grad[0] && !(gx = fsdp_new(4, x->shape, FSDP_F32, dev))) goto done;
   if (node->needs_grad[1] && !(gw = fsdp_new(4, w->shape, FSDP_F32, dev))) goto done;
   if (node->needs_grad[2] && !(gb = fsdp_new(1, &g.O, FSDP_F32, dev))) goto done;
-  rc = fsdp_backend_of(x)->linalg->conv2d_backward(&g, gx ? fsdp_f32(gx) : NULL, gw ? fsdp_f32(gw) : NULL,
-                                                   gb ? fsdp_f32(gb) : NULL, fsdp_f32(gy), fsdp_f32(xc), fsdp_f32(wc));
+  float *gxp = gx ? fsdp_f32(gx) : NULL, *gwp = gw ? fsdp_f32(gw) : NULL, *gbp = gb ? fsdp_f32(gb) : NULL;
+  rc = 1;
+  if (x->dtype == FSDP_BF16 && w->dtype == FSDP_BF16 && grad_out->dtype == FSDP_BF16) {
+    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
+    gy = fsdp_as_contig_dtype(grad_out, FSDP_BF16);
+    rc = xc && wc && gy ? k->conv2d_backward_bf16(&g, gxp, gwp, gbp, bf16_ptr(gy), bf16_ptr(xc), bf16_ptr(wc)) : -1;
+  }
+  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
+    fsdp_tensor_release(xc), fsdp_tensor_release(wc), fsdp_tensor_release(gy);
+    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w), gy = fsdp_as_contig(grad_out);
+    rc = xc && wc && gy ? k->conv2d_backward(&g, gxp, gwp, gbp, fsdp_f32(gy), fsdp_f32(xc), fsdp_f32(wc)) : -1;
+  }
 done:
   fsdp_tensor_release(xc);
   fsdp_tensor_release(wc);
@@ -101,11 +116,20 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
                       .groups = groups};
 
   int dev = fsdp_device_of(x);
-  fsdp_tensor *xc = fsdp_as_contig(x), *wc = fsdp_as_contig(w), *bc = b ? fsdp_as_contig(b) : NULL, *y = NULL;
-  int rc = -1;
-  if (xc && wc && (!b || bc) && (y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, dev)))
-    rc = fsdp_backend_of(x)->linalg->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc),
-                                                    bc ? fsdp_f32(bc) : NULL);
+  const fsdp_linalg_kernels* k = fsdp_backend_of(x)->linalg;
+  fsdp_tensor *bc = b ? fsdp_as_contig(b) : NULL, *xc = NULL, *wc = NULL;
+  fsdp_tensor* y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, dev);
+  int rc = y && (!b || bc) ? 1 : -1;
+  const float* bp = bc ? fsdp_f32(bc) : NULL;
+  if (rc == 1 && x->dtype == FSDP_BF16) {
+    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
+    rc = xc && wc ? k->conv2d_forward_bf16(&g, fsdp_f32(y), bf16_ptr(xc), bf16_ptr(wc), bp) : -1;
+  }
+  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
+    fsdp_tensor_release(xc), fsdp_tensor_release(wc);
+    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w);
+    rc = xc && wc ? k->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc), bp) : -1;
+  }
   fsdp_tensor_release(xc);
   fsdp_tensor_release(wc);
   fsdp_tensor_release(bc);

@@ -19,11 +19,13 @@ int fsdp_cpu_gemm_bf16_many(int n, const fsdp_gemm_bf16_args* g);
 enum { FSDP_ISA_SSE2, FSDP_ISA_AVX2, FSDP_ISA_AVX512 };
 int fsdp_cpu_isa_level(void);
 
-// convolution through oneDNN (onednn.c), with the arguments of the conv2d kernels: 0, 1 when it
-// leaves this geometry to the caller, -1 with the error set. The backward computes gb only
-// together with gw, and returns 1 when neither gx nor gw is wanted.
-int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b);
-int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
-                                    const float* x, const float* w);
+// convolution through oneDNN (onednn.c), with the arguments of the conv2d kernels; the operands
+// x, w, gy are float32 or (dtype FSDP_BF16) bfloat16, the results float32: 0, 1 when it leaves
+// this geometry (or this dtype on this CPU) to the caller, -1 with the error set. The backward
+// computes gb only together with gw, and returns 1 when neither gx nor gw is wanted.
+int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, int dtype, float* y, const void* x, const void* w,
+                                   const float* b);
+int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, int dtype, float* gx, float* gw, float* gb, const void* gy,
+                                    const void* x, const void* w);
 
 #endif

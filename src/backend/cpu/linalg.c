@@ -1036,7 +1036,7 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
 
 static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
   if (!conv_algo()) {  // oneDNN unless one of ours is forced
-    int rc = fsdp_cpu_onednn_conv2d_forward(g, y, x, w, b);
+    int rc = fsdp_cpu_onednn_conv2d_forward(g, FSDP_F32, y, x, w, b);
     if (rc <= 0) return rc;
   }
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
@@ -1070,7 +1070,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
                                const float* x, const float* w) {
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
   if (!conv_algo() && (gx || gw)) {  // oneDNN unless one of ours is forced
-    int rc = fsdp_cpu_onednn_conv2d_backward(g, gx, gw, gw ? gb : NULL, gy, x, w);
+    int rc = fsdp_cpu_onednn_conv2d_backward(g, FSDP_F32, gx, gw, gw ? gb : NULL, gy, x, w);
     if (rc < 0) return -1;
     if (rc == 0) return gb && !gw ? cpu_conv2d_backward(g, NULL, NULL, gb, gy, x, w) : 0;
   }
@@ -1140,6 +1140,29 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
     for (int64_t i = 0; i < wsize; i++) gw[i] += part[i];
   }
   fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  return 0;
+}
+
+// bf16 convolutions: oneDNN's (its bf16 JIT kernels where the CPU has AVX512_BF16 or AMX, or
+// AVX-512 emulating them), none of ours; forced paths (FSDP_CONV_ALGO) and oneDNN's refusals
+// leave them to the float32 path
+static int cpu_conv2d_forward_bf16(const fsdp_conv_geom* g, float* y, const uint16_t* x, const uint16_t* w,
+                                   const float* b) {
+  return conv_algo() ? 1 : fsdp_cpu_onednn_conv2d_forward(g, FSDP_BF16, y, x, w, b);
+}
+static int cpu_conv2d_backward_bf16(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const uint16_t* gy,
+                                    const uint16_t* x, const uint16_t* w) {
+  if (conv_algo() || (!gx && !gw)) return 1;
+  int rc = fsdp_cpu_onednn_conv2d_backward(g, FSDP_BF16, gx, gw, gw ? gb : NULL, gy, x, w);
+  if (rc != 0 || !gb || gw) return rc;
+  // gb (O) = sum over n, p of gy (N, O, P), in float32
+  int64_t P = g->OH * g->OW;
+  for (int64_t o = 0; o < g->O; o++) {
+    float s = 0.0f;
+    for (int64_t n = 0; n < g->N; n++)
+      for (int64_t p = 0; p < P; p++) s += fsdp_bf16_to_f32(gy[(n * g->O + o) * P + p]);
+    gb[o] = s;
+  }
   return 0;
 }
 
@@ -1292,6 +1315,8 @@ const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
     .sum_rows = cpu_sum_rows,
     .conv2d_forward = cpu_conv2d_forward,
     .conv2d_backward = cpu_conv2d_backward,
+    .conv2d_forward_bf16 = cpu_conv2d_forward_bf16,
+    .conv2d_backward_bf16 = cpu_conv2d_backward_bf16,
     .max_pool2d_forward = cpu_max_pool2d_forward,
     .max_pool2d_backward = cpu_max_pool2d_backward,
     .avg_pool2d_forward = cpu_avg_pool2d_forward,

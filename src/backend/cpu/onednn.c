@@ -59,9 +59,14 @@ typedef struct {
   // oneDNN takes no negative right padding, so x is described as its first Hx rows, Wx columns)
   // and the right padding then (>= 0)
   int64_t Hx, Wx, pad_r[2];
-  dnnl_memory_desc_t x_md, w_md, b_md, y_md;  // our plain layouts
+  int dtype;  // of the operands x, w, gy (FSDP_F32 or FSDP_BF16); results are float32
+  // our plain layouts: x, w, gy in the operand dtype, y, gx, gw (and b, gb) in float32
+  dnnl_memory_desc_t x_md, w_md, gy_md, y_md, gx_md, gw_md, b_md;
   conv_pass pass[NPASS];
 } conv_entry;
+
+static _Atomic int64_t g_passes[2];  // passes run: float32, bfloat16 operands
+int64_t fsdp_cpu_onednn_conv_passes(int dtype) { return dtype == FSDP_BF16 ? g_passes[1] : g_passes[0]; }
 
 #define CACHE_SLOTS 64
 static conv_entry g_cache[CACHE_SLOTS];
@@ -94,9 +99,10 @@ static void destroy_pass(conv_pass* p) {
 }
 
 // the plain layouts of g; 1 when oneDNN should not take it
-static int make_entry(const fsdp_conv_geom* g, int has_bias, int threads, conv_entry* e) {
+static int make_entry(const fsdp_conv_geom* g, int dtype, int has_bias, int threads, conv_entry* e) {
   memset(e, 0, sizeof *e);
   e->g = *g;
+  e->dtype = dtype;
   e->has_bias = has_bias;
   e->threads = threads;
   // rows of x the last window's bottom reaches past (padding) or stops short of (negative)
@@ -114,32 +120,36 @@ static int make_entry(const fsdp_conv_geom* g, int has_bias, int threads, conv_e
     wd[0] = g->O, wd[1] = g->C, wd[2] = g->kh, wd[3] = g->kw;
     wnd = 4, wtag = dnnl_oihw;
   }
-  if (dnnl_memory_desc_init_by_strides(&e->x_md, 4, xd, dnnl_f32, xs) ||
-      dnnl_memory_desc_init_by_tag(&e->w_md, wnd, wd, dnnl_f32, wtag) ||
+  dnnl_data_type_t dt = dtype == FSDP_BF16 ? dnnl_bf16 : dnnl_f32;
+  if (dnnl_memory_desc_init_by_strides(&e->x_md, 4, xd, dt, xs) ||
+      dnnl_memory_desc_init_by_strides(&e->gx_md, 4, xd, dnnl_f32, xs) ||
+      dnnl_memory_desc_init_by_tag(&e->w_md, wnd, wd, dt, wtag) ||
+      dnnl_memory_desc_init_by_tag(&e->gw_md, wnd, wd, dnnl_f32, wtag) ||
       dnnl_memory_desc_init_by_tag(&e->b_md, 1, bd, dnnl_f32, dnnl_x) ||
+      dnnl_memory_desc_init_by_tag(&e->gy_md, 4, yd, dt, dnnl_nchw) ||
       dnnl_memory_desc_init_by_tag(&e->y_md, 4, yd, dnnl_f32, dnnl_nchw))
     return 1;
   return 0;
 }
 
-// the descriptors of the three passes of e, in `any` layouts when blocked (x, w, y as given)
-static int init_descs(const conv_entry* e, int pass, const dnnl_memory_desc_t* x, const dnnl_memory_desc_t* w,
-                      const dnnl_memory_desc_t* y, dnnl_convolution_desc_t* fd, dnnl_convolution_desc_t* cd) {
+// the descriptor of pass `pass` of e over x, w, y (in `any` layouts when blocked); 1 on failure
+static int conv_desc(const conv_entry* e, int pass, const dnnl_memory_desc_t* x, const dnnl_memory_desc_t* w,
+                     const dnnl_memory_desc_t* y, dnnl_convolution_desc_t* cd) {
   const fsdp_conv_geom* g = &e->g;
   dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pad_l = {g->ph, g->pw};
   dnnl_dims_t pad_r = {e->pad_r[0], e->pad_r[1]};
   const dnnl_memory_desc_t* b = e->has_bias ? &e->b_md : NULL;
-  if (dnnl_dilated_convolution_forward_desc_init(fd, dnnl_forward_training, dnnl_convolution_direct, x, w, b, y,
-                                                 strides, dil, pad_l, pad_r))
-    return 1;
+  dnnl_status_t st;
   if (pass == BWD_DATA)
-    return dnnl_dilated_convolution_backward_data_desc_init(cd, dnnl_convolution_direct, x, w, y, strides, dil, pad_l,
-                                                            pad_r) != dnnl_success;
-  if (pass == BWD_WEIGHTS)
-    return dnnl_dilated_convolution_backward_weights_desc_init(cd, dnnl_convolution_direct, x, w, b, y, strides, dil,
-                                                               pad_l, pad_r) != dnnl_success;
-  *cd = *fd;
-  return 0;
+    st = dnnl_dilated_convolution_backward_data_desc_init(cd, dnnl_convolution_direct, x, w, y, strides, dil, pad_l,
+                                                          pad_r);
+  else if (pass == BWD_WEIGHTS)
+    st = dnnl_dilated_convolution_backward_weights_desc_init(cd, dnnl_convolution_direct, x, w, b, y, strides, dil,
+                                                             pad_l, pad_r);
+  else
+    st = dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct, x, w, b, y,
+                                                    strides, dil, pad_l, pad_r);
+  return st != dnnl_success;
 }
 
 // a reorder between two layouts of one tensor; NULL (and 0) when they are the same
@@ -157,15 +167,22 @@ static int make_reorder(const dnnl_memory_desc_t* from, const dnnl_memory_desc_t
 // none, or only its reference code (C loops 10-100x slower than its JIT kernels: x described with
 // strides, as for a negative right padding, gets that in the plain layout)
 static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocked) {
-  dnnl_memory_desc_t x = e->x_md, w = e->w_md, y = e->y_md;
-  if (blocked) {
-    if (dnnl_memory_desc_init_by_tag(&x, 4, e->x_md.dims, dnnl_f32, dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&w, e->w_md.ndims, e->w_md.dims, dnnl_f32, dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&y, 4, e->y_md.dims, dnnl_f32, dnnl_format_tag_any))
+  // x, w, y as this pass sees them (the operands in their dtype, its result in float32), and as
+  // the forward that hints a backward pass sees them (all in the operand dtype)
+  const dnnl_memory_desc_t* role[NPASS][3] = {
+      {&e->x_md, &e->w_md, &e->y_md}, {&e->gx_md, &e->w_md, &e->gy_md}, {&e->x_md, &e->gw_md, &e->gy_md}};
+  const dnnl_memory_desc_t* hint_role[3] = {&e->x_md, &e->w_md, &e->gy_md};
+  dnnl_memory_desc_t md[3], hmd[3];
+  for (int i = 0; i < 3; i++) {
+    md[i] = *role[pass][i], hmd[i] = *hint_role[i];
+    if (blocked &&
+        (dnnl_memory_desc_init_by_tag(&md[i], md[i].ndims, md[i].dims, md[i].data_type, dnnl_format_tag_any) ||
+         dnnl_memory_desc_init_by_tag(&hmd[i], hmd[i].ndims, hmd[i].dims, hmd[i].data_type, dnnl_format_tag_any)))
       return NULL;
   }
   dnnl_convolution_desc_t fd, cd;
-  if (init_descs(e, pass, &x, &w, &y, &fd, &cd)) return NULL;
+  if (conv_desc(e, pass, &md[0], &md[1], &md[2], &cd)) return NULL;
+  if (pass != FWD && conv_desc(e, FWD, &hmd[0], &hmd[1], &hmd[2], &fd)) return NULL;
   dnnl_primitive_attr_t attr;
   if (dnnl_primitive_attr_create(&attr)) return NULL;
   dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
@@ -206,7 +223,7 @@ static int make_pass(conv_entry* e, int pass) {
       {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
   };
   const dnnl_memory_desc_t* plain[NPASS][3] = {
-      {&e->x_md, &e->w_md, &e->y_md}, {&e->y_md, &e->w_md, &e->x_md}, {&e->x_md, &e->y_md, &e->w_md}};
+      {&e->x_md, &e->w_md, &e->y_md}, {&e->gy_md, &e->w_md, &e->gx_md}, {&e->x_md, &e->gy_md, &e->gw_md}};
   for (int i = 0; i < 3 && !bad; i++) {
     p->arg[i] = args[pass][i];
     p->md[i] = *dnnl_primitive_desc_query_md(pd, qs[pass][i], 0);
@@ -222,7 +239,7 @@ static int make_pass(conv_entry* e, int pass) {
 }
 
 // the cached entry of g with pass ready; NULL with *rc 1 (not for oneDNN) or -1 (error set)
-static conv_entry* entry_for(const fsdp_conv_geom* g, int has_bias, int pass, int* rc) {
+static conv_entry* entry_for(const fsdp_conv_geom* g, int dtype, int has_bias, int pass, int* rc) {
   pthread_once(&g_engine_once, engine_init);
   *rc = 1;
   if (!g_engine) return NULL;
@@ -230,11 +247,12 @@ static conv_entry* entry_for(const fsdp_conv_geom* g, int has_bias, int pass, in
   pthread_mutex_lock(&g_cache_lock);
   conv_entry* e = NULL;
   for (int i = 0; i < g_cache_n && !e; i++)
-    if (g_cache[i].has_bias == has_bias && g_cache[i].threads == threads && same_geom(&g_cache[i].g, g))
+    if (g_cache[i].dtype == dtype && g_cache[i].has_bias == has_bias && g_cache[i].threads == threads &&
+        same_geom(&g_cache[i].g, g))
       e = &g_cache[i];
   if (!e) {
     conv_entry fresh;
-    if (make_entry(g, has_bias, threads, &fresh) == 0) {
+    if (make_entry(g, dtype, has_bias, threads, &fresh) == 0) {
       int slot;
       if (g_cache_n < CACHE_SLOTS) {
         slot = g_cache_n++;
@@ -290,7 +308,7 @@ static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void*
                     shared_operand* share, void** to_free, size_t* to_free_bytes) {
   conv_pass* p = &e->pass[pass];
   const dnnl_memory_desc_t* plain[NPASS][3] = {
-      {&e->x_md, &e->w_md, &e->y_md}, {&e->y_md, &e->w_md, &e->x_md}, {&e->x_md, &e->y_md, &e->w_md}};
+      {&e->x_md, &e->w_md, &e->y_md}, {&e->gy_md, &e->w_md, &e->gx_md}, {&e->x_md, &e->gy_md, &e->gw_md}};
   void* buf[3] = {NULL, NULL, NULL};
   size_t bytes[3] = {0, 0, 0};
   void* scratch = NULL;
@@ -333,6 +351,7 @@ static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void*
     for (int i = 0; i < 5; i++)
       if ((i < 3 || (i == 3 && bias) || (i == 4 && scratch)) && !m[i]) rc = -1;
     if (!rc) rc = run_prim(p->prim, s, n, args);
+    if (!rc) g_passes[e->dtype == FSDP_BF16]++;
     if (!rc && p->from_md[2]) rc = run_reorder(p->from_md[2], s, &p->md[2], buf[2], plain[pass][2], io[2]);
     if (!rc) rc = dnnl_stream_wait(s) == dnnl_success ? 0 : -1;
   }
@@ -357,12 +376,13 @@ static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void*
 
 static int empty(const fsdp_conv_geom* g) { return g->N * g->C * g->H * g->W == 0 || g->O * g->OH * g->OW == 0; }
 
-int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
+int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, int dtype, float* y, const void* x, const void* w,
+                                   const float* b) {
   if (empty(g)) return 1;
   int rc;
   // the entry stays valid while we run it: entries are replaced only when 64 other geometries
   // came after it, and a step uses far fewer
-  conv_entry* e = entry_for(g, b != NULL, FWD, &rc);
+  conv_entry* e = entry_for(g, dtype, b != NULL, FWD, &rc);
   if (!e) return rc;
   dnnl_stream_t s;
   CHECK_INT(dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) == dnnl_success,
@@ -375,13 +395,13 @@ int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, float* y, const floa
   return rc;
 }
 
-int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
-                                    const float* x, const float* w) {
+int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, int dtype, float* gx, float* gw, float* gb, const void* gy,
+                                    const void* x, const void* w) {
   if (empty(g) || (!gx && !gw)) return 1;
   int rc = 0;
-  conv_entry* ed = gx ? entry_for(g, gb != NULL, BWD_DATA, &rc) : NULL;
+  conv_entry* ed = gx ? entry_for(g, dtype, gb != NULL, BWD_DATA, &rc) : NULL;
   if (gx && !ed) return rc;
-  conv_entry* ew = gw ? entry_for(g, gb != NULL, BWD_WEIGHTS, &rc) : NULL;
+  conv_entry* ew = gw ? entry_for(g, dtype, gb != NULL, BWD_WEIGHTS, &rc) : NULL;
   if (gw && !ew) return rc;
   dnnl_stream_t s;
   CHECK_INT(dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) == dnnl_success,
