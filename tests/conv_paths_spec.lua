@@ -16,9 +16,10 @@ local function setenv(k, v)
 end
 local saved = { FSDP_CONV_ALGO = os.getenv("FSDP_CONV_ALGO"), FSDP_CONV_LAYOUT = os.getenv("FSDP_CONV_LAYOUT") }
 
--- path: "im2col" (ours) or a oneDNN layout: "plain", "blocked", "default" (the rule of onednn.c)
+-- path: "im2col" (ours), or oneDNN: "plain", "blocked" (forced layouts), "default" (the rules of
+-- onednn.c, Winograd for 3x3 stride-1 float32 layers included), "direct" (the rules without Winograd)
 local function set_path(path)
-  setenv("FSDP_CONV_ALGO", path == "im2col" and "im2col" or nil)
+  setenv("FSDP_CONV_ALGO", (path == "im2col" or path == "direct") and path or nil)
   setenv("FSDP_CONV_LAYOUT", (path == "plain" or path == "blocked") and path or nil)
 end
 
@@ -57,7 +58,7 @@ describe("conv2d through oneDNN", function()
   }
   for _, c in ipairs(cases) do
     local name, xs, ws, o = unpack(c)
-    for _, path in ipairs { "plain", "blocked", "default" } do
+    for _, path in ipairs { "plain", "blocked", "default", "direct" } do
       it(("%s matches im2col: %s"):format(path, name), function()
         fsdp.manual_seed(#name)
         local x, w, b = fsdp.randn(unpack(xs)), fsdp.randn(unpack(ws)), fsdp.randn(ws[1])
@@ -136,6 +137,21 @@ describe("conv2d through oneDNN", function()
         else assert.is_nil(got[k]) end
       end
     end
+  end)
+
+  it("runs 3x3 stride-1 float32 layers through Winograd unless FSDP_CONV_ALGO=direct", function()
+    fsdp.manual_seed(8)
+    local x, w, b = fsdp.randn(2, 32, 12, 12), fsdp.randn(32, 32, 3, 3), fsdp.randn(32)
+    local gy = fsdp.randn(2, 32, 12, 12)
+    local all = { x = true, w = true, b = true }
+    local wino, direct = run("default", x, w, b, gy, { padding = 1 }, all), run("direct", x, w, b, gy, { padding = 1 }, all)
+    if avx512 then  -- oneDNN's Winograd needs AVX-512: there the two are different computations
+      assert.is_true((wino.y - direct.y):abs():max():item() > 0)
+      assert.is_true((wino.x - direct.x):abs():max():item() > 0)
+    end
+    H.assert_rel(wino.y, direct.y, 1e-5, "forward")
+    H.assert_rel(wino.x, direct.x, 1e-5, "input gradient")
+    H.assert_rel(wino.w, direct.w, 1e-5, "weight gradient")
   end)
 
   it("gives the same numbers on every run", function()

@@ -744,7 +744,8 @@ static int conv_threads(const fsdp_conv_geom* g) {
 #define WINO_MIN_CHANNELS 16
 
 // FSDP_CONV_ALGO=im2col|winograd forces one of our paths (where Winograd is valid), ours lets us
-// choose between them, unset (or onednn) runs the convolutions through oneDNN (onednn.c); read
+// choose between them, unset (or direct: oneDNN without its Winograd) runs the convolutions through
+// oneDNN (onednn.c); read
 // on each call (a getenv is nothing next to a convolution) so tests can switch it
 static int conv_algo(void) {
   const char* s = getenv("FSDP_CONV_ALGO");

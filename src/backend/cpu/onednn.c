@@ -11,7 +11,8 @@
  * blocked wins everywhere except for 1x1 kernels (plain is one GEMM, the reorders are pure loss)
  * and the input gradient of layers with few input channels (the RGB stem: blocked runs 3x slower).
  * conv_layout() is that rule; FSDP_CONV_LAYOUT=plain|blocked forces one, for measurements.
- * The rule is fixed, not timed per run, so a seed gives the same numbers on every run.
+ * The rule is fixed, not timed per run, so a seed gives the same numbers on every run. 3x3
+ * stride-1 float32 layers first try oneDNN's Winograd F(4x4, 3x3) (use_winograd, below).
  *
  * In backward, the input gradient and the weight gradient share one reorder of gy when both run
  * blocked in the same layout. Primitives (a JIT compile each) live in a cache of 64 geometries,
@@ -41,7 +42,7 @@ static const char* pass_names[NPASS] = {"forward", "input gradient", "weight gra
 // in and the reorders between that and our plain layout (NULL where they are the same)
 typedef struct {
   dnnl_primitive_t prim;          // NULL until first used
-  int wanted;                     // the layout conv_layout() asked for when it was made
+  int wanted;                     // pass_choice() when it was made
   int blocked;                    // the layout it runs in (blocked where plain would be oneDNN's reference code)
   int arg[3];                     // oneDNN argument ids: two inputs, then the output
   dnnl_memory_desc_t md[3];       // the primitive's layout of each operand
@@ -89,6 +90,23 @@ static int conv_layout(const fsdp_conv_geom* g, int pass) {
   return 1;
 }
 
+// Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3: 3x3, stride 1, float32, channels in 16s, AVX-512):
+// 2.0-2.6x the direct kernels' speed on the 3x3 layers of the bench models (2-core AMD EPYC), with
+// rounding a few times the direct kernels' (tests/conv_paths_spec.lua bounds it). Tried first
+// wherever oneDNN has it, unless FSDP_CONV_ALGO=direct; a geometry oneDNN refuses runs direct.
+static int winograd_allowed(void) {
+  const char* s = getenv("FSDP_CONV_ALGO");
+  return !(s && !strcmp(s, "direct"));
+}
+static int use_winograd(const conv_entry* e) {
+  const fsdp_conv_geom* g = &e->g;
+  return winograd_allowed() && e->dtype == FSDP_F32 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 &&
+         g->dh == 1 && g->dw == 1 && g->groups == 1;
+}
+
+// what the environment asks of a pass: its layout (bit 0) and whether Winograd may run (bit 1)
+static int pass_choice(const fsdp_conv_geom* g, int pass) { return conv_layout(g, pass) | winograd_allowed() << 1; }
+
 static void destroy_pass(conv_pass* p) {
   dnnl_primitive_destroy(p->prim);
   for (int i = 0; i < 3; i++) {
@@ -133,22 +151,20 @@ static int make_entry(const fsdp_conv_geom* g, int dtype, int has_bias, int thre
 }
 
 // the descriptor of pass `pass` of e over x, w, y (in `any` layouts when blocked); 1 on failure
-static int conv_desc(const conv_entry* e, int pass, const dnnl_memory_desc_t* x, const dnnl_memory_desc_t* w,
-                     const dnnl_memory_desc_t* y, dnnl_convolution_desc_t* cd) {
+static int conv_desc(const conv_entry* e, int pass, dnnl_alg_kind_t alg, const dnnl_memory_desc_t* x,
+                     const dnnl_memory_desc_t* w, const dnnl_memory_desc_t* y, dnnl_convolution_desc_t* cd) {
   const fsdp_conv_geom* g = &e->g;
   dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pad_l = {g->ph, g->pw};
   dnnl_dims_t pad_r = {e->pad_r[0], e->pad_r[1]};
   const dnnl_memory_desc_t* b = e->has_bias ? &e->b_md : NULL;
   dnnl_status_t st;
   if (pass == BWD_DATA)
-    st = dnnl_dilated_convolution_backward_data_desc_init(cd, dnnl_convolution_direct, x, w, y, strides, dil, pad_l,
-                                                          pad_r);
+    st = dnnl_dilated_convolution_backward_data_desc_init(cd, alg, x, w, y, strides, dil, pad_l, pad_r);
   else if (pass == BWD_WEIGHTS)
-    st = dnnl_dilated_convolution_backward_weights_desc_init(cd, dnnl_convolution_direct, x, w, b, y, strides, dil,
-                                                             pad_l, pad_r);
+    st = dnnl_dilated_convolution_backward_weights_desc_init(cd, alg, x, w, b, y, strides, dil, pad_l, pad_r);
   else
-    st = dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct, x, w, b, y,
-                                                    strides, dil, pad_l, pad_r);
+    st = dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, alg, x, w, b, y, strides, dil, pad_l,
+                                                    pad_r);
   return st != dnnl_success;
 }
 
@@ -166,7 +182,7 @@ static int make_reorder(const dnnl_memory_desc_t* from, const dnnl_memory_desc_t
 // the primitive descriptor of pass p of e in the plain or blocked layout, or NULL when oneDNN has
 // none, or only its reference code (C loops 10-100x slower than its JIT kernels: x described with
 // strides, as for a negative right padding, gets that in the plain layout)
-static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocked) {
+static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocked, dnnl_alg_kind_t alg) {
   // x, w, y as this pass sees them (the operands in their dtype, its result in float32), and as
   // the forward that hints a backward pass sees them (all in the operand dtype)
   const dnnl_memory_desc_t* role[NPASS][3] = {
@@ -181,8 +197,8 @@ static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocke
       return NULL;
   }
   dnnl_convolution_desc_t fd, cd;
-  if (conv_desc(e, pass, &md[0], &md[1], &md[2], &cd)) return NULL;
-  if (pass != FWD && conv_desc(e, FWD, &hmd[0], &hmd[1], &hmd[2], &fd)) return NULL;
+  if (conv_desc(e, pass, alg, &md[0], &md[1], &md[2], &cd)) return NULL;
+  if (pass != FWD && conv_desc(e, FWD, alg, &hmd[0], &hmd[1], &hmd[2], &fd)) return NULL;
   dnnl_primitive_attr_t attr;
   if (dnnl_primitive_attr_create(&attr)) return NULL;
   dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
@@ -206,9 +222,12 @@ static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocke
 // creates pass p of e: 0, or 1 when oneDNN refuses it (the pass is then left to the caller)
 static int make_pass(conv_entry* e, int pass) {
   conv_pass* p = &e->pass[pass];
-  p->wanted = p->blocked = conv_layout(&e->g, pass);
-  dnnl_primitive_desc_t pd = pass_desc(e, pass, p->blocked);
-  if (!pd && !p->blocked) pd = pass_desc(e, pass, p->blocked = 1);
+  p->wanted = pass_choice(&e->g, pass);
+  p->blocked = p->wanted & 1;
+  dnnl_primitive_desc_t pd = NULL;
+  if (use_winograd(e)) pd = pass_desc(e, pass, p->blocked = 1, dnnl_convolution_winograd);
+  if (!pd) pd = pass_desc(e, pass, p->blocked = p->wanted & 1, dnnl_convolution_direct);
+  if (!pd && !p->blocked) pd = pass_desc(e, pass, p->blocked = 1, dnnl_convolution_direct);
   int bad = 0;
   if (!pd) return 1;
   // operands: (inputs..., output) and our plain layout of each
@@ -265,9 +284,9 @@ static conv_entry* entry_for(const fsdp_conv_geom* g, int dtype, int has_bias, i
       e = &g_cache[slot];
     }
   }
-  // a layout forced by FSDP_CONV_LAYOUT since the pass was made: make it again (tests and
-  // benchmarks switch layouts between calls, never while one runs)
-  if (e && e->pass[pass].prim && e->pass[pass].wanted != conv_layout(g, pass)) destroy_pass(&e->pass[pass]);
+  // a layout or algorithm forced (FSDP_CONV_LAYOUT, FSDP_CONV_ALGO) since the pass was made: make it
+  // again (tests and benchmarks switch them between calls, never while one runs)
+  if (e && e->pass[pass].prim && e->pass[pass].wanted != pass_choice(g, pass)) destroy_pass(&e->pass[pass]);
   if (e && !e->pass[pass].prim && make_pass(e, pass)) e = NULL;
   pthread_mutex_unlock(&g_cache_lock);
   if (e) *rc = 0;
