@@ -90,7 +90,8 @@ static int conv_layout(const fsdp_conv_geom* g, int pass) {
   return 1;
 }
 
-// Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3: 3x3, stride 1, float32, channels in 16s, AVX-512):
+// Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3: 3x3, stride 1, float32, AVX-512), for layers of 16+
+// channels in and out (it takes the RGB stem too, but runs it 2-3x slower than direct):
 // 2.0-2.6x the direct kernels' speed on the 3x3 layers of the bench models (2-core AMD EPYC), with
 // rounding a few times the direct kernels' (tests/conv_paths_spec.lua bounds it). Tried first
 // wherever oneDNN has it, unless FSDP_CONV_ALGO=direct; a geometry oneDNN refuses runs direct.
@@ -101,7 +102,7 @@ static int winograd_allowed(void) {
 static int use_winograd(const conv_entry* e) {
   const fsdp_conv_geom* g = &e->g;
   return winograd_allowed() && e->dtype == FSDP_F32 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 &&
-         g->dh == 1 && g->dw == 1 && g->groups == 1;
+         g->dh == 1 && g->dw == 1 && g->groups == 1 && g->C >= 16 && g->O >= 16;
 }
 
 // what the environment asks of a pass: its layout (bit 0) and whether Winograd may run (bit 1)
