@@ -76,19 +76,23 @@ describe("conv2d through oneDNN", function()
   end
 
   it("computes only the wanted gradients, each right, in every layout", function()
-    fsdp.manual_seed(5)
-    local x, w, b = fsdp.randn(2, 16, 10, 9), fsdp.randn(32, 16, 3, 3), fsdp.randn(32)
-    local o = { padding = 1 }
-    local gy = fsdp.randn(2, 32, 10, 9)
-    local ref = run("im2col", x, w, b, gy, o, { x = true, w = true, b = true })
-    local wants = { { x = true }, { w = true }, { b = true }, { x = true, b = true }, { w = true, b = true },
-      { x = true, w = true } }
-    for _, path in ipairs { "plain", "blocked", "default" } do
-      for _, want in ipairs(wants) do
-        local got = run(path, x, w, b, gy, o, want)
-        for _, k in ipairs { "x", "w", "b" } do
-          if want[k] then assert_rel(got[k], ref[k], 1e-5, path .. " gradient of " .. k)
-          else assert.is_nil(got[k]) end
+    -- a 3x3 layer, and a strided 1x1 (a GEMM per image on the subsampled input) with 5 images
+    for _, c in ipairs { { { 2, 16, 10, 9 }, { 32, 16, 3, 3 }, { padding = 1 } },
+      { { 5, 16, 10, 9 }, { 32, 16, 1, 1 }, { stride = 2 } } } do
+      fsdp.manual_seed(5)
+      local x, w, b = fsdp.randn(unpack(c[1])), fsdp.randn(unpack(c[2])), fsdp.randn(32)
+      local o = c[3]
+      local gy = fsdp.randn(unpack(F.conv2d(x, w, b, o):shape()))
+      local ref = run("im2col", x, w, b, gy, o, { x = true, w = true, b = true })
+      local wants = { { x = true }, { w = true }, { b = true }, { x = true, b = true }, { w = true, b = true },
+        { x = true, w = true } }
+      for _, path in ipairs { "plain", "blocked", "default" } do
+        for _, want in ipairs(wants) do
+          local got = run(path, x, w, b, gy, o, want)
+          for _, k in ipairs { "x", "w", "b" } do
+            if want[k] then assert_rel(got[k], ref[k], 1e-5, path .. " gradient of " .. k)
+            else assert.is_nil(got[k]) end
+          end
         end
       end
     end
@@ -152,6 +156,22 @@ describe("conv2d through oneDNN", function()
     H.assert_rel(wino.y, direct.y, 1e-5, "forward")
     H.assert_rel(wino.x, direct.x, 1e-5, "input gradient")
     H.assert_rel(wino.w, direct.w, 1e-5, "weight gradient")
+  end)
+
+  it("sums a 1x1 weight gradient over threads' chunks of images (2 threads)", function()
+    local threads = fsdp.C.fsdp_get_num_threads()
+    fsdp.set_num_threads(2)
+    local ok, err = pcall(function()
+      fsdp.manual_seed(9)
+      local x, w = fsdp.randn(7, 24, 8, 8), fsdp.randn(40, 24, 1, 1)
+      local gy = fsdp.randn(7, 40, 4, 4)
+      local ref = run("im2col", x, w, nil, gy, { stride = 2 }, { x = true, w = true })
+      local got = run("default", x, w, nil, gy, { stride = 2 }, { x = true, w = true })
+      assert_rel(got.w, ref.w, 1e-5, "weight gradient")
+      assert_rel(got.x, ref.x, 1e-5, "input gradient")
+    end)
+    fsdp.set_num_threads(threads)
+    assert(ok, err)
   end)
 
   it("gives the same numbers on every run", function()

@@ -12,7 +12,8 @@
  * and the input gradient of layers with few input channels (the RGB stem: blocked runs 3x slower).
  * conv_layout() is that rule; FSDP_CONV_LAYOUT=plain|blocked forces one, for measurements.
  * The rule is fixed, not timed per run, so a seed gives the same numbers on every run. 3x3
- * stride-1 float32 layers first try oneDNN's Winograd F(4x4, 3x3) (use_winograd, below).
+ * stride-1 float32 layers first try oneDNN's Winograd F(4x4, 3x3) (use_winograd, below); float32
+ * 1x1 convolutions without padding never come here (linalg.c runs them as GEMMs).
  *
  * In backward, the input gradient and the weight gradient share one reorder of gy when both run
  * blocked in the same layout. Primitives (a JIT compile each) live in a cache of 64 geometries,
