@@ -1035,6 +1035,17 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
   return 0;
 }
 
+// gb (O) = sum over n and the pixels p of gy (N, O, P): a convolution's bias gradient
+static void conv_bias_grad(const fsdp_conv_geom* g, float* gb, const float* gy) {
+  int64_t P = g->OH * g->OW;
+#pragma omp parallel for if (g->N * g->O * P > 32768)
+  for (int64_t o = 0; o < g->O; o++) {
+    float s = 0.0f;
+    for (int64_t n = 0; n < g->N; n++) s += sum_f32(gy + (n * g->O + o) * P, P);
+    gb[o] = s;
+  }
+}
+
 // ---- 1x1 convolutions as GEMMs -----------------------------------------------------------------------------------
 // A 1x1 convolution (one group, no padding) is one GEMM per image over its pixels P = OH*OW, on x
 // subsampled first when the stride is above 1 (xs (N, C, OH, OW): xs[n, c, i, j] = x[n, c, i*sh, j*sw]):
@@ -1095,14 +1106,7 @@ static int conv1x1_backward(const fsdp_conv_geom* g, float* gx, float* gw, float
   int64_t P = g->OH * g->OW, strided = g->sh != 1 || g->sw != 1, nbytes = g->N * g->C * P * sizeof(float);
   float* xs = strided ? fsdp_alloc(nbytes, FSDP_CPU, FSDP_MEM_OTHER) : (float*)(uintptr_t)x;
   if (!xs) return -1;
-  if (gb) {  // gb (O) = sum over n, p of gy (N, O, P)
-#pragma omp parallel for if (g->N * g->O * P > 32768)
-    for (int64_t o = 0; o < g->O; o++) {
-      float s = 0.0f;
-      for (int64_t n = 0; n < g->N; n++) s += sum_f32(gy + (n * g->O + o) * P, P);
-      gb[o] = s;
-    }
-  }
+  if (gb) conv_bias_grad(g, gb, gy);
   if (gw) {  // gw (O, C) = sum_n gy_n (O, P) @ xs_n^T (P, C)
     if (strided) conv1x1_gather(g, xs, x, 0);
     // images in one chunk per thread, each chunk summing its images' products into its own part
@@ -1197,14 +1201,7 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
     return gx ? wino_conv(gx, gy, w, 1, NULL, g->N, g->O, g->C, g->H, g->W) : 0;
   }
   int64_t K = Cg * g->kh * g->kw, KK = (int64_t)g->kh * g->kw * P, wsize = g->O * K;
-  if (gb) {  // gb (O) = sum over n, p of gy (N, O, P)
-#pragma omp parallel for if (g->N * g->O * P > 32768)
-    for (int64_t o = 0; o < g->O; o++) {
-      float s = 0.0f;
-      for (int64_t n = 0; n < g->N; n++) s += sum_f32(gy + (n * g->O + o) * P, P);
-      gb[o] = s;
-    }
-  }
+  if (gb) conv_bias_grad(g, gb, gy);
   if (gw) memset(gw, 0, (size_t)wsize * sizeof(float));
   if ((!gx && !gw) || g->N == 0) return 0;
   int nt = conv_threads(g);
