@@ -81,7 +81,7 @@ int fsdp_get_num_threads(void);
 const char* fsdp_cpu_isa(void);
 const char* fsdp_cpu_blas_core(void);
 double fsdp_cpu_fma_peak(double seconds);
-// which library runs the GEMMs and why ("onednn (OpenBLAS not twice as fast)", "openblas (FSDP_GEMM)", ...;
+// which library runs the GEMMs and why ("onednn (OpenBLAS at 0.56x oneDNN's speed)", "openblas (FSDP_GEMM)", ...;
 // backend/cpu/linalg.c chooses at the first GEMM, or when asked here first)
 const char* fsdp_cpu_gemm_backend(void);
 // how GEMMs on two bfloat16 operands run ("onednn bf16 (native: avx512_bf16)", "upcast to float32
