@@ -8,12 +8,8 @@ local fsdp = require "fsdp"
 local H = require "helpers"
 local F = fsdp.nn.functional
 
-pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")
-pcall(ffi.cdef, "int unsetenv(const char* name);")
 -- the kernels read FSDP_CONV_ALGO and FSDP_CONV_LAYOUT on every call
-local function setenv(k, v)
-  if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-end
+local setenv = H.setenv
 local saved = { FSDP_CONV_ALGO = os.getenv("FSDP_CONV_ALGO"), FSDP_CONV_LAYOUT = os.getenv("FSDP_CONV_LAYOUT") }
 
 -- path: "im2col" (ours), or oneDNN: "plain", "blocked" (forced layouts), "default" (the rules of

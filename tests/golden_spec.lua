@@ -47,12 +47,7 @@ local function meta_losses(meta, data)
   return out
 end
 
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
+local sorted_keys = H.sorted_keys
 
 -- elementwise |a - b| <= atol + rtol |b| on tables of numbers, returning the worst offender
 local function worst(a, b, atol, rtol)

@@ -5,6 +5,22 @@ local fsdp = require "fsdp"
 
 local H = {}
 
+-- the keys of t, sorted
+function H.sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+-- sets (value a string) or removes (value nil) an environment variable of this process, for the
+-- kernels that read theirs on every call (FSDP_CONV_ALGO, FSDP_CONV_LAYOUT)
+pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")  -- lua/fsdp may have it
+pcall(ffi.cdef, "int unsetenv(const char* name);")
+function H.setenv(name, value)
+  if value then ffi.C.setenv(name, value, 1) else ffi.C.unsetenv(name) end
+end
+
 -- max |a - b| over all elements; a, b tensors or (nested) tables / numbers
 local function flat(x)
   if fsdp.is_tensor(x) then return x:tolist() end

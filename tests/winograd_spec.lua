@@ -9,12 +9,8 @@ local H = require "helpers"
 local R = require "op_refs"
 local F = fsdp.nn.functional
 
-pcall(ffi.cdef, "int setenv(const char* name, const char* value, int overwrite);")  -- lua/fsdp may have it
-pcall(ffi.cdef, "int unsetenv(const char* name);")
 -- the kernels read FSDP_CONV_ALGO on every call
-local function set_algo(a)
-  if a then ffi.C.setenv("FSDP_CONV_ALGO", a, 1) else ffi.C.unsetenv("FSDP_CONV_ALGO") end
-end
+local function set_algo(a) H.setenv("FSDP_CONV_ALGO", a) end
 local saved_algo = os.getenv("FSDP_CONV_ALGO")
 
 -- the naive direct convolution of tests/op_refs.lua, 3x3, stride 1, padding 1; flat output

@@ -6,9 +6,10 @@
 -- shows as a START without its RES (the spec then reruns from the next case). At the end it
 -- checks that the process still computes: "ALIVE <(fsdp.ones(2) + 1):sum():item()>".
 local ROOT, mode, first = arg[1], arg[2], tonumber(arg[3] or 1)
-package.path = ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;" .. package.path
+package.path = ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;" .. ROOT .. "/tests/?.lua;" .. package.path
 package.cpath = ROOT .. "/?.so;" .. package.cpath
 local fsdp = require "fsdp"
+local H = require "helpers"
 local F, nn, optim = fsdp.F, fsdp.nn, fsdp.optim
 
 -- ---- valid inputs --------------------------------------------------------------------------------
@@ -116,12 +117,7 @@ local F_fns = {
 local cases = {}
 local function add(name, fn, want, frags) cases[#cases + 1] = { name = name, fn = fn, want = want, frags = frags } end
 
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
+local sorted_keys = H.sorted_keys
 
 -- the cases of one function f(args...) whose arguments are described by `spec`
 local function arg_cases(label, fname, f, spec, self_maker)
