@@ -221,6 +221,13 @@ static dnnl_primitive_desc_t pass_desc(const conv_entry* e, int pass, int blocke
   return pd;
 }
 
+// our plain layout of operand i of a pass (its two inputs, then its output)
+static const dnnl_memory_desc_t* plain_md(const conv_entry* e, int pass, int i) {
+  const dnnl_memory_desc_t* plain[NPASS][3] = {
+      {&e->x_md, &e->w_md, &e->y_md}, {&e->gy_md, &e->w_md, &e->gx_md}, {&e->x_md, &e->gy_md, &e->gw_md}};
+  return plain[pass][i];
+}
+
 // creates pass p of e: 0, or 1 when oneDNN refuses it (the pass is then left to the caller)
 static int make_pass(conv_entry* e, int pass) {
   conv_pass* p = &e->pass[pass];
@@ -243,13 +250,11 @@ static int make_pass(conv_entry* e, int pass) {
       {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
       {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
   };
-  const dnnl_memory_desc_t* plain[NPASS][3] = {
-      {&e->x_md, &e->w_md, &e->y_md}, {&e->gy_md, &e->w_md, &e->gx_md}, {&e->x_md, &e->gy_md, &e->gw_md}};
   for (int i = 0; i < 3 && !bad; i++) {
     p->arg[i] = args[pass][i];
     p->md[i] = *dnnl_primitive_desc_query_md(pd, qs[pass][i], 0);
-    bad = i < 2 ? make_reorder(plain[pass][i], &p->md[i], &p->to_md[i])
-                : make_reorder(&p->md[i], plain[pass][i], &p->from_md[i]);
+    bad = i < 2 ? make_reorder(plain_md(e, pass, i), &p->md[i], &p->to_md[i])
+                : make_reorder(&p->md[i], plain_md(e, pass, i), &p->from_md[i]);
   }
   p->scratch_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   p->scratch = dnnl_memory_desc_get_size(&p->scratch_md);
@@ -316,20 +321,20 @@ static int run_reorder(dnnl_primitive_t r, dnnl_stream_t s, const dnnl_memory_de
   return rc;
 }
 
-// an operand that one pass may hand to the next (gy, reordered once for both backward passes)
+// an operand that one pass may hand to the next (gy, reordered once for both backward passes); its
+// buffer (bytes long) belongs to whoever holds the struct
 typedef struct {
   const dnnl_memory_desc_t* md;
   void* buf;
+  size_t bytes;
 } shared_operand;
 
 // runs pass p of e on our plain buffers io[3] (two inputs, then the output), with a plain bias
-// operand (forward: the bias; weight gradient: the bias gradient), reusing *share for input
-// `share_at` when its layout matches and leaving its own reordered copy there otherwise
+// operand (forward: the bias; weight gradient: the bias gradient). With share, input `share_at`
+// reuses share's buffer when its layout matches, or leaves its own reordered copy there.
 static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void* bias, int share_at,
-                    shared_operand* share, void** to_free, size_t* to_free_bytes) {
+                    shared_operand* share) {
   conv_pass* p = &e->pass[pass];
-  const dnnl_memory_desc_t* plain[NPASS][3] = {
-      {&e->x_md, &e->w_md, &e->y_md}, {&e->gy_md, &e->w_md, &e->gx_md}, {&e->x_md, &e->gy_md, &e->gw_md}};
   void* buf[3] = {NULL, NULL, NULL};
   size_t bytes[3] = {0, 0, 0};
   void* scratch = NULL;
@@ -341,14 +346,14 @@ static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void*
       buf[i] = io[i];
       continue;
     }
-    if (i == share_at && share->buf && dnnl_memory_desc_equal(share->md, &p->md[i])) {
+    if (share && i == share_at && share->buf && dnnl_memory_desc_equal(share->md, &p->md[i])) {
       buf[i] = share->buf;
       continue;
     }
     bytes[i] = dnnl_memory_desc_get_size(&p->md[i]);
     buf[i] = fsdp_alloc(bytes[i], FSDP_CPU, FSDP_MEM_OTHER);
     if (!buf[i]) rc = -1;
-    else if (i < 2) rc = run_reorder(r, s, plain[pass][i], io[i], &p->md[i], buf[i]);
+    else if (i < 2) rc = run_reorder(r, s, plain_md(e, pass, i), io[i], &p->md[i], buf[i]);
   }
   if (!rc && p->scratch) {
     scratch = fsdp_alloc(p->scratch, FSDP_CPU, FSDP_MEM_OTHER);
@@ -373,18 +378,15 @@ static int run_pass(conv_entry* e, int pass, dnnl_stream_t s, void* io[3], void*
       if ((i < 3 || (i == 3 && bias) || (i == 4 && scratch)) && !m[i]) rc = -1;
     if (!rc) rc = run_prim(p->prim, s, n, args);
     if (!rc) g_passes[e->dtype == FSDP_BF16]++;
-    if (!rc && p->from_md[2]) rc = run_reorder(p->from_md[2], s, &p->md[2], buf[2], plain[pass][2], io[2]);
+    if (!rc && p->from_md[2]) rc = run_reorder(p->from_md[2], s, &p->md[2], buf[2], plain_md(e, pass, 2), io[2]);
     if (!rc) rc = dnnl_stream_wait(s) == dnnl_success ? 0 : -1;
   }
   for (int i = 0; i < 5; i++) dnnl_memory_destroy(m[i]);
   fsdp_free(scratch, p->scratch, FSDP_CPU, FSDP_MEM_OTHER);
   for (int i = 0; i < 3; i++) {
     if (!bytes[i]) continue;
-    if (i == share_at && !share->buf && !rc) {  // hand the reordered input to the next pass
-      share->md = &p->md[i];
-      share->buf = buf[i];
-      *to_free = buf[i];
-      *to_free_bytes = bytes[i];
+    if (share && i == share_at && !share->buf && !rc) {  // hand the reordered input to the next pass
+      *share = (shared_operand){&p->md[i], buf[i], bytes[i]};
       continue;
     }
     fsdp_free(buf[i], bytes[i], FSDP_CPU, FSDP_MEM_OTHER);
@@ -408,10 +410,7 @@ int fsdp_cpu_onednn_conv2d_forward(const fsdp_conv_geom* g, int dtype, float* y,
   dnnl_stream_t s;
   CHECK_INT(dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) == dnnl_success,
             "conv2d: oneDNN could not create a stream");
-  shared_operand none = {NULL, NULL};
-  void* freed = NULL;
-  size_t nfreed = 0;
-  rc = run_pass(e, FWD, s, (void*[]){unconst(x), unconst(w), y}, unconst(b), -1, &none, &freed, &nfreed);
+  rc = run_pass(e, FWD, s, (void*[]){unconst(x), unconst(w), y}, unconst(b), -1, NULL);
   dnnl_stream_destroy(s);
   return rc;
 }
@@ -435,13 +434,10 @@ int fsdp_cpu_onednn_conv2d_backward(const fsdp_conv_geom* g, int dtype, float* g
         else memset(xp + h * g->W, 0, (size_t)g->W * sizeof(float));
     }
   }
-  shared_operand gy_once = {NULL, NULL};  // gy in the blocked layout, made by the first pass
-  void* gy_buf = NULL;
-  size_t gy_bytes = 0;
-  if (gx) rc = run_pass(ed, BWD_DATA, s, (void*[]){unconst(gy), unconst(w), gx}, NULL, 0, &gy_once, &gy_buf, &gy_bytes);
-  if (!rc && gw)
-    rc = run_pass(ew, BWD_WEIGHTS, s, (void*[]){unconst(x), unconst(gy), gw}, gb, 1, &gy_once, &gy_buf, &gy_bytes);
-  fsdp_free(gy_buf, gy_bytes, FSDP_CPU, FSDP_MEM_OTHER);
+  shared_operand gy_once = {NULL, NULL, 0};  // gy in the blocked layout, made by the first pass
+  if (gx) rc = run_pass(ed, BWD_DATA, s, (void*[]){unconst(gy), unconst(w), gx}, NULL, 0, &gy_once);
+  if (!rc && gw) rc = run_pass(ew, BWD_WEIGHTS, s, (void*[]){unconst(x), unconst(gy), gw}, gb, 1, &gy_once);
+  fsdp_free(gy_once.buf, gy_once.bytes, FSDP_CPU, FSDP_MEM_OTHER);
   dnnl_stream_destroy(s);
   return rc;
 }
