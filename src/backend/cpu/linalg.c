@@ -1107,21 +1107,12 @@ static int conv1x1_forward(const fsdp_conv_geom* g, float* y, const float* x, co
   float* xs = strided ? fsdp_alloc(nbytes, FSDP_CPU, FSDP_MEM_OTHER) : (float*)(uintptr_t)x;
   if (!xs) return -1;
   if (strided) conv1x1_gather(g, xs, x, 0);
-  fsdp_gemm_args stack[16];
-  fsdp_gemm_args* a = g->N <= 16 ? stack : malloc(g->N * sizeof *a);
-  if (!a) {
-    if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
-    CHECK_INT(0, "conv2d: out of memory for %lld GEMMs", (long long)g->N);
-  }
   if (b)
 #pragma omp parallel for if (g->N * g->O * P > 32768)
     for (int64_t no = 0; no < g->N * g->O; no++)
       for (int64_t p = 0; p < P; p++) y[no * P + p] = b[no % g->O];
-  for (int64_t n = 0; n < g->N; n++)  // y_n (O, P) = w (O, C) @ xs_n (C, P) (+ y_n: the bias)
-    a[n] = (fsdp_gemm_args){0, 0, g->O, P, g->C, 1.0f, w, g->C, xs + n * g->C * P, P, b ? 1.0f : 0.0f, y + n * g->O * P,
-                            P};
-  cpu_gemm_many((int)g->N, a);
-  if (a != stack) free(a);
+  // y_n (O, P) = w (O, C) @ xs_n (C, P) (+ y_n: the bias), every image
+  cpu_gemm_batched(g->N, 0, 0, g->O, P, g->C, 1.0f, w, g->C, 0, xs, P, g->C * P, b ? 1.0f : 0.0f, y, P, g->O * P);
   if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
   return 0;
 }
@@ -1161,16 +1152,7 @@ static int conv1x1_backward(const fsdp_conv_geom* g, float* gx, float* gw, float
   }
   if (gx) {  // gxs_n (C, P) = w^T (C, O) @ gy_n (O, P), into gx itself when nothing is skipped
     float* gxs = strided ? xs : gx;
-    fsdp_gemm_args stack[16];
-    fsdp_gemm_args* a = g->N <= 16 ? stack : malloc(g->N * sizeof *a);
-    if (!a) {
-      if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
-      CHECK_INT(0, "conv2d: out of memory for %lld GEMMs", (long long)g->N);
-    }
-    for (int64_t n = 0; n < g->N; n++)
-      a[n] = (fsdp_gemm_args){1, 0, g->C, P, g->O, 1.0f, w, g->C, gy + n * g->O * P, P, 0.0f, gxs + n * g->C * P, P};
-    cpu_gemm_many((int)g->N, a);
-    if (a != stack) free(a);
+    cpu_gemm_batched(g->N, 1, 0, g->C, P, g->O, 1.0f, w, g->C, 0, gy, P, g->O * P, 0.0f, gxs, P, g->C * P);
     if (strided) conv1x1_gather(g, xs, gx, 1);
   }
   if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
