@@ -2,13 +2,13 @@
 -- the bias gradient), ours against PyTorch's on the same machine and thread count, in one run.
 --   OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2 luajit bench/conv_shapes.lua [--rounds R] [--runs K]
 --       [--python /usr/bin/python3] [--python2 PATH|none]   (python2: a second PyTorch; by default
---       tmp/torch-venv/bin/python when it exists, as in bench/run.lua)
+--       tmp/torch-venv/bin/python when it exists: bench/util.lua, U.torches, as for bench/run.lua)
 -- A backward pass is timed alone: an untimed forward, then the timed backward of the leaves that
 -- want a gradient (x for the input gradient; w and b for the weight gradient), on both sides.
 -- Each round runs ours, then each PyTorch, over all shapes; the table shows each side's best round
 -- median and the ratio ours / (the faster PyTorch) per pass. GFLOP/s counts 2*N*O*OH*OW*C*kh*kw.
-package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;" .. package.path
-local ffi = require "ffi"
+local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
 local fsdp = require "fsdp"
 local F = fsdp.nn.functional
 local U = require "util"
@@ -18,14 +18,6 @@ local opts = { rounds = 3, runs = 7, threads = tonumber(os.getenv("OMP_NUM_THREA
   python = "/usr/bin/python3", python2 = "auto" }
 U.parse_args("bench/conv_shapes.lua", opts, "[--rounds R] [--runs K] [--python PATH] [--python2 PATH|none]")
 fsdp.set_num_threads(opts.threads)
-if opts.python2 == "none" then opts.python2 = "" end
-if opts.python2 == "auto" then
-  opts.python2 = ""
-  for _, p in ipairs { "tmp/torch-venv/bin/python" } do
-    local f = io.open(p)
-    if f then f:close(); opts.python2 = p; break end
-  end
-end
 
 -- the shapes of issue 14: the RGB stem at 224 and at 64, 3x3 layers at 56/28/14, stride 2, 1x1
 local shapes = {
@@ -80,8 +72,8 @@ local function torch_round(python)
   local f = assert(io.open(inp, "w"))
   for _, s in ipairs(shapes) do f:write(json.encode(s), "\n") end
   f:close()
-  local p = io.popen(("OMP_WAIT_POLICY=passive %s bench/torch_conv.py --threads %d --runs %d < %s 2>&1")
-    :format(python, opts.threads, opts.runs, inp))
+  local p = io.popen(("OMP_WAIT_POLICY=passive %s %s --threads %d --runs %d < %s 2>&1")
+    :format(U.shell_quote(python), U.shell_quote(root .. "/bench/torch_conv.py"), opts.threads, opts.runs, inp))
   local out = p:read("*a")
   p:close()
   os.remove(inp)
@@ -96,13 +88,10 @@ local function torch_round(python)
   return res, version
 end
 
-local function available(python)
-  if python == "" then return false end
-  return os.execute(python .. " -c 'import torch' >/dev/null 2>&1") == 0
-end
+-- the torches that answered (bench/util.lua: Debian's, and PyPI's in tmp/torch-venv)
 local torches = {}
-for _, py in ipairs { opts.python, opts.python2 } do
-  if available(py) then torches[#torches + 1] = { python = py, best = {} } end
+for _, t in ipairs(U.torches(root, opts)) do
+  if t.version then torches[#torches + 1] = { python = t.python, version = t.version, best = {} } end
 end
 
 local best = {}

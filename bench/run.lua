@@ -73,44 +73,10 @@ local function bench_ours(name)
   return median(times), loss:item()
 end
 
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell_quote = U.shell_quote
 
--- ---- the two torches ----------------------------------------------------------------------------------
--- A: Debian's (or --python), B: the PyPI one in tmp/torch-venv (or --python2). Each is asked once
--- for its version and libraries (torch_models.py --info); one that cannot answer is left out with
--- the reason.
-local venv = root .. "/tmp/torch-venv/bin/python"
-local function executable(path)
-  local ok = os.execute("test -x " .. shell_quote(path))
-  return ok == 0 or ok == true
-end
-local torches = {
-  { label = "A", python = opts.python, hint = "apt-get install python3-torch" },
-  { label = "B", python = opts.python2 == "auto" and venv or opts.python2, hint = "make bench-deps" },
-}
-for _, t in ipairs(torches) do
-  if not opts.torch then
-    t.why = "skipped (--no-torch)"
-  elseif t.label == "B" and opts.python2 == "none" then
-    t.why = "skipped (--python2 none)"
-  elseif t.label == "B" and t.python == opts.python then
-    t.why = "the same python as torch A"
-  elseif t.label == "B" and opts.python2 == "auto" and not executable(venv) then
-    t.why = ("no PyPI torch at %s (make bench-deps installs one)"):format(venv)
-  else
-    local p = io.popen(("%s %s --info 2>&1"):format(shell_quote(t.python), shell_quote(root .. "/bench/torch_models.py")))
-    local out = p:read("*a")
-    p:close()
-    t.version = out:match('"torch":%s*"([^"]*)"')
-    if t.version then
-      t.config = ("BLAS %s, oneDNN %s, kernels %s"):format(out:match('"blas":%s*"([^"]*)"') or "?",
-        out:match('"onednn":%s*"([^"]*)"') or "?", out:match('"isa":%s*"([^"]*)"') or "?")
-    else
-      t.why = ("PyTorch not available to %s (%s): %s"):format(t.python, t.hint,
-        (out:match("([^\n]+)\n?$") or "no output"):sub(1, 200))
-    end
-  end
-end
+-- ---- the two torches (bench/util.lua, U.torches) ---------------------------------------------------
+local torches = U.torches(root, opts)
 local live = {} -- the torches that answered
 for _, t in ipairs(torches) do if t.version then live[#live + 1] = t end end
 

@@ -52,4 +52,47 @@ function U.parse_args(name, opts, usage, flags)
   return opts
 end
 
+-- s quoted for the shell
+function U.shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- The two PyTorch builds a benchmark compares with: A, Debian's (opts.python), and B, the PyPI one
+-- in tmp/torch-venv (opts.python2: "auto" for that venv, "none", or a path). Each is asked once for
+-- its version and libraries (bench/torch_models.py --info). Returns both, each {label, python} with
+-- version and config when it answered, or why it is left out; opts.torch == false leaves both out.
+function U.torches(root, opts)
+  local venv = root .. "/tmp/torch-venv/bin/python"
+  local function executable(path)
+    local ok = os.execute("test -x " .. U.shell_quote(path))
+    return ok == 0 or ok == true
+  end
+  local torches = {
+    { label = "A", python = opts.python, hint = "apt-get install python3-torch" },
+    { label = "B", python = opts.python2 == "auto" and venv or opts.python2, hint = "make bench-deps" },
+  }
+  for _, t in ipairs(torches) do
+    if opts.torch == false then
+      t.why = "skipped (--no-torch)"
+    elseif t.label == "B" and opts.python2 == "none" then
+      t.why = "skipped (--python2 none)"
+    elseif t.label == "B" and t.python == opts.python then
+      t.why = "the same python as torch A"
+    elseif t.label == "B" and opts.python2 == "auto" and not executable(venv) then
+      t.why = ("no PyPI torch at %s (make bench-deps installs one)"):format(venv)
+    else
+      local p = io.popen(("%s %s --info 2>&1"):format(U.shell_quote(t.python), U.shell_quote(root .. "/bench/torch_models.py")))
+      local out = p:read("*a")
+      p:close()
+      t.version = out:match('"torch":%s*"([^"]*)"')
+      if t.version then
+        t.config = ("BLAS %s, oneDNN %s, kernels %s"):format(out:match('"blas":%s*"([^"]*)"') or "?",
+          out:match('"onednn":%s*"([^"]*)"') or "?", out:match('"isa":%s*"([^"]*)"') or "?")
+      else
+        t.why = ("PyTorch not available to %s (%s): %s"):format(t.python, t.hint,
+          (out:match("([^\n]+)\n?$") or "no output"):sub(1, 200))
+      end
+    end
+  end
+  return torches
+end
+
 return U
