@@ -101,33 +101,26 @@ static int openblas_core_is_generic(void) {
 
 // one Linear's three GEMMs at a size our models use: y = x w^T, gx = gy w, gw = gy^T x, each cut
 // into `nt` row blocks run side by side on nt threads, one library call per block on its own
-// thread, as cpu_gemm_many runs a step's GEMMs
+// thread, as cpu_gemm_many runs a step's GEMMs; seconds for the three
 #define PROBE_FLOATS ((int64_t)1 << 20)  // each operand's buffer
 static double time_gemms(gemm_fn fn, float* a, float* b, float* c, int nt) {
   static const int64_t shapes[3][5] = {{0, 1, 256, 1024, 784}, {0, 0, 256, 784, 1024}, {1, 0, 1024, 784, 256}};
-  double total = 0;
+  double t0 = omp_get_wtime();
   for (int s = 0; s < 3; s++) {
     const int64_t* sh = shapes[s];
     int64_t M = sh[2], N = sh[3], K = sh[4];
     fsdp_gemm_args g = {(int)sh[0], (int)sh[1], M, N, K, 1.0f, a, sh[0] ? M : K, b, sh[1] ? K : N, 0.0f, c, N};
-    double best = 1e30;
-    for (int r = 0; r < 4; r++) {  // the first round untimed: first-call costs (packing buffers, JIT)
-      double t0 = omp_get_wtime();
 #pragma omp parallel for num_threads(nt) schedule(static, 1)
-      for (int p = 0; p < nt; p++) {
-        fsdp_gemm_args piece = g;
-        int64_t lo = M * p / nt, hi = M * (p + 1) / nt;
-        piece.M = hi - lo;
-        piece.A += g.ta ? lo : lo * g.lda;
-        piece.C += lo * g.ldc;
-        fn(&piece);
-      }
-      double t = omp_get_wtime() - t0;
-      if (r > 0 && t < best) best = t;
+    for (int p = 0; p < nt; p++) {
+      fsdp_gemm_args piece = g;
+      int64_t lo = M * p / nt, hi = M * (p + 1) / nt;
+      piece.M = hi - lo;
+      piece.A += g.ta ? lo : lo * g.lda;
+      piece.C += lo * g.ldc;
+      fn(&piece);
     }
-    total += best;
   }
-  return total;
+  return omp_get_wtime() - t0;
 }
 
 // OpenBLAS ignores FSDP_CPU_ISA: under a cap it may run only when its kernels stay within it (its
@@ -154,8 +147,13 @@ static void choose_gemm(void) {
                                                : "onednn (FSDP_CPU_ISA)";
     return;
   }
-  // operands: three buffers (an operand shared by A and B would sit in cache for both)
-  float* buf = malloc(3 * PROBE_FLOATS * sizeof(float));
+  // operands: three buffers (an operand shared by A and B would sit in cache for both), 64-byte
+  // aligned as every tensor's data is (fsdp_alloc). Alignment changes oneDNN's path: held to AVX2,
+  // its sgemm ran 256x1024x1024 (NN) in 7.5 ms on aligned operands and in 4.7 ms on operands 16 bytes
+  // off (where malloc's large blocks start), so a probe on malloc'ed buffers timed a path that
+  // tensors never take and picked oneDNN where whole steps ran 1.2x faster on OpenBLAS
+  size_t bytes = 3 * PROBE_FLOATS * sizeof(float);
+  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) {
     g_gemm = onednn_gemm, g_gemm_name = "onednn (no memory to measure)";
     return;
@@ -166,14 +164,24 @@ static void choose_gemm(void) {
   // oneDNN single-threaded inside the parallel loop
   int nt = omp_get_max_threads(), saved_blas = openblas_get_num_threads();
   openblas_set_num_threads(1);
-  double t_blas = time_gemms(openblas_gemm, buf, buf + PROBE_FLOATS, buf + 2 * PROBE_FLOATS, nt);
-  double t_dnnl = time_gemms(onednn_gemm, buf, buf + PROBE_FLOATS, buf + 2 * PROBE_FLOATS, nt);
+  // the two take turns, a round each, and each keeps its best round, so a change in the machine's
+  // load hits both alike (timed one after the other, on a 2-core machine held to AVX2 the ratio
+  // moved between 0.99 and 1.19 from run to run); the first round of each is untimed (first-call
+  // costs: packing buffers, JIT)
+  float *pa = buf, *pb = buf + PROBE_FLOATS, *pc = buf + 2 * PROBE_FLOATS;
+  double t_blas = 1e30, t_dnnl = 1e30;
+  for (int r = 0; r < 7; r++) {
+    double tb = time_gemms(openblas_gemm, pa, pb, pc, nt), td = time_gemms(onednn_gemm, pa, pb, pc, nt);
+    if (r > 0 && tb < t_blas) t_blas = tb;
+    if (r > 0 && td < t_dnnl) t_dnnl = td;
+  }
   openblas_set_num_threads(saved_blas);
-  free(buf);
+  fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
   // the margin keeps run-to-run noise from flipping the choice when the two are even. Measured on
-  // a 2-core AMD EPYC, four runs each: OpenBLAS (Haswell kernels) at 0.56-0.57x oneDNN's speed with
-  // AVX-512, and at 1.08-1.09x with both held to AVX2 (FSDP_CPU_ISA=avx2), where whole steps ran
-  // 1.2-1.3x faster on OpenBLAS (MLP 11.7 ms against 15.1, transformer 118 against 139)
+  // a 2-core AMD EPYC (AVX-512), three runs each on aligned operands: OpenBLAS (Haswell kernels) at
+  // 0.51-0.55x oneDNN's speed with AVX-512, and at 1.13-1.19x with both held to AVX2
+  // (FSDP_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2), where whole steps ran 1.2-1.3x faster on OpenBLAS
+  // (MLP 12.0 ms against 15.5, transformer 118 against 143)
   double speed = t_blas > 0 ? t_dnnl / t_blas : 0;
   int blas = speed >= 1.05;
   g_gemm = blas ? openblas_gemm : onednn_gemm;
