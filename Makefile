@@ -84,6 +84,29 @@ endif
 libfsdp_mpi.so: src/dist/comm_mpi.c src/dist/comm.h | deps-build
 	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/dist/comm_mpi.c $(LDFLAGS)
 
+# the CUDA backend: its own library, so libfsdp.so never depends on CUDA (backend/cuda/load.c
+# dlopen()s it once it found a driver and a device); built only where nvcc exists, for sm_80
+# (A100) and sm_90 (H100/H200), plus PTX for later GPUs. optim.cu without FMA contraction, as
+# the CPU's optimizer loop (each element's update rounds the same way on both devices).
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
+CUDA_OBJS := $(CUDA_SRCS:src/%.cu=$(BUILD)/%.o)
+CUDA_HDRS := src/core/backend.h $(wildcard src/core/kernels_*.h src/backend/cuda/*.h)
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS = -std=c++17 -O3 -g -Isrc $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
+             $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror)
+CUDA_LIBS ?= -lcudart -lcublasLt -lcudnn
+ifneq ($(NVCC),)
+all: libfsdp_cuda.so
+endif
+$(BUILD)/backend/cuda/%.o: src/backend/cuda/%.cu $(CUDA_HDRS) | $(BUILD)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+$(BUILD)/backend/cuda/optim.o: NVCC_FLAGS += -fmad=false
+libfsdp_cuda.so: $(CUDA_OBJS)
+	$(NVCC) -shared -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
+
 # the FFI section as a Lua string, for ffi.cdef
 lua/fsdp/cdef.lua: src/fsdp.h
 	{ echo '-- generated from src/fsdp.h by make; do not edit'; echo 'return [==['; \
@@ -119,7 +142,7 @@ lint:
 	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS)) src tests/c bench/comm_bench.c
 	bash tools/check_realloc.sh src tests/c bench
 
-FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
+FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
 format:
 	clang-format -i $(FORMAT_FILES)
 format-check:
@@ -201,6 +224,6 @@ install: all
 	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so lua/fsdp/cdef.lua
 
 .PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo install clean

@@ -93,9 +93,35 @@ const char* fsdp_cpu_bf16_gemm_backend(void);
 // benchmarks that want to know which path a convolution took
 int64_t fsdp_cpu_onednn_conv_passes(int dtype);
 
+// ---- CUDA (backend/cuda/load.c; the backend itself is libfsdp_cuda.so, loaded on first use) ----
+// 1 when a driver, a device and libfsdp_cuda.so are there and its device table is registered;
+// the first call checks (cheaply: the driver first) and loads it
+int fsdp_cuda_is_available(void);
+// "" when available, else why not: "no NVIDIA driver (...)", "no CUDA device (...)",
+// "libfsdp_cuda.so is missing or cannot load (...)", or the library's own failure
+const char* fsdp_cuda_why_not(void);
+// the devices the driver sees (0 without one); device 0's name ("" when not available)
+int fsdp_cuda_device_count(void);
+const char* fsdp_cuda_device_name(void);
+// the versions the backend runs on ("runtime 13000, driver 13000, cuBLASLt 130100, ...")
+const char* fsdp_cuda_versions(void);
+// waits for all of the device's queued work; -1 with the error of a failed kernel or launch
+int fsdp_cuda_synchronize(void);
+// 1 when `device` has a backend registered (the CPU always; "cuda" once loaded, or the test double)
+int fsdp_device_has_backend(int device);
+// tests only: registers the test double of a GPU (backend/testdev) as the "cuda" device -- the CPU's
+// kernels on memory the host cannot touch outside the device table; 0, or -1 when a real CUDA
+// backend is there already
+int fsdp_testdev_install(void);
+// loads libfsdp_cuda.so without a GPU (no init) and checks that its device table is complete:
+// 0, or -1 with the error naming the missing entry or why the library does not load
+int fsdp_cuda_check_library(void);
+
 // ---- memory ------------------------------------------------------------------------------
-// current and peak bytes per category (arrays of FSDP_MEM_NCAT)
+// current and peak bytes per category (arrays of FSDP_MEM_NCAT) on the CPU, or on `device`
 void fsdp_memory_stats(int64_t* current, int64_t* peak);
+int fsdp_memory_stats_device(int device, int64_t* current, int64_t* peak);
+// every device's peaks back to its current bytes
 void fsdp_memory_reset_peaks(void);
 // returns the allocator's cached free blocks to the system
 void fsdp_memory_empty_cache(void);
@@ -168,6 +194,8 @@ int fsdp_normal_(fsdp_tensor* t, double mean, double std);
 // t and its .grad take a float dtype in place, keeping the tensor object (module.to(dtype)): new
 // storage with the values converted (rounded to nearest even). Leaves only, not FSDP parameters.
 int fsdp_set_dtype_(fsdp_tensor* t, int dtype);
+// a leaf moved to `device` in place (the same tensor; its gradient follows): Module:to(device)
+int fsdp_set_device_(fsdp_tensor* t, int device);
 
 // ---- views and shape ops (0-based dims) -----------------------------------------------------
 fsdp_tensor* fsdp_detach(fsdp_tensor* a);                                   // shares storage, no grad
@@ -184,7 +212,8 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape);  // -1
 fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length);
 fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim);
 fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index);
-fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype);  // differentiable between float dtypes
+fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype);    // differentiable between float dtypes
+fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device);  // a copy on `device` (a itself when there); differentiable
 
 // ---- elementwise (broadcasting) ------------------------------------------------------------
 fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b);

@@ -335,7 +335,7 @@ local function run_on(case, vals, device, weights)
     result.outs[k] = o:to("cpu")
   end
   if grad then
-    local r = weights_tensor(weights, outs[1]:shape()):clone():to(device)
+    local r = weights_tensor(weights, outs[1]:shape()):clone():to(outs[1].device)  -- (x:cpu() leaves the device)
     ;(outs[1] * r):sum():backward()
     for i, leaf in pairs(leaves) do
       result.grads[i] = leaf.grad:to("cpu")
@@ -380,6 +380,11 @@ local function run_backend(case, index, device)
     H.assert_close(got.grads[i]:tolist(), w:tolist(), tol[1], tol[2], what)
   end
 end
+
+-- Without a GPU the "cuda" device is the test double of one (backend/testdev/testdev.c): the CPU's
+-- kernels on memory the host cannot touch, so every case proves that its op reaches device memory
+-- only through the device table (a host read of a device tensor faults), as on a GPU.
+if not fsdp.cuda.is_available() then fsdp._testdev_install() end
 
 describe("op cases: every backend against the CPU", function()
   for _, device in ipairs(fsdp.backends()) do

@@ -3,6 +3,8 @@
 -- The folders of src/ and what each may use (a folder may always use itself and src/fsdp.h):
 --   core          errors, memory, RNG, dtypes, storage, tensors, autograd, the backend registry
 --   backend/cpu   CPU kernels and device functions; registers itself with core
+--   backend/cuda  the CUDA backend's loader (load.c, in libfsdp.so; the .cu files are libfsdp_cuda.so)
+--   backend/testdev  the test double of a GPU (the CPU's kernels behind a closed arena), tests only
 --   ops           the device-independent op layer; reaches kernels only through core's registry
 --   dist          communication and FSDP (comm, shard, sched); installs its hooks into core
 --   io            safetensors
@@ -14,11 +16,13 @@
 local allowed = {
   ["core"] = { "core" },
   ["backend/cpu"] = { "backend/cpu", "core" },
+  ["backend/cuda"] = { "backend/cuda", "core" },
+  ["backend/testdev"] = { "backend/testdev", "core" },
   ["ops"] = { "ops", "core" },
   ["dist"] = { "dist", "ops", "core" },
   ["io"] = { "io", "core" },
 }
-local order = { "io", "dist", "ops", "backend/cpu", "core" }
+local order = { "io", "dist", "ops", "backend/cpu", "backend/cuda", "backend/testdev", "core" }
 
 local build, dot = arg[1], arg[2] == "--dot"
 if not build then

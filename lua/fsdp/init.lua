@@ -289,13 +289,61 @@ end
 -- ---- devices -------------------------------------------------------------------------------------
 -- device names users pass; fsdp.backends() lists those whose backend is loaded and usable
 fsdp._devices = { cpu = 0, cuda = 1 }
-function fsdp.backends() return { "cpu" } end
-function fsdp._to_device(t, device)
+-- the device a name stands for (0 cpu, 1 cuda), or an error naming the devices, or why CUDA is not
+-- there (asking loads the CUDA backend the first time: backend/cuda/load.c)
+function fsdp._device(device, op, level)
   local d = fsdp._devices[device]
-  if d == nil then error(("to: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 3) end
-  if C.fsdp_tensor_device(t.p) == d then return t end
-  error(("to: device %q is not available in this build (backends: %s)"):format(device, table.concat(fsdp.backends(), ", ")), 3)
+  if d == nil then
+    error(("%s: unknown device %q (use \"cpu\" or \"cuda\")"):format(op, tostring(device)), level + 1)
+  end
+  if d == 1 and C.fsdp_device_has_backend(1) == 0 and C.fsdp_cuda_is_available() == 0 then
+    error(("%s: device \"cuda\" is not available: %s"):format(op, ffi.string(C.fsdp_cuda_why_not())), level + 1)
+  end
+  return d
 end
+function fsdp.backends()
+  local b = { "cpu" }
+  if C.fsdp_device_has_backend(1) ~= 0 or C.fsdp_cuda_is_available() ~= 0 then b[#b + 1] = "cuda" end
+  return b
+end
+-- tests only: the test double of a GPU (backend/testdev/testdev.c) becomes the "cuda" device
+function fsdp._testdev_install() fsdp._check(C.fsdp_testdev_install()) end
+-- t on `device`: t itself when it is there, else a copy (differentiable)
+function fsdp._to_device(t, device)
+  local d = fsdp._device(device, "to", 3)
+  if C.fsdp_tensor_device(t.p) == d then return t end
+  return fsdp._wrap(C.fsdp_to_device(t.p, d))
+end
+-- t moved to `device` in place (Module:to: parameters keep their identity)
+function fsdp._move_(t, device)
+  local d = fsdp._device(device, "Module:to", 3)
+  fsdp._check(C.fsdp_set_device_(t.p, d))
+  return t
+end
+
+-- fsdp.cuda: what this machine's CUDA can do (the backend loads on first use; without a driver, a
+-- device or libfsdp_cuda.so everything here still answers, and why_not() says which is missing)
+local mem_names = { "params", "grads", "optimizer", "activations", "comm", "other" }
+local function memory_stats_of(device)
+  local c, p = ffi.new("int64_t[6]"), ffi.new("int64_t[6]")
+  fsdp._check(C.fsdp_memory_stats_device(device, c, p))
+  local r = {}
+  for i, name in ipairs(mem_names) do r[name] = { current = tonumber(c[i - 1]), peak = tonumber(p[i - 1]) } end
+  return r
+end
+fsdp._memory_stats_of = memory_stats_of
+fsdp.cuda = {
+  is_available = function() return C.fsdp_cuda_is_available() ~= 0 end,
+  -- "" when available, else the reason ("no NVIDIA driver (...)", "no CUDA device (...)", ...)
+  why_not = function() return ffi.string(C.fsdp_cuda_why_not()) end,
+  device_count = function() return tonumber(C.fsdp_cuda_device_count()) end,
+  get_device_name = function() return ffi.string(C.fsdp_cuda_device_name()) end,
+  versions = function() return ffi.string(C.fsdp_cuda_versions()) end,
+  -- waits for the GPU's queued work; a failed kernel raises here
+  synchronize = function() fsdp._check(C.fsdp_cuda_synchronize()) end,
+  -- bytes per category on the GPU, as fsdp.memory_stats() on the CPU
+  memory_stats = function() return memory_stats_of(1) end,
+}
 
 -- ---- tensors --------------------------------------------------------------------------------------
 local Tensor = require "fsdp.tensor"
@@ -344,40 +392,62 @@ local function split_opts(...)
   return args, opts
 end
 
+-- the device a creation function makes its tensor on: opts.device, else the default device
+-- (fsdp.set_default_device; "cpu" to begin with)
+local default_device = 0
+local function device_opt(opts, op)
+  if opts.device == nil then return default_device end
+  return fsdp._device(opts.device, op, 3)
+end
+function fsdp.set_default_device(device)
+  default_device = fsdp._device(device, "set_default_device", 2)
+end
+function fsdp.get_default_device() return default_device == 0 and "cpu" or "cuda" end
+-- a tensor made on the CPU (values drawn or filled there) moved to the device asked for
+local function placed(t, dev)
+  if dev == 0 then return t end
+  return (fsdp._wrap(C.fsdp_to_device(t.p, dev)))
+end
+
 function fsdp.empty(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), 0)))
+  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), device_opt(opts, "empty"))))
 end
 function fsdp.full(size, value, opts)
   local n, arr = shape(size)
-  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(type(opts) == "table" and opts.dtype or opts), 0)))
+  opts = type(opts) == "table" and opts or { dtype = opts }
+  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype), device_opt(opts, "full"))))
 end
 function fsdp.zeros(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), 0)))
+  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), device_opt(opts, "zeros"))))
 end
 function fsdp.ones(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), 0)))
+  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), device_opt(opts, "ones"))))
 end
 function fsdp.zeros_like(t)
   fsdp._t(t, "zeros_like", "input")
-  return (fsdp.zeros(t:shape(), { dtype = t.dtype }))
+  return (fsdp.zeros(t:shape(), { dtype = t.dtype, device = t.device }))
 end
 function fsdp.ones_like(t)
   fsdp._t(t, "ones_like", "input")
-  return (fsdp.ones(t:shape(), { dtype = t.dtype }))
+  return (fsdp.ones(t:shape(), { dtype = t.dtype, device = t.device }))
 end
+-- random values come from the one RNG stream on the host, so a seed gives the same values on
+-- every device
 function fsdp.randn(...)
-  local n, arr = shape(...)
-  return (wrap(C.fsdp_randn(n, arr, 0, 1)))
+  local args, opts = split_opts(...)
+  local n, arr = shape(unpack(args))
+  return placed(wrap(C.fsdp_randn(n, arr, 0, 1)), device_opt(opts, "randn"))
 end
 function fsdp.rand(...)
-  local n, arr = shape(...)
-  return (wrap(C.fsdp_rand(n, arr, 0, 1)))
+  local args, opts = split_opts(...)
+  local n, arr = shape(unpack(args))
+  return placed(wrap(C.fsdp_rand(n, arr, 0, 1)), device_opt(opts, "rand"))
 end
 -- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
@@ -445,14 +515,12 @@ function fsdp.no_grad(fn, ...)
   return unpack(res, 2, table.maxn(res))
 end
 
-local mem_names = { "params", "grads", "optimizer", "activations", "comm", "other" }
--- fsdp.memory_stats() -> { params = {current=, peak=}, grads = ..., ... } in bytes
-function fsdp.memory_stats()
-  local c, p = ffi.new("int64_t[6]"), ffi.new("int64_t[6]")
-  C.fsdp_memory_stats(c, p)
-  local r = {}
-  for i, name in ipairs(mem_names) do r[name] = { current = tonumber(c[i - 1]), peak = tonumber(p[i - 1]) } end
-  return r
+-- fsdp.memory_stats([device]) -> { params = {current=, peak=}, grads = ..., ... } in bytes, on the
+-- CPU or the device named ("cuda")
+function fsdp.memory_stats(device)
+  local d = device == nil and 0 or fsdp._devices[device]
+  if d == nil then error(("memory_stats: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 2) end
+  return fsdp._memory_stats_of(d)
 end
 function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 

@@ -199,8 +199,8 @@ end
 function methods.tostring(t)
   T(t, "tostring")
   local shape = t:shape()
-  local head = ("tensor(%s, dtype=%s%s)"):format(table.concat(shape, "x"), t.dtype,
-    t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""))
+  local head = ("tensor(%s, dtype=%s%s%s)"):format(table.concat(shape, "x"), t.dtype,
+    t.device ~= "cpu" and (", device=" .. t.device) or "", t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""))
   local n = t:numel()  -- before any table of values: an empty (1e7, 0) has no values but 1e7 rows
   if n > 64 then return head end
   if n == 0 then return head .. " []" end
@@ -245,7 +245,7 @@ function methods.copy_(t, src) check(C.fsdp_copy_(T(t, "copy_"), T(src, "copy_",
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
-    local one = fsdp.full(t:shape(), other)
+    local one = fsdp.full(t:shape(), other, { device = t.device })
     check(C.fsdp_add_(p, one.p, N(alpha, "add_", "alpha", 1)))
   else
     check(C.fsdp_add_(p, T(other, "add_", "other", TN), N(alpha, "add_", "alpha", 1)))
@@ -280,7 +280,7 @@ function methods.relu(a) return (wrap(C.fsdp_relu(T(a, "relu")))) end
 function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(T(a, "gelu"), approximate == "tanh" and 1 or 0))) end
 function methods.eq(a, b)
   local p = T(a, "eq")
-  if type(b) == "number" then b = fsdp.full({}, b, a.dtype) end
+  if type(b) == "number" then b = fsdp.full({}, b, { dtype = a.dtype, device = a.device }) end
   return (wrap(C.fsdp_eq(p, T(b, "eq", "other", TN))))
 end
 
@@ -402,6 +402,9 @@ function methods.to(t, what)
     device, dtype = what.device, what.dtype
   elseif fsdp._devices[what] then
     device = what
+  elseif type(what) == "string" and not pcall(dtype_of, what) then
+    error(('to: %q is neither a device ("cpu", "cuda") nor a dtype (float32, int64, bfloat16, float16)')
+      :format(what), 2)
   else
     dtype = what
   end
@@ -410,6 +413,7 @@ function methods.to(t, what)
   return t
 end
 function methods.cpu(t) T(t, "cpu"); return (t:to("cpu")) end
+function methods.cuda(t) T(t, "cuda"); return (fsdp._to_device(t, "cuda")) end
 function methods.float(t) T(t, "float"); return (t:to("float32")) end
 function methods.long(t) T(t, "long"); return (t:to("int64")) end
 function methods.bfloat16(t) T(t, "bfloat16"); return (t:to("bfloat16")) end

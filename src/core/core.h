@@ -55,7 +55,7 @@ const char* fsdp_dims_s(int ndim, const int64_t* shape);
 // ---- memory ------------------------------------------------------------------------------------
 void* fsdp_alloc(size_t nbytes, int device, int cat);  // 64-byte aligned, counted
 void fsdp_free(void* p, size_t nbytes, int device, int cat);
-void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat);
+void fsdp_mem_move(size_t nbytes, int device, int from_cat, int to_cat);
 // the category new tensors are allocated in (activations unless changed, e.g. by optimizers)
 int fsdp_default_mem_category(void);
 void fsdp_set_default_mem_category(int cat);
@@ -148,6 +148,9 @@ fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype);
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
 // strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src);
+// a contiguous copy of t (same shape and dtype) on `device`; between devices the bytes go through
+// the device side's copy (a copy to the host waits for the device's queued work)
+fsdp_tensor* fsdp_copy_to_device(const fsdp_tensor* t, int device);
 static inline void fsdp_bump_version(fsdp_tensor* t) { t->storage->version++; }
 // error unless t is float32 (what kernels and collectives that take only f32 buffers need)
 int fsdp_check_f32(const char* op, const fsdp_tensor* t);
@@ -238,47 +241,17 @@ int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g);
 // 1 when gradient sum t may be added to in place (contiguous f32, held by nobody else)
 int fsdp_grad_exclusive(const fsdp_tensor* t);
 
-// ---- device backends: the device interface ---------------------------------------------------------
-// Every device has one backend table: its memory, copies and ordering, and its kernels, one table
-// per op family (core/kernels_*.h). Backends register themselves (backend/cpu/backend.c when
-// libfsdp.so loads; an optional backend, a shared library, when it is loaded), and registration
-// checks that the table is complete, so code that holds a tensor of a device can call any entry
-// of that device's table without a check. Core never names a backend; nothing calls a kernel but
-// through this table.
-#include "core/kernels_elem.h"
-#include "core/kernels_linalg.h"
-#include "core/kernels_nn.h"
-#include "core/kernels_optim.h"
+// ---- device backends: the device interface (core/backend.h) ------------------------------------
+#include "core/backend.h"
 
-typedef enum { FSDP_COPY_H2D = 0, FSDP_COPY_D2H, FSDP_COPY_D2D, FSDP_COPY_H2H } fsdp_copy_kind;
-
-typedef struct fsdp_backend {
-  const char* name;  // "cpu", "cuda": the name users pass as a device
-  // memory: raw device blocks, 64-byte aligned, NULL when out of memory (core's fsdp_alloc counts
-  // the categories and caches freed blocks on top of these)
-  void* (*alloc)(size_t nbytes);
-  void (*free)(void* p, size_t nbytes);
-  void (*memset)(void* p, int byte, size_t nbytes);
-  // nbytes from src to dst; kind says which side is host memory
-  void (*copy)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind);
-  // ordering: waits for all queued work; streams and events (no-ops where work is synchronous)
-  int (*synchronize)(void);
-  void* (*stream_new)(void);
-  void (*stream_free)(void* stream);
-  void* (*event_new)(void);
-  void (*event_free)(void* event);
-  void (*event_record)(void* event, void* stream);  // event completes when stream's work so far has
-  void (*stream_wait)(void* stream, void* event);   // stream's later work waits for event
-  // kernels
-  const fsdp_elem_kernels* elem;
-  const fsdp_linalg_kernels* linalg;
-  const fsdp_nn_kernels* nn;
-  const fsdp_optim_kernels* optim;
-} fsdp_backend;
-
+// 0 when every entry of b is there; -1 (error naming the backend and the missing entry) otherwise
+int fsdp_backend_check(const fsdp_backend* b);
 // registers the table of `device`; -1 (error naming the backend and the missing entry) when an
 // entry is NULL, or when the device already has a backend
 int fsdp_backend_register(int device, const fsdp_backend* b);
+// an optional backend's library: $env_var, else `name` next to this libfsdp.so, else the default
+// search path (dlopen flags); NULL with every try's reason in tried
+void* fsdp_dlopen_backend(const char* env_var, const char* name, int flags, char* tried, size_t tried_len);
 // the table of a device, or NULL with "device <name> has no backend loaded" set
 const fsdp_backend* fsdp_backend_for(int device);
 // the table of t's device (a tensor exists only on a device whose backend is registered)

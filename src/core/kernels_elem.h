@@ -12,6 +12,9 @@ typedef struct fsdp_elem_kernels {
   // dst (contiguous, dst_dtype) <- src (strided over `shape`, src_dtype), converting dtypes
   void (*copy_strided)(void* dst, int dst_dtype, const void* src, int src_dtype, int ndim, const int64_t* shape,
                        const int64_t* src_stride);
+  // dst (strided over `shape`, dst_stride) <- src (contiguous), elements of es bytes (same dtype)
+  void (*scatter_strided)(void* dst, size_t es, int ndim, const int64_t* shape, const int64_t* dst_stride,
+                          const void* src);
   // dst[0..n) = v
   void (*fill)(void* dst, int dtype, int64_t n, double v);
   // y (rows, n) += alpha * x (rows, n), rows ldy and ldx floats apart (f32; rows = 1 for a vector)

@@ -2,7 +2,10 @@
  * core/tensor.c -- errors, the counting allocator, the RNG, dtypes, the backend registry,
  * storage and tensor lifetime, views and strided copies.
  */
+#define _GNU_SOURCE  // dladdr
 #include "core/core.h"
+
+#include <dlfcn.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -60,14 +63,14 @@ const char* fsdp_version(void) { return "0.1.0"; }
 // Threads may run independent models at once: the counters are atomic (they count the process),
 // the GC pressure and the default category belong to the calling thread (its Lua state), and the
 // block cache is locked.
-static _Atomic int64_t g_mem_cur[FSDP_MEM_NCAT], g_mem_peak[FSDP_MEM_NCAT];
+static _Atomic int64_t g_mem_cur[FSDP_NDEVICES][FSDP_MEM_NCAT], g_mem_peak[FSDP_NDEVICES][FSDP_MEM_NCAT];
 static _Thread_local int64_t g_gc_pressure;
 static _Thread_local int g_default_cat = FSDP_MEM_ACTIVATIONS;
 
-static void mem_count(int cat, int64_t delta) {
-  int64_t now = atomic_fetch_add(&g_mem_cur[cat], delta) + delta;
-  int64_t peak = atomic_load(&g_mem_peak[cat]);
-  while (now > peak && !atomic_compare_exchange_weak(&g_mem_peak[cat], &peak, now)) {}
+static void mem_count(int device, int cat, int64_t delta) {
+  int64_t now = atomic_fetch_add(&g_mem_cur[device][cat], delta) + delta;
+  int64_t peak = atomic_load(&g_mem_peak[device][cat]);
+  while (now > peak && !atomic_compare_exchange_weak(&g_mem_peak[device][cat], &peak, now)) {}
 }
 
 // Freed blocks of 64 KiB and more are kept for reuse by size (a training step allocates the
@@ -120,13 +123,13 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
     p = b->alloc(padded);
   }
   CHECK_NULL(p, "alloc: out of memory allocating %zu bytes on %s", nbytes, b->name);
-  mem_count(cat, (int64_t)nbytes);
+  mem_count(device, cat, (int64_t)nbytes);
   if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
   return p;
 }
 void fsdp_free(void* p, size_t nbytes, int device, int cat) {
   if (!p) return;
-  mem_count(cat, -(int64_t)nbytes);
+  mem_count(device, cat, -(int64_t)nbytes);
   size_t padded = (nbytes + 63) & ~(size_t)63;
   if (!padded) padded = 64;
   if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) {
@@ -142,18 +145,22 @@ void fsdp_free(void* p, size_t nbytes, int device, int cat) {
   g_cache_bytes += padded;
   pthread_mutex_unlock(&g_cache_lock);
 }
-void fsdp_mem_move(size_t nbytes, int from_cat, int to_cat) {
-  mem_count(from_cat, -(int64_t)nbytes);
-  mem_count(to_cat, (int64_t)nbytes);
+void fsdp_mem_move(size_t nbytes, int device, int from_cat, int to_cat) {
+  mem_count(device, from_cat, -(int64_t)nbytes);
+  mem_count(device, to_cat, (int64_t)nbytes);
 }
-void fsdp_memory_stats(int64_t* current, int64_t* peak) {
+int fsdp_memory_stats_device(int device, int64_t* current, int64_t* peak) {
+  CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "memory_stats: unknown device %d", device);
   for (int c = 0; c < FSDP_MEM_NCAT; c++) {
-    if (current) current[c] = atomic_load(&g_mem_cur[c]);
-    if (peak) peak[c] = atomic_load(&g_mem_peak[c]);
+    if (current) current[c] = atomic_load(&g_mem_cur[device][c]);
+    if (peak) peak[c] = atomic_load(&g_mem_peak[device][c]);
   }
+  return 0;
 }
+void fsdp_memory_stats(int64_t* current, int64_t* peak) { fsdp_memory_stats_device(FSDP_CPU, current, peak); }
 void fsdp_memory_reset_peaks(void) {
-  for (int c = 0; c < FSDP_MEM_NCAT; c++) atomic_store(&g_mem_peak[c], atomic_load(&g_mem_cur[c]));
+  for (int d = 0; d < FSDP_NDEVICES; d++)
+    for (int c = 0; c < FSDP_MEM_NCAT; c++) atomic_store(&g_mem_peak[d][c], atomic_load(&g_mem_cur[d][c]));
 }
 const int64_t* fsdp_memory_gc_pressure(void) { return &g_gc_pressure; }
 void fsdp_memory_gc_done(void) { g_gc_pressure = 0; }
@@ -226,10 +233,7 @@ static int table_complete(const void* table, size_t nbytes, int* missing) {
   return 1;
 }
 
-int fsdp_backend_register(int device, const fsdp_backend* b) {
-  CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "backend %s: unknown device %d", b->name, device);
-  CHECK_INT(!g_backends[device], "backend %s: device %s already has the backend %s", b->name, fsdp_device_name(device),
-            g_backends[device]->name);
+int fsdp_backend_check(const fsdp_backend* b) {
   // the device functions (everything between name and the first kernel table), then each table
   int missing = 0;
   size_t first = offsetof(fsdp_backend, alloc), end = offsetof(fsdp_backend, elem);
@@ -249,8 +253,44 @@ int fsdp_backend_register(int device, const fsdp_backend* b) {
               "backend %s: %s kernel %d (in core/kernels_%s.h order) is missing", b->name, tables[i].family, missing,
               tables[i].family);
   }
+  return 0;
+}
+
+int fsdp_backend_register(int device, const fsdp_backend* b) {
+  CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "backend %s: unknown device %d", b->name, device);
+  CHECK_INT(!g_backends[device], "backend %s: device %s already has the backend %s", b->name, fsdp_device_name(device),
+            g_backends[device]->name);
+  if (fsdp_backend_check(b)) return -1;
   g_backends[device] = b;
   return 0;
+}
+
+// ---- optional backends: shared libraries loaded at run time ----------------------------------------
+// $env_var, else `name` next to this libfsdp.so, else the default search path; NULL with the
+// reasons of every try in `tried` (the message fsdp_errorf gets is the caller's to write)
+void* fsdp_dlopen_backend(const char* env_var, const char* name, int flags, char* tried, size_t tried_len) {
+  char cands[3][4096];
+  int nc = 0;
+  const char* env = getenv(env_var);
+  if (env && *env) {
+    snprintf(cands[nc++], sizeof cands[0], "%s", env);
+  } else {
+    Dl_info info;
+    if (dladdr((void*)&fsdp_dlopen_backend, &info) && info.dli_fname) {
+      const char* slash = strrchr(info.dli_fname, '/');
+      if (slash) snprintf(cands[nc++], sizeof cands[0], "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, name);
+    }
+    snprintf(cands[nc++], sizeof cands[0], "%s", name);
+  }
+  size_t len = 0;
+  if (tried_len) tried[0] = 0;
+  for (int i = 0; i < nc; i++) {
+    void* h = dlopen(cands[i], flags);
+    if (h) return h;
+    const char* e = dlerror();
+    len += snprintf(tried + len, len < tried_len ? tried_len - len : 0, "%s%s", i ? "; " : "", e ? e : cands[i]);
+  }
+  return NULL;
 }
 
 const fsdp_backend* fsdp_backend_for(int device) {
@@ -258,6 +298,7 @@ const fsdp_backend* fsdp_backend_for(int device) {
              fsdp_device_name(device));
   return g_backends[device];
 }
+int fsdp_device_has_backend(int device) { return device >= 0 && device < FSDP_NDEVICES && g_backends[device]; }
 const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return g_backends[fsdp_device_of(t)]; }
 
 // ---- storage and tensor lifetime ------------------------------------------------------------------
@@ -479,7 +520,7 @@ int fsdp_tensor_device(const fsdp_tensor* t) { return fsdp_device_of(t); }
 int fsdp_tensor_mem_category(const fsdp_tensor* t) { return t->storage->cat; }
 void fsdp_tensor_set_mem_category(fsdp_tensor* t, int cat) {
   if (cat < 0 || cat >= FSDP_MEM_NCAT || cat == t->storage->cat) return;
-  fsdp_mem_move(t->storage->nbytes, t->storage->cat, cat);
+  fsdp_mem_move(t->storage->nbytes, t->storage->device, t->storage->cat, cat);
   t->storage->cat = cat;
 }
 void* fsdp_tensor_data(const fsdp_tensor* t) { return fsdp_ptr(t); }
@@ -523,31 +564,53 @@ int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
   if (fsdp_check_data("copy", src) || fsdp_check_data("copy", dst)) return -1;
   CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld", SH(dst),
             (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
+  if (fsdp_device_of(dst) != fsdp_device_of(src)) {  // moved to dst's device first, then laid out there
+    fsdp_tensor* m = fsdp_copy_to_device(src, fsdp_device_of(dst));
+    int rc = m ? fsdp_copy_strided(dst, m) : -1;
+    fsdp_tensor_release(m);
+    return rc;
+  }
   const fsdp_elem_kernels* k = fsdp_backend_of(dst)->elem;
   if (fsdp_tensor_is_contiguous(dst)) {
     k->copy_strided(fsdp_ptr(dst), dst->dtype, fsdp_ptr(src), src->dtype, src->ndim, src->shape, src->stride);
     return 0;
   }
-  // non-contiguous destination: go through a contiguous temporary, then scatter it.
-  // (the scatter is a strided copy read from a contiguous source with dst's layout)
+  // non-contiguous destination: go through a contiguous temporary, then scatter it
   fsdp_tensor* tmp = fsdp_new(dst->ndim, dst->shape, dst->dtype, fsdp_device_of(dst));
   if (!tmp) return -1;
   k->copy_strided(fsdp_ptr(tmp), dst->dtype, fsdp_ptr(src), src->dtype, src->ndim, src->shape, src->stride);
-  // walk dst's elements in logical order
-  int64_t n = fsdp_tensor_numel(dst), idx[FSDP_MAX_DIMS] = {0};
-  size_t es = fsdp_dtype_size(dst->dtype);
-  char *d = (char*)fsdp_ptr(dst), *s = (char*)fsdp_ptr(tmp);
-  for (int64_t i = 0; i < n; i++) {
-    int64_t off = 0;
-    for (int j = 0; j < dst->ndim; j++) off += idx[j] * dst->stride[j];
-    memcpy(d + off * es, s + i * es, es);
-    for (int j = dst->ndim - 1; j >= 0; j--) {
-      if (++idx[j] < dst->shape[j]) break;
-      idx[j] = 0;
-    }
-  }
+  k->scatter_strided(fsdp_ptr(dst), fsdp_dtype_size(dst->dtype), dst->ndim, dst->shape, dst->stride, fsdp_ptr(tmp));
   fsdp_tensor_release(tmp);
   return 0;
+}
+
+fsdp_tensor* fsdp_copy_to_device(const fsdp_tensor* t, int device) {
+  int from = fsdp_device_of(t);
+  if (!fsdp_backend_for(device)) return NULL;
+  fsdp_tensor* r = fsdp_new(t->ndim, t->shape, t->dtype, device);
+  if (!r) return NULL;
+  if (from == device) {
+    if (fsdp_copy_strided(r, t)) goto fail;
+    return r;
+  }
+  // bytes move between devices contiguous: t made contiguous on its own device first
+  fsdp_tensor* c = NULL;
+  if (!fsdp_tensor_is_contiguous(t)) {
+    c = fsdp_new(t->ndim, t->shape, t->dtype, from);
+    if (!c || fsdp_copy_strided(c, t)) {
+      fsdp_tensor_release(c);
+      goto fail;
+    }
+  }
+  fsdp_copy_kind kind = from == FSDP_CPU ? FSDP_COPY_H2D : device == FSDP_CPU ? FSDP_COPY_D2H : FSDP_COPY_D2D;
+  // the device side's backend moves them (the CPU's copy is a memcpy)
+  const fsdp_backend* b = fsdp_backend_for(from == FSDP_CPU ? device : from);
+  b->copy(fsdp_ptr(r), fsdp_ptr(c ? c : t), (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype), kind);
+  fsdp_tensor_release(c);
+  return r;
+fail:
+  fsdp_tensor_release(r);
+  return NULL;
 }
 
 fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype) {
@@ -570,6 +633,13 @@ int fsdp_tensor_item(const fsdp_tensor* t, double* out) {
   return fsdp_tensor_to_doubles(t, out);
 }
 int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
+  if (fsdp_device_of(t) != FSDP_CPU) {  // the host reads a copy (which waits for the device)
+    fsdp_tensor* h = fsdp_copy_to_device(t, FSDP_CPU);
+    if (!h) return -1;
+    int rc = fsdp_tensor_to_doubles(h, out);
+    fsdp_tensor_release(h);
+    return rc;
+  }
   int64_t n = fsdp_tensor_numel(t), idx[FSDP_MAX_DIMS] = {0};
   size_t es = fsdp_dtype_size(t->dtype);
   const char* base = (const char*)fsdp_ptr(t);

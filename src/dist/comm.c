@@ -131,36 +131,16 @@ static const fsdp_comm_backend self_backend = {
 // FSDP_MPI_LIB, else libfsdp_mpi.so next to this libfsdp.so, else the default search path.
 // RTLD_GLOBAL: OpenMPI's plugins resolve symbols of libmpi that it loads for us.
 static const fsdp_comm_backend* load_mpi_backend(void) {
-  char cands[3][4096];
-  int nc = 0;
-  const char* env = getenv("FSDP_MPI_LIB");
-  if (env && *env) {
-    snprintf(cands[nc++], sizeof cands[0], "%s", env);
-  } else {
-    Dl_info info;
-    if (dladdr((void*)&fsdp_comm_init, &info) && info.dli_fname) {
-      const char* slash = strrchr(info.dli_fname, '/');
-      if (slash)
-        snprintf(cands[nc++], sizeof cands[0], "%.*s/libfsdp_mpi.so", (int)(slash - info.dli_fname), info.dli_fname);
-    }
-    snprintf(cands[nc++], sizeof cands[0], "libfsdp_mpi.so");
-  }
-  char tried[2048] = "";
-  size_t len = 0;
-  for (int i = 0; i < nc; i++) {
-    void* h = dlopen(cands[i], RTLD_NOW | RTLD_GLOBAL);
-    if (!h) {
-      const char* e = dlerror();
-      len +=
-          snprintf(tried + len, len < sizeof tried ? sizeof tried - len : 0, "%s%s", i ? "; " : "", e ? e : cands[i]);
-      continue;
-    }
+  char tried[2048];
+  void* h = fsdp_dlopen_backend("FSDP_MPI_LIB", "libfsdp_mpi.so", RTLD_NOW | RTLD_GLOBAL, tried, sizeof tried);
+  if (h) {
     fsdp_comm_backend_getter get = (fsdp_comm_backend_getter)dlsym(h, "fsdp_comm_mpi_backend");
-    CHECK_NULL(get, "comm init: %s has no fsdp_comm_mpi_backend()", cands[i]);
+    CHECK_NULL(get, "comm init: libfsdp_mpi.so has no fsdp_comm_mpi_backend()");
     const fsdp_comm_backend* be = get();
-    CHECK_NULL(be && be->abi == FSDP_COMM_ABI,
-               "comm init: %s was built for another libfsdp (backend ABI %d, expected %d); rebuild with make", cands[i],
-               be ? be->abi : -1, FSDP_COMM_ABI);
+    CHECK_NULL(
+        be && be->abi == FSDP_COMM_ABI,
+        "comm init: libfsdp_mpi.so was built for another libfsdp (backend ABI %d, expected %d); rebuild with make",
+        be ? be->abi : -1, FSDP_COMM_ABI);
     return be;
   }
   fsdp_errorf("comm init: cannot load the mpi backend (%s); build libfsdp_mpi.so with `make` "

@@ -44,10 +44,12 @@ fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
   return t;
 }
 // the draws go into float32 values: t itself, or a float32 copy rounded back into a bfloat16 or
-// float16 t (ops/ops.h, fsdp_write_back), so a tensor of any float dtype gets the same draws
+// float16 t (ops/ops.h, fsdp_write_back), so a tensor of any float dtype gets the same draws; on
+// another device than the CPU they are drawn on the host (the one RNG stream) and copied over
 static fsdp_tensor* draw_target(const char* op, fsdp_tensor* t) {
   if (fsdp_check_float(op, t)) return NULL;
   CHECK_NULL(fsdp_tensor_is_contiguous(t), "%s: tensor of shape %s is not contiguous", op, SH(t));
+  if (fsdp_device_of(t) != FSDP_CPU) return fsdp_new(t->ndim, t->shape, FSDP_F32, FSDP_CPU);
   return fsdp_as_contig(t);
 }
 static int draw_done(fsdp_tensor* t, fsdp_tensor* w) {

@@ -145,6 +145,33 @@ static int retype(fsdp_tensor* t, int dtype) {
   return 0;
 }
 
+// t's bytes moved to `device` (a contiguous copy there; the same tensor object, as PyTorch's
+// module.to(device) keeps its parameters); its gradient follows
+static int move_storage(fsdp_tensor* t, int device) {
+  fsdp_tensor* c = fsdp_copy_to_device(t, device);
+  if (!c) return -1;
+  fsdp_tensor_set_mem_category(c, t->storage->cat);
+  c->storage->refcount++;
+  fsdp_storage_release(t->storage);
+  t->storage = c->storage;
+  t->offset = 0;
+  fsdp_contiguous_strides(t->ndim, t->shape, t->stride);
+  fsdp_tensor_release(c);
+  return 0;
+}
+int fsdp_set_device_(fsdp_tensor* t, int device) {
+  const char* op = "to";
+  CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "%s: unknown device %d (tensor of shape %s)", op, device, SH(t));
+  CHECK_INT(!t->grad_fn, "%s: the tensor of shape %s comes from %s; only leaves move in place", op, SH(t),
+            t->grad_fn ? t->grad_fn->name : "");
+  CHECK_INT(!t->owner, "%s: the tensor of shape %s is a parameter of an FSDP unit; move the module before fsdp.wrap",
+            op, SH(t));
+  if (fsdp_device_of(t) == device) return 0;
+  if (fsdp_check_data(op, t) || move_storage(t, device)) return -1;
+  if (t->grad && fsdp_device_of(t->grad) != device && move_storage(t->grad, device)) return -1;
+  return 0;
+}
+
 int fsdp_set_dtype_(fsdp_tensor* t, int dtype) {
   const char* op = "to";
   CHECK_INT(dtype >= 0 && dtype < FSDP_NDTYPES && fsdp_is_float(dtype) && fsdp_is_float(t->dtype),

@@ -59,7 +59,7 @@ static int run_gemms(const fsdp_backend* be, int dtype, int n, const gemm_op* g)
     if (o->M == 0 || o->N == 0) continue;
     if (o->K == 0) {
       if (o->beta == 0.0f)
-        for (int64_t r = 0; r < o->M; r++) memset(o->C + r * o->ldc, 0, o->N * sizeof(float));
+        for (int64_t r = 0; r < o->M; r++) be->memset(o->C + r * o->ldc, 0, o->N * sizeof(float));
       continue;
     }
     int64_t lda = o->lda > 0 ? o->lda : 1, ldb = o->ldb > 0 ? o->ldb : 1, ldc = o->ldc > 0 ? o->ldc : 1;

@@ -582,6 +582,38 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   return out;
 }
 
+// ---- device moves ---------------------------------------------------------------------------------------------
+typedef struct {
+  int device;  // the input's: the gradient goes back to it
+} to_device_params;
+
+static int to_device_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  to_device_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  gin[0] = fsdp_copy_to_device(g, p.device);
+  return gin[0] ? 0 : -1;
+}
+
+fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device) {
+  CHECK_NULL(a, "to: input tensor is NULL");
+  CHECK_NULL(device >= 0 && device < FSDP_NDEVICES, "to: unknown device %d (tensor %s %s)", device, DT(a), SH(a));
+  if (device == fsdp_device_of(a)) {  // already there: a itself, as in PyTorch
+    fsdp_tensor_retain(a);
+    return a;
+  }
+  if (fsdp_check_data("to", a)) return NULL;
+  fsdp_tensor* out = fsdp_copy_to_device(a, device);
+  if (!out) return NULL;
+  if (a->dtype != FSDP_I64) {
+    fsdp_node* n = fsdp_node_new("ToCopyBackward", to_device_backward, 1, &a);
+    if (n) {
+      fsdp_node_set_params(n, &(to_device_params){.device = fsdp_device_of(a)}, sizeof(to_device_params));
+      fsdp_node_set_output(n, out);
+    }
+  }
+  return out;
+}
+
 // ---- dtype casts ----------------------------------------------------------------------------------------------
 typedef struct {
   int dtype;  // the input's: the gradient goes back to it

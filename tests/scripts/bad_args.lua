@@ -69,7 +69,7 @@ local methods = {
   squeeze = { one, { "D?", "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
   narrow = { x23, { "D?", "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
   index_select = { x23, { "D?", "dim", v(1) }, { "T", "index", idx } },
-  to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, float = { x23 }, long = { x23 },
+  to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, cuda = { x23 }, float = { x23 }, long = { x23 },
   bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { "D?", "dim", v(1) } },
   log_softmax = { x23, { "D?", "dim", v(1) } },
 }
@@ -83,7 +83,7 @@ local fsdp_fns = {
   tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
   arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},
   is_grad_enabled = {}, set_grad_enabled = {}, memory_stats = {}, reset_peak_memory_stats = {},
-  backends = {}, is_tensor = {},
+  backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {},
 }
 -- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
 local comm_fns = { init = true, rank = true, world_size = true, barrier = true, all_reduce = true, broadcast = true,

@@ -274,8 +274,8 @@ function Module:apply(fn)
 end
 
 -- model:to(device) moves every parameter and buffer to the device in place and returns model: the
--- tensors keep their identity, so optimizers and FSDP units built on them stay valid. Only "cpu"
--- exists in this build; naming another device is the same error as Tensor:to's.
+-- tensors keep their identity, so optimizers and FSDP units built on them stay valid ("cuda" where
+-- fsdp.cuda.is_available(), else the error says why not).
 -- model:to(dtype) ("bfloat16", "float32", "float16"), or model:to{device = ..., dtype = ...}, also
 -- converts every float parameter and buffer (and gradient) in place, keeping identity as PyTorch
 -- does; integer buffers stay. Before fsdp.wrap only: a unit computes in bf16 by its mixed_precision.
@@ -292,7 +292,7 @@ function Module:to(what)
   if dt == C.FSDP_I64 then error(("Module:to: %s is not a float dtype; parameters stay float"):format(dtype), 2) end
   for _, kind in ipairs { "parameters", "buffers" } do
     for _, t in ipairs(self[kind](self)) do
-      if device ~= nil then fsdp._to_device(t, device) end
+      if device ~= nil then fsdp._move_(t, device) end
       if dt ~= nil and t.dtype ~= "int64" then fsdp._check(C.fsdp_set_dtype_(t.p, dt)) end
     end
   end

@@ -116,6 +116,22 @@ static void cpu_copy_strided(void* dst, int ddt, const void* src, int sdt, int n
   }
 }
 
+static void cpu_scatter_strided(void* dst, size_t es, int ndim, const int64_t* shape, const int64_t* dst_stride,
+                                const void* src) {
+  int64_t n = fsdp_shape_numel(ndim, shape), idx[FSDP_MAX_DIMS] = {0};
+  char* d = dst;
+  const char* s = src;
+  for (int64_t i = 0; i < n; i++) {  // dst's elements in logical order
+    int64_t off = 0;
+    for (int j = 0; j < ndim; j++) off += idx[j] * dst_stride[j];
+    memcpy(d + off * (int64_t)es, s + i * (int64_t)es, es);
+    for (int j = ndim - 1; j >= 0; j--) {
+      if (++idx[j] < shape[j]) break;
+      idx[j] = 0;
+    }
+  }
+}
+
 static void cpu_fill(void* dst, int dt, int64_t n, double v) {
   if (dt == FSDP_F32) {
     float *p = dst, f = (float)v;
@@ -592,6 +608,7 @@ static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_
 
 const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .copy_strided = cpu_copy_strided,
+    .scatter_strided = cpu_scatter_strided,
     .fill = cpu_fill,
     .axpy = cpu_axpy,
     .scale = cpu_scale,

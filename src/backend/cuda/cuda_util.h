@@ -1,0 +1,37 @@
+/*
+ * backend/cuda/cuda_util.h -- what every .cu file of the CUDA backend shares: the compute stream
+ * every kernel runs on, the error report back to libfsdp.so, launch sizes, and the kernel tables
+ * each file defines.
+ */
+#ifndef FSDP_BACKEND_CUDA_UTIL_H
+#define FSDP_BACKEND_CUDA_UTIL_H
+#include "backend/cuda/cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// the one compute stream (backend.cu creates it in init); kernels and copies queue on it in order
+extern cudaStream_t fsdp_cuda_stream;
+// reports a CUDA error to libfsdp.so (the message names the op); returns -1
+int fsdp_cuda_fail(const char* op, cudaError_t e);
+// after a launch: a launch error is reported at once (bad configuration); errors of the kernel's
+// run surface at the next synchronize
+#define FSDP_CUDA_LAUNCHED(op)                       \
+  do {                                               \
+    cudaError_t e_ = cudaGetLastError();             \
+    if (e_ != cudaSuccess) fsdp_cuda_fail((op), e_); \
+  } while (0)
+
+// a grid of 256-thread blocks covering n elements (grid-stride loops cover the rest)
+static inline unsigned fsdp_cuda_blocks(int64_t n) {
+  int64_t b = (n + 255) / 256;
+  if (b < 1) b = 1;
+  return (unsigned)(b < 65535 * 8 ? b : 65535 * 8);
+}
+
+extern const fsdp_elem_kernels fsdp_cuda_elem_kernels;
+extern const fsdp_linalg_kernels fsdp_cuda_linalg_kernels;
+extern const fsdp_nn_kernels fsdp_cuda_nn_kernels;
+extern const fsdp_optim_kernels fsdp_cuda_optim_kernels;
+
+#endif

@@ -1,0 +1,319 @@
+/*
+ * backend/testdev/testdev.c -- a test double of a GPU, for machines without one: registered for
+ * the "cuda" device by fsdp_testdev_install() (tests only; users never see it). It computes with
+ * the CPU's kernels, but its memory is what a GPU's is to the host: out of reach. All of it lives
+ * in one arena mapped PROT_NONE; the arena opens (read/write) only while one of this table's
+ * entries runs -- a kernel, a memset, a copy -- and closes again after. So any code that reads or
+ * writes a device tensor's bytes on the host instead of through the device table (an op peeking at
+ * a value, a printer, a checkpoint writer) faults here, where on a real GPU it would read garbage
+ * or crash. Freed blocks are poisoned (0xFF bytes: NaN floats, -1 integers) and new blocks start
+ * poisoned, so a read of memory nobody wrote gives a wrong number, not a lucky zero.
+ *
+ * The arena: FSDP_TESTDEV_MIB (default 1024) of address space, reserved, not committed; first-fit
+ * over a sorted free list.
+ */
+#include "core/core.h"
+
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define TD_FREE_MAX 8192
+
+static char* g_arena;
+static size_t g_arena_size;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_open;  // entries running (nested or on several threads): the arena is open while > 0
+typedef struct {
+  size_t off, size;
+} td_block;
+static td_block g_free[TD_FREE_MAX];  // sorted by offset, never adjacent (merged)
+static int g_nfree;
+static const fsdp_backend* g_cpu;
+
+static void td_open(void) {
+  pthread_mutex_lock(&g_lock);
+  if (g_open++ == 0) mprotect(g_arena, g_arena_size, PROT_READ | PROT_WRITE);
+  pthread_mutex_unlock(&g_lock);
+}
+static void td_close(void) {
+  pthread_mutex_lock(&g_lock);
+  if (--g_open == 0) mprotect(g_arena, g_arena_size, PROT_NONE);
+  pthread_mutex_unlock(&g_lock);
+}
+
+// ---- memory -------------------------------------------------------------------------------------------
+static void* td_alloc(size_t nbytes) {
+  nbytes = (nbytes + 63) & ~(size_t)63;
+  char* p = NULL;
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g_nfree; i++)
+    if (g_free[i].size >= nbytes) {
+      p = g_arena + g_free[i].off;
+      g_free[i].off += nbytes;
+      g_free[i].size -= nbytes;
+      if (!g_free[i].size) {
+        memmove(&g_free[i], &g_free[i + 1], (g_nfree - i - 1) * sizeof *g_free);
+        g_nfree--;
+      }
+      break;
+    }
+  pthread_mutex_unlock(&g_lock);
+  if (p) {
+    td_open();
+    memset(p, 0xff, nbytes);  // fresh memory holds no zeros to rely on
+    td_close();
+  }
+  return p;
+}
+static void td_free(void* ptr, size_t nbytes) {
+  nbytes = (nbytes + 63) & ~(size_t)63;
+  td_open();
+  memset(ptr, 0xff, nbytes);  // poison: a late reader gets NaN
+  td_close();
+  size_t off = (size_t)((char*)ptr - g_arena);
+  pthread_mutex_lock(&g_lock);
+  int i = 0;
+  while (i < g_nfree && g_free[i].off < off) i++;
+  int merge_prev = i > 0 && g_free[i - 1].off + g_free[i - 1].size == off;
+  int merge_next = i < g_nfree && off + nbytes == g_free[i].off;
+  if (merge_prev && merge_next) {
+    g_free[i - 1].size += nbytes + g_free[i].size;
+    memmove(&g_free[i], &g_free[i + 1], (g_nfree - i - 1) * sizeof *g_free);
+    g_nfree--;
+  } else if (merge_prev) {
+    g_free[i - 1].size += nbytes;
+  } else if (merge_next) {
+    g_free[i].off = off;
+    g_free[i].size += nbytes;
+  } else if (g_nfree < TD_FREE_MAX) {
+    memmove(&g_free[i + 1], &g_free[i], (g_nfree - i) * sizeof *g_free);
+    g_free[i] = (td_block){off, nbytes};
+    g_nfree++;
+  }  // (a full list leaks the block: tests never get near 8192 holes)
+  pthread_mutex_unlock(&g_lock);
+}
+static void td_memset(void* p, int byte, size_t nbytes) {
+  td_open();
+  memset(p, byte, nbytes);
+  td_close();
+}
+static void td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
+  (void)kind;
+  td_open();
+  if (nbytes) memcpy(dst, src, nbytes);
+  td_close();
+}
+
+// ---- ordering: work runs as it is issued ---------------------------------------------------------------
+static char td_token;
+static int td_synchronize(void) { return 0; }
+static void* td_stream_new(void) { return &td_token; }
+static void td_stream_free(void* s) { (void)s; }
+static void* td_event_new(void) { return &td_token; }
+static void td_event_free(void* e) { (void)e; }
+static void td_event_record(void* e, void* s) { (void)e, (void)s; }
+static void td_stream_wait(void* s, void* e) { (void)s, (void)e; }
+
+// ---- kernels: the CPU's, with the arena open -----------------------------------------------------------
+// V: an entry returning nothing; R: one returning a value (the status or result)
+#define V(fam, name, params, args) \
+  static void td_##name params {   \
+    td_open();                     \
+    g_cpu->fam->name args;         \
+    td_close();                    \
+  }
+#define R(fam, type, name, params, args) \
+  static type td_##name params {         \
+    td_open();                           \
+    type r_ = g_cpu->fam->name args;     \
+    td_close();                          \
+    return r_;                           \
+  }
+
+V(elem, copy_strided, (void* d, int dd, const void* s, int sd, int n, const int64_t* sh, const int64_t* st),
+  (d, dd, s, sd, n, sh, st))
+V(elem, scatter_strided, (void* d, size_t es, int n, const int64_t* sh, const int64_t* st, const void* s),
+  (d, es, n, sh, st, s))
+V(elem, fill, (void* d, int dt, int64_t n, double v), (d, dt, n, v))
+V(elem, axpy, (float* y, int64_t ldy, const float* x, int64_t ldx, int64_t rows, int64_t n, float a),
+  (y, ldy, x, ldx, rows, n, a))
+V(elem, scale, (float* y, int64_t n, float s), (y, n, s))
+V(elem, binary,
+  (int op, float* o, const float* a, const float* b, int n, const int64_t* sh, const int64_t* sa, const int64_t* sb),
+  (op, o, a, b, n, sh, sa, sb))
+V(elem, unary, (int op, float* o, const float* x, int64_t n, double p), (op, o, x, n, p))
+V(elem, unary_backward, (int op, float* gx, const float* gy, const float* x, const float* y, int64_t n, double p),
+  (op, gx, gy, x, y, n, p))
+V(elem, sum_dim, (float* o, const float* i, int64_t a, int64_t r, int64_t b), (o, i, a, r, b))
+V(elem, max_dim, (float* o, int64_t* ix, const float* i, int64_t a, int64_t r, int64_t b), (o, ix, i, a, r, b))
+V(elem, scatter_dim, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t r, int64_t b),
+  (gx, gy, ix, a, r, b))
+R(elem, int64_t, index_check, (const int64_t* ix, int64_t n, int64_t lo, int64_t hi), (ix, n, lo, hi))
+V(elem, index_select,
+  (void* o, const void* i, size_t es, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
+  (o, i, es, ix, a, ni, nx, b))
+V(elem, index_add, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
+  (gx, gy, ix, a, ni, nx, b))
+
+V(linalg, gemm,
+  (int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const float* A, int64_t lda, const float* B, int64_t ldb,
+   float be, float* C, int64_t ldc),
+  (ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc))
+V(linalg, gemm_batched,
+  (int64_t bt, int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const float* A, int64_t lda, int64_t sa,
+   const float* B, int64_t ldb, int64_t sb, float be, float* C, int64_t ldc, int64_t sc),
+  (bt, ta, tb, M, N, K, al, A, lda, sa, B, ldb, sb, be, C, ldc, sc))
+V(linalg, gemm_many, (int n, const fsdp_gemm_args* g), (n, g))
+R(linalg, int, gemm_tiles, (int n, const fsdp_gemm_args* g, const int* lim), (n, g, lim))
+R(linalg, int, gemm_bf16_many, (int n, const fsdp_gemm_bf16_args* g), (n, g))
+V(linalg, bias_rows, (float* y, const float* b, int64_t M, int64_t N), (y, b, M, N))
+V(linalg, sum_rows, (float* gb, const float* gy, int64_t M, int64_t N), (gb, gy, M, N))
+R(linalg, int, conv2d_forward, (const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b),
+  (g, y, x, w, b))
+R(linalg, int, conv2d_backward,
+  (const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy, const float* x, const float* w),
+  (g, gx, gw, gb, gy, x, w))
+R(linalg, int, conv2d_forward_bf16,
+  (const fsdp_conv_geom* g, float* y, const uint16_t* x, const uint16_t* w, const float* b), (g, y, x, w, b))
+R(linalg, int, conv2d_backward_bf16,
+  (const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const uint16_t* gy, const uint16_t* x, const uint16_t* w),
+  (g, gx, gw, gb, gy, x, w))
+V(linalg, max_pool2d_forward, (const fsdp_conv_geom* g, float* y, int64_t* ix, const float* x), (g, y, ix, x))
+V(linalg, max_pool2d_backward, (const fsdp_conv_geom* g, float* gx, const float* gy, const int64_t* ix),
+  (g, gx, gy, ix))
+V(linalg, avg_pool2d_forward, (const fsdp_conv_geom* g, float* y, const float* x, int cip), (g, y, x, cip))
+V(linalg, avg_pool2d_backward, (const fsdp_conv_geom* g, float* gx, const float* gy, int cip), (g, gx, gy, cip))
+V(linalg, adaptive_avg_pool2d_forward, (const fsdp_conv_geom* g, float* y, const float* x), (g, y, x))
+V(linalg, adaptive_avg_pool2d_backward, (const fsdp_conv_geom* g, float* gx, const float* gy), (g, gx, gy))
+
+V(nn, softmax_forward, (float* y, const float* x, int64_t o, int64_t n, int64_t i, int lg), (y, x, o, n, i, lg))
+V(nn, softmax_backward, (float* gx, const float* gy, const float* y, int64_t o, int64_t n, int64_t i, int lg),
+  (gx, gy, y, o, n, i, lg))
+R(nn, int, check_targets, (const int64_t* t, int64_t n, int64_t C, int64_t ig, int64_t* bad), (t, n, C, ig, bad))
+R(nn, double, cross_entropy_forward,
+  (float* lse, const float* x, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sm, int64_t* cnt),
+  (lse, x, t, N, C, S, ig, sm, cnt))
+V(nn, cross_entropy_backward,
+  (float* gx, const float* x, const float* lse, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sm,
+   float sc),
+  (gx, x, lse, t, N, C, S, ig, sm, sc))
+R(nn, double, nll_forward,
+  (const float* lp, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, int64_t* cnt),
+  (lp, t, N, C, S, ig, cnt))
+V(nn, nll_backward, (float* gx, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sc),
+  (gx, t, N, C, S, ig, sc))
+R(nn, double, mse_forward, (const float* a, const float* b, int64_t n), (a, b, n))
+V(nn, mse_backward, (float* ga, float* gb, const float* a, const float* b, int64_t n, float sc), (ga, gb, a, b, n, sc))
+V(nn, layer_norm_forward,
+  (float* y, float* mu, float* rs, const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps),
+  (y, mu, rs, x, w, b, M, D, eps))
+V(nn, layer_norm_backward,
+  (float* dx, float* dw, float* db, const float* dy, const float* x, const float* mu, const float* rs, const float* w,
+   int64_t M, int64_t D),
+  (dx, dw, db, dy, x, mu, rs, w, M, D))
+V(nn, embedding_forward, (float* y, const float* w, const int64_t* ix, int64_t n, int64_t D), (y, w, ix, n, D))
+V(nn, embedding_backward, (float* gw, const float* gy, const int64_t* ix, int64_t n, int64_t V, int64_t D, int64_t pad),
+  (gw, gy, ix, n, V, D, pad))
+V(nn, dropout, (float* y, const float* x, int64_t n, float p, uint64_t seed), (y, x, n, p, seed))
+V(nn, attn_softmax, (const fsdp_attn_geom* g, float* P, const float* m, const int64_t* boff), (g, P, m, boff))
+
+V(optim, sgd, (const fsdp_sgd_hparams* h, float* p, const float* g, float* buf, int64_t n), (h, p, g, buf, n))
+V(optim, adam, (const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vm, int64_t n),
+  (h, p, g, m, v, vm, n))
+
+static const fsdp_elem_kernels td_elem = {
+    td_copy_strided,   td_scatter_strided, td_fill,    td_axpy,        td_scale,       td_binary,       td_unary,
+    td_unary_backward, td_sum_dim,         td_max_dim, td_scatter_dim, td_index_check, td_index_select, td_index_add,
+};
+static const fsdp_linalg_kernels td_linalg = {
+    td_gemm,
+    td_gemm_batched,
+    td_gemm_many,
+    td_gemm_tiles,
+    td_gemm_bf16_many,
+    td_bias_rows,
+    td_sum_rows,
+    td_conv2d_forward,
+    td_conv2d_backward,
+    td_conv2d_forward_bf16,
+    td_conv2d_backward_bf16,
+    td_max_pool2d_forward,
+    td_max_pool2d_backward,
+    td_avg_pool2d_forward,
+    td_avg_pool2d_backward,
+    td_adaptive_avg_pool2d_forward,
+    td_adaptive_avg_pool2d_backward,
+};
+static const fsdp_nn_kernels td_nn = {
+    td_softmax_forward,        td_softmax_backward,
+    td_check_targets,          td_cross_entropy_forward,
+    td_cross_entropy_backward, td_nll_forward,
+    td_nll_backward,           td_mse_forward,
+    td_mse_backward,           td_layer_norm_forward,
+    td_layer_norm_backward,    td_embedding_forward,
+    td_embedding_backward,     td_dropout,
+    td_attn_softmax,
+};
+static const fsdp_optim_kernels td_optim = {td_sgd, td_adam};
+
+static const fsdp_backend td_backend = {
+    .name = "testdev",
+    .alloc = td_alloc,
+    .free = td_free,
+    .memset = td_memset,
+    .copy = td_copy,
+    .synchronize = td_synchronize,
+    .stream_new = td_stream_new,
+    .stream_free = td_stream_free,
+    .event_new = td_event_new,
+    .event_free = td_event_free,
+    .event_record = td_event_record,
+    .stream_wait = td_stream_wait,
+    .elem = &td_elem,
+    .linalg = &td_linalg,
+    .nn = &td_nn,
+    .optim = &td_optim,
+};
+
+// a fault inside the arena is the host touching device memory: say so (with the C stack, which
+// names the function that did it), then die of the fault as usual
+static void td_fault(int sig, siginfo_t* si, void* ctx) {
+  (void)ctx;
+  char* a = si->si_addr;
+  if (a >= g_arena && a < g_arena + g_arena_size) {
+    static const char msg[] =
+        "testdev: the host touched device memory outside the device table (code that reads or writes a "
+        "device tensor's bytes directly; on a GPU this is garbage or a crash). C stack:\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    void* frames[32];
+    backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+int fsdp_testdev_install(void) {
+  static int installed;
+  if (installed) return 0;
+  const char* mib = getenv("FSDP_TESTDEV_MIB");
+  g_arena_size = (size_t)(mib && atoi(mib) > 0 ? atoi(mib) : 1024) << 20;
+  void* a = mmap(NULL, g_arena_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  CHECK_INT(a != MAP_FAILED, "testdev: cannot reserve %zu bytes of address space", g_arena_size);
+  g_arena = a;
+  g_free[0] = (td_block){0, g_arena_size};
+  g_nfree = 1;
+  g_cpu = fsdp_backend_for(FSDP_CPU);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = td_fault;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, NULL);
+  if (fsdp_backend_register(FSDP_CUDA, &td_backend)) return -1;
+  installed = 1;
+  return 0;
+}

@@ -1,0 +1,54 @@
+/*
+ * core/backend.h -- the device interface: one table per device with its memory, copies and
+ * ordering, and its kernels, one table per op family (core/kernels_*.h). Plain C that C++ reads
+ * too: the CUDA backend (the .cu files of backend/cuda, built by nvcc into libfsdp_cuda.so) fills one in.
+ *
+ * Every device has one backend table. Backends register themselves (backend/cpu/backend.c when
+ * libfsdp.so loads; an optional backend, a shared library, when it is loaded), and registration
+ * checks that the table is complete, so code that holds a tensor of a device can call any entry
+ * of that device's table without a check. Core never names a backend; nothing calls a kernel but
+ * through this table.
+ */
+#ifndef FSDP_CORE_BACKEND_H
+#define FSDP_CORE_BACKEND_H
+#include "core/kernels_elem.h"
+#include "core/kernels_linalg.h"
+#include "core/kernels_nn.h"
+#include "core/kernels_optim.h"
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FSDP_COPY_H2D = 0, FSDP_COPY_D2H, FSDP_COPY_D2D, FSDP_COPY_H2H } fsdp_copy_kind;
+
+typedef struct fsdp_backend {
+  const char* name;  // "cpu", "cuda": the name users pass as a device
+  // memory: raw device blocks, 64-byte aligned, NULL when out of memory (core's fsdp_alloc counts
+  // the categories and caches freed blocks on top of these)
+  void* (*alloc)(size_t nbytes);
+  void (*free)(void* p, size_t nbytes);
+  void (*memset)(void* p, int byte, size_t nbytes);
+  // nbytes from src to dst; kind says which side is host memory
+  void (*copy)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind);
+  // ordering: waits for all queued work; streams and events (no-ops where work is synchronous)
+  int (*synchronize)(void);
+  void* (*stream_new)(void);
+  void (*stream_free)(void* stream);
+  void* (*event_new)(void);
+  void (*event_free)(void* event);
+  void (*event_record)(void* event, void* stream);  // event completes when stream's work so far has
+  void (*stream_wait)(void* stream, void* event);   // stream's later work waits for event
+  // kernels
+  const fsdp_elem_kernels* elem;
+  const fsdp_linalg_kernels* linalg;
+  const fsdp_nn_kernels* nn;
+  const fsdp_optim_kernels* optim;
+} fsdp_backend;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,212 @@
+-- The CUDA backend from a machine's point of view (backend/cuda/load.c, fsdp.cuda): without a GPU
+-- every question has an answer and every use of "cuda" a named reason; libfsdp_cuda.so, built
+-- wherever nvcc is, loads here and has every entry of the device table. Then the device-generic
+-- paths (moves between devices, factories, Module:to, autograd across a move, memory counters)
+-- run on the test double of a GPU (backend/testdev): the CPU's kernels on memory the host cannot
+-- touch, so a path that reads device memory on the host faults instead of passing by luck.
+-- tests/ops_spec.lua runs the whole op-case table on it. On a machine with a GPU the first group
+-- checks the real device instead, and the test double is not installed.
+local fsdp = require "fsdp"
+local ffi = require "ffi"
+local H = require "helpers"
+local C = fsdp.C
+
+local has_driver = pcall(ffi.load, "libcuda.so.1")
+local has_nvcc = os.execute("command -v nvcc >/dev/null 2>&1") == 0
+
+-- runs a Lua chunk in a fresh luajit with this checkout's fsdp (env: "NAME=value ..."): exit
+-- status and combined output
+local function lua_run(code, env)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(("package.path = %q .. package.path\npackage.cpath = %q .. package.cpath\n"):format(
+    H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;", H.root .. "/?.so;"), code)
+  f:close()
+  local rc, out = H.sh("luajit " .. path, env, 60)
+  os.remove(path)
+  return rc, out
+end
+
+describe("fsdp.cuda without a GPU", function()
+  if has_driver then
+    it("has a driver here: the questions answer for it", function()
+      assert.is_true(fsdp.cuda.device_count() >= 0)
+      if fsdp.cuda.is_available() then assert.equal("", fsdp.cuda.why_not()) end
+    end)
+    return
+  end
+  -- (once a spec installed the test double in this process, "cuda" works: nothing left to refuse)
+  if C.fsdp_device_has_backend(1) ~= 0 then
+    pending("the test double is installed in this process already")
+    return
+  end
+  it("says why not: no driver", function()
+    assert.is_false(fsdp.cuda.is_available())
+    assert.matches("^no NVIDIA driver %(.*libcuda%.so%.1", fsdp.cuda.why_not())
+    assert.equal(0, fsdp.cuda.device_count())
+    assert.same({ "cpu" }, fsdp.backends())
+  end)
+  it("refuses the device with that reason, in every form", function()
+    local t = fsdp.ones(2, 3)
+    local why = fsdp.cuda.why_not():gsub("%p", "%%%0")
+    for name, f in pairs {
+      to = function() return t:to("cuda") end,
+      to_table = function() return t:to { device = "cuda" } end,
+      cuda = function() return t:cuda() end,
+      factory = function() return fsdp.zeros(2, { device = "cuda" }) end,
+      randn = function() return fsdp.randn(2, { device = "cuda" }) end,
+      default = function() fsdp.set_default_device("cuda") end,
+      module = function() return fsdp.nn.Linear(2, 2):to("cuda") end,
+    } do
+      local ok, err = pcall(f)
+      assert.is_false(ok, name)
+      assert.matches('device "cuda" is not available: ' .. why, tostring(err), 1, false, name)
+    end
+    assert.equal("cpu", fsdp.get_default_device())
+    assert.has_error(function() fsdp.cuda.synchronize() end)
+  end)
+  it("keeps unknown devices apart from missing ones", function()
+    local ok, err = pcall(function() return fsdp.ones(2):to { device = "gpu" } end)
+    assert.is_false(ok)
+    assert.matches('unknown device "gpu"', err)
+    ok, err = pcall(function() return fsdp.ones(2):to("gpu") end)
+    assert.is_false(ok)
+    assert.matches('"gpu" is neither a device %("cpu", "cuda"%) nor a dtype', err)
+    ok, err = pcall(fsdp.memory_stats, "tpu")
+    assert.is_false(ok)
+    assert.matches('unknown device "tpu"', err)
+  end)
+end)
+
+describe("libfsdp_cuda.so", function()
+  it("is built where nvcc is, loads without a GPU, and has every entry of the device table", function()
+    local rc = C.fsdp_cuda_check_library()
+    local err = rc ~= 0 and ffi.string(C.fsdp_last_error()) or ""
+    if has_nvcc then
+      assert.equal(0, rc, err)
+    else
+      assert.matches("libfsdp_cuda%.so is missing", err)
+    end
+  end)
+  it("names the library it could not load", function()
+    local rc, out = lua_run([[
+      local fsdp = require "fsdp"
+      print(fsdp.C.fsdp_cuda_check_library(), require("ffi").string(fsdp.C.fsdp_last_error()))]],
+      "FSDP_CUDA_LIB=/nonexistent/libfsdp_cuda.so")
+    assert.equal(0, rc, out)
+    assert.matches("%-1\tlibfsdp_cuda%.so is missing or cannot load %(/nonexistent/libfsdp_cuda%.so", out)
+  end)
+end)
+
+if fsdp.cuda.is_available() then return end
+
+describe("the test double of a GPU (backend/testdev)", function()
+  fsdp._testdev_install()
+  local nn = fsdp.nn
+
+  it("moves tensors both ways, values intact, and a move to where it is returns it", function()
+    local x = fsdp.randn(3, 4)
+    local d = x:to("cuda")
+    assert.equal("cuda", d.device)
+    assert.equal("cpu", x.device)
+    assert.same(x:tolist(), d:tolist())              -- a host read goes through the device's copy
+    assert.same(x:tolist(), d:cpu():tolist())
+    assert.is_true(rawequal(d, d:to("cuda")))
+    assert.matches("device=cuda", tostring(d))
+    local v = x:t():to("cuda")                        -- a strided view arrives contiguous
+    assert.same(x:t():tolist(), v:tolist())
+    local i = fsdp.tensor({ 3, 1, 2 }, "int64"):cuda()
+    assert.same({ 3, 1, 2 }, i:tolist())
+    assert.equal("int64", i.dtype)
+  end)
+
+  it("makes tensors there: factories with {device=} and the default device", function()
+    assert.same({ { 0, 0 }, { 0, 0 } }, fsdp.zeros(2, 2, { device = "cuda" }):totable())
+    assert.equal("cuda", fsdp.ones(3, { device = "cuda" }).device)
+    fsdp.manual_seed(7)
+    local a = fsdp.randn(5)
+    fsdp.manual_seed(7)
+    local b = fsdp.randn(5, { device = "cuda" })
+    assert.equal("cuda", b.device)
+    assert.same(a:tolist(), b:tolist())               -- one RNG stream: the same draws on either device
+    fsdp.set_default_device("cuda")
+    local ok, err = pcall(function()
+      local z = fsdp.empty(2)
+      local l = nn.Linear(3, 2)
+      assert.equal("cuda", z.device)
+      assert.equal("cuda", l.weight.device)
+      assert.equal("cuda", fsdp.zeros_like(z).device)
+    end)
+    fsdp.set_default_device("cpu")
+    assert(ok, err)
+    assert.equal("cpu", fsdp.empty(2).device)
+  end)
+
+  it("names both devices when an op mixes them", function()
+    local ok, err = pcall(function() return fsdp.ones(2, 3) + fsdp.ones(2, 3, { device = "cuda" }) end)
+    assert.is_false(ok)
+    assert.matches("tensors on different devices %(%(2, 3%) on cpu, %(2, 3%) on cuda%)", err)
+  end)
+
+  it("sends gradients back across a move", function()
+    local x = fsdp.randn(3, 4):requires_grad_()
+    local y = (x:cuda() * 3):sum()
+    y:backward()
+    assert.equal("cpu", x.grad.device)
+    assert.same(fsdp.full({ 3, 4 }, 3):tolist(), x.grad:tolist())
+  end)
+
+  it("Module:to keeps parameters and trains exactly as on the CPU, with exact memory counters", function()
+    local function model()
+      fsdp.manual_seed(3)
+      return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 3))
+    end
+    local function train(m, device)
+      local opt = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+      fsdp.manual_seed(11)
+      local x, t = fsdp.randn(5, 6, { device = device }), fsdp.tensor({ 0, 2, 1, 1, 0 }, "int64"):to(device)
+      local losses = {}
+      for _ = 1, 3 do
+        opt:zero_grad()
+        local loss = fsdp.nn.functional.cross_entropy(m(x), t)
+        loss:backward()
+        opt:step()
+        losses[#losses + 1] = loss:item()
+      end
+      return losses
+    end
+    local cpu = model()
+    local want = train(cpu, "cpu")
+    local dev = model()
+    local w = dev:parameters()[1]
+    collectgarbage("collect") -- (earlier tests' tensors there go now, not between the two readings)
+    collectgarbage("collect")
+    local before = fsdp.memory_stats("cuda").params.current
+    dev:to("cuda")
+    assert.is_true(rawequal(w, dev:parameters()[1]))
+    local bytes = 0
+    for _, p in ipairs(dev:parameters()) do
+      assert.equal("cuda", p.device)
+      bytes = bytes + p:numel() * 4
+    end
+    assert.equal(before + bytes, fsdp.memory_stats("cuda").params.current)
+    assert.same(want, train(dev, "cuda"))           -- the same kernels: bit for bit
+    for i, p in ipairs(dev:parameters()) do assert.same(cpu:parameters()[i]:tolist(), p:tolist()) end
+    dev:to("cpu")
+    assert.equal(before, fsdp.memory_stats("cuda").params.current)
+  end)
+
+  it("faults, naming it, when the host reads device memory directly (the check can fail)", function()
+    local rc, out = lua_run([[
+      local fsdp, ffi = require "fsdp", require "ffi"
+      fsdp._testdev_install()
+      local d = fsdp.ones(4, { device = "cuda" })
+      io.stdout:write("through the table: ", d:sum():item(), "\n"); io.stdout:flush()
+      local p = ffi.cast("float*", fsdp.C.fsdp_tensor_data(d.p))
+      print("read directly: ", p[0])]])
+    assert.matches("through the table: 4\n", out)
+    assert.matches("testdev: the host touched device memory outside the device table", out)
+    assert.not_matches("read directly", out)
+    assert.not_equal(0, rc)
+  end)
+end)
