@@ -96,7 +96,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS = -std=c++17 -O3 -g -Isrc $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
              $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror)
-CUDA_LIBS ?= -lcudart -lcublasLt -lcudnn
+CUDA_LIBS ?= -cudart static -lcublasLt -lcudnn
 ifneq ($(NVCC),)
 all: libfsdp_cuda.so
 endif
@@ -217,6 +217,7 @@ install: all
 	cp -r lua/fsdp/* $(DESTDIR)$(LUADIR)/fsdp/
 	cp libfsdp.so $(DESTDIR)$(LIBDIR)/
 	if [ -f libfsdp_mpi.so ]; then cp libfsdp_mpi.so $(DESTDIR)$(LIBDIR)/; fi
+	if [ -f libfsdp_cuda.so ]; then cp libfsdp_cuda.so $(DESTDIR)$(LIBDIR)/; fi
 	cp bin/fsdprun bin/fsdp-consolidate $(DESTDIR)$(BINDIR)/
 	sed 's|^installed=.*|installed="$(EXAMPLESDIR)"|' bin/fsdp-examples-dir > $(DESTDIR)$(BINDIR)/fsdp-examples-dir
 	chmod 755 $(DESTDIR)$(BINDIR)/fsdp-examples-dir

@@ -1,7 +1,7 @@
 -- fsdp, the development version (scm): `luarocks make` in a checkout builds and installs it.
 -- It runs on LuaJIT only (the FFI is the whole binding). The C build needs gcc, make, pkg-config,
 -- OpenBLAS (libopenblas-dev) and oneDNN (libdnnl-dev); with mpicc (libopenmpi-dev) it also builds
--- the MPI backend.
+-- the MPI backend, and with nvcc (the CUDA toolkit) the CUDA backend libfsdp_cuda.so.
 rockspec_format = "3.0"
 package = "fsdp"
 version = "scm-1"

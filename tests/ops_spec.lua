@@ -344,6 +344,39 @@ local function run_on(case, vals, device, weights)
   return result
 end
 
+-- FSDP_OP_REPORT=FILE (tools/gpu_check.sh): each backend comparison's largest errors, one line per
+-- case, tab-separated: backend, case, output dtype, then max |got - want| and max |got - want| /
+-- max(|want|, 1e-30) over the outputs, the same two over the gradients
+local report = os.getenv("FSDP_OP_REPORT")
+local function max_errors(pairs_)
+  local abs, rel = 0, 0
+  for _, p in ipairs(pairs_) do
+    local g, w = p[1]:tolist(), p[2]:tolist()
+    for i = 1, #w do
+      local d = 0  -- equal values (infinities too) and NaN against NaN are no error
+      if g[i] ~= w[i] and (g[i] == g[i] or w[i] == w[i]) then d = math.abs(g[i] - w[i]) end
+      if d ~= d then d = math.huge end
+      abs = math.max(abs, d)
+      rel = math.max(rel, d / math.max(math.abs(w[i]), 1e-30))
+    end
+  end
+  return abs, rel
+end
+local function report_case(case, device, want, got)
+  if not report or device == "cpu" then return end
+  local outs, grads = {}, {}
+  for k, w in ipairs(want.outs) do if got.outs[k] then outs[#outs + 1] = { got.outs[k], w } end end
+  for i, w in pairs(want.grads) do if got.grads[i] then grads[#grads + 1] = { got.grads[i], w } end end
+  local oa, orl = max_errors(outs)
+  local ga, grl = max_errors(grads)
+  local f = io.open(report, "a")
+  if f then
+    f:write(("%s\t%s\t%s\t%.3g\t%.3g\t%.3g\t%.3g\n"):format(device, name_of(case),
+      want.outs[1] and want.outs[1].dtype or "-", oa, orl, ga, grl))
+    f:close()
+  end
+end
+
 local function run_backend(case, index, device)
   local vals = draw_all(case, index)
   -- the weights need the output size: one plain CPU forward first
@@ -357,6 +390,7 @@ local function run_backend(case, index, device)
   local weights = draw_weights(n)
   local want = run_on(case, vals, "cpu", weights)
   local got = run_on(case, vals, device, weights)
+  report_case(case, device, want, got)
   local exact = device == "cpu"
   assert.equal(#want.outs, #got.outs, case.name .. ": number of outputs")
   for k, w in ipairs(want.outs) do

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh: the one prepared GPU run (issue 15 item 7). At most 10 minutes on one H200
+# (each stage under its own timeout), every stage writing its output to $OUT as it goes
+# (default tmp/gpu-check), a one-line verdict per stage in $OUT/summary.txt:
+#   env      the GPU, driver, CPU, glibc, PyTorch with its CUDA/cuDNN/NCCL, where its CUDA libraries are
+#   setup    unpacks tmp/gpu-kit (tools/gpu_kit.sh, made on a development machine: LuaJIT, OpenBLAS,
+#            oneDNN and busted as .deb files, libfsdp.so and libfsdp_cuda.so built for x86-64-v3) with
+#            Python alone (no dpkg, no package manager); the CUDA libraries come from PyTorch's wheels
+#   load     fsdp.cuda.is_available(), why_not(), the device, the versions
+#   specs    tests/cuda_spec.lua on the real device, then every op case CUDA against the CPU
+#            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv
+#   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
+#   torch    PyTorch's GPT-2 124M on this GPU, eager and FSDP2 (bench/torch_gpt2.py): the targets
+# The GPU machine has PyTorch but no LuaJIT; nothing here needs a package manager or the network.
+#   OUT=/path bash tools/gpu_check.sh          (the device tool sets OUT)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo="$(pwd)"
+OUT="${OUT:-$repo/tmp/gpu-check}"
+KIT="${GPU_KIT:-$repo/tmp/gpu-kit}"
+ROOT="${GPU_KIT_ROOT:-/tmp/fsdp-gpu-kit}"  # where the .deb files are unpacked
+mkdir -p "$OUT"
+: > "$OUT/summary.txt"
+PY="$(command -v python3 || command -v python)"
+t_start=$(date +%s)
+
+say() { echo "[$(date +%T) +$(($(date +%s) - t_start))s] $*" | tee -a "$OUT/summary.txt"; }
+# stage NAME LIMIT_SECONDS COMMAND...: runs COMMAND (a bash string) under its limit, output to
+# $OUT/NAME.txt, the verdict and the output's last lines into the summary
+stage() {
+  local name=$1 limit=$2 rc t0
+  shift 2
+  say "stage $name (limit ${limit}s)"
+  t0=$(date +%s)
+  timeout -k 5 "$limit" bash -c "$*" > "$OUT/$name.txt" 2>&1
+  rc=$?
+  say "stage $name: exit $rc$([ $rc -eq 124 ] && echo ' (TIMED OUT)') in $(($(date +%s) - t0))s"
+  tail -n 6 "$OUT/$name.txt" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  return 0
+}
+
+# ---- env ------------------------------------------------------------------------------------------------
+stage env 60 '
+  echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv || true
+  nvidia-smi || true
+  echo "== host"; uname -a; (ldd --version | head -1) || true; (lscpu | grep -E "Model name|^CPU\(s\)") || true
+  free -g || true; df -h /tmp || true
+  echo "== tools"; for t in nvcc compute-sanitizer gcc cc dpkg xz tar; do printf "%s: %s\n" $t "$(command -v $t || echo -)"; done
+  echo "== python: '"$PY"'"
+  '"$PY"' - <<PYEOF
+import glob, os, sys
+print("python", sys.version.split()[0])
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+          "nccl", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-")
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        print("device", p.name, "sm_%d%d" % (p.major, p.minor), "%.1f GiB" % (p.total_memory / 2**30), "SMs", p.multi_processor_count)
+except Exception as e:
+    print("torch: not importable:", e)
+for d in sys.path:
+    for lib in ("libcublasLt.so*", "libcudnn.so*", "libnccl.so*", "libcudart.so*"):
+        for f in glob.glob(os.path.join(d, "nvidia", "*", "lib", lib)):
+            print("lib", f)
+PYEOF
+'
+
+# ---- setup: the kit, unpacked with Python -----------------------------------------------------------------
+stage setup 90 '
+  set -e
+  [ -d "'"$KIT"'/debs" ] || { echo "no kit at '"$KIT"': run tools/gpu_kit.sh on a development machine and carry tmp/gpu-kit"; exit 1; }
+  echo "kit built from $(cat "'"$KIT"'/commit" 2>/dev/null), this tree at $(git -C "'"$repo"'" rev-parse HEAD 2>/dev/null || echo "?")"
+  rm -rf "'"$ROOT"'" && mkdir -p "'"$ROOT"'"
+  '"$PY"' - "'"$KIT"'/debs" "'"$ROOT"'" <<PYEOF
+import glob, io, lzma, os, sys, tarfile
+debs, root = sys.argv[1], sys.argv[2]
+for deb in sorted(glob.glob(os.path.join(debs, "*.deb"))):
+    with open(deb, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"!<arch>\n", deb
+    pos = 8
+    while pos < len(data):  # ar members: 60-byte header, then the body, padded to even
+        name = data[pos:pos + 16].decode().strip().rstrip("/")
+        size = int(data[pos + 48:pos + 58].decode().strip())
+        body = data[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size & 1)
+        if name.startswith("data.tar"):
+            mode = "r:xz" if name.endswith(".xz") else "r:gz" if name.endswith(".gz") else "r:"
+            if name.endswith(".zst"):
+                sys.exit("zstd data in " + deb)
+            with tarfile.open(fileobj=io.BytesIO(body), mode=mode) as t:
+                t.extractall(root)
+    print("unpacked", os.path.basename(deb))
+PYEOF
+  # the kit'"'"'s build beside the packages, found through LUA_CPATH/LUA_PATH (a build in the checkout
+  # itself, ./libfsdp.so, comes first: a dry run on a development machine tests that one)
+  mkdir -p "'"$ROOT"'/fsdp/lib" "'"$ROOT"'/fsdp/lua/fsdp"
+  cp "'"$KIT"'/lib/libfsdp.so" "'"$KIT"'/lib/libfsdp_cuda.so" "'"$ROOT"'/fsdp/lib/"
+  cp "'"$KIT"'/lib/cdef.lua" "'"$ROOT"'/fsdp/lua/fsdp/cdef.lua"
+  # the CUDA libraries libfsdp_cuda.so links (cuBLASLt 13, cuDNN 9): PyTorch'"'"'s wheels, else the system
+  libdirs=$('"$PY"' -c "
+import glob, os, sys
+seen = []
+for d in sys.path:
+    for f in glob.glob(os.path.join(d, \"nvidia\", \"*\", \"lib\", \"lib*.so*\")):
+        if os.path.dirname(f) not in seen: seen.append(os.path.dirname(f))
+print(\":\".join(seen))")
+  L="'"$ROOT"'/usr/lib/x86_64-linux-gnu"
+  {
+    echo "export PATH=\"'"$ROOT"'/usr/bin:\$PATH\""
+    echo "export LD_LIBRARY_PATH=\"$L:$L/openblas-pthread:$libdirs:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-}\""
+    echo "export LUA_PATH=\"'"$ROOT"'/usr/share/lua/5.1/?.lua;'"$ROOT"'/usr/share/lua/5.1/?/init.lua;'"$ROOT"'/fsdp/lua/?.lua;;\""
+    echo "export LUA_CPATH=\"$L/lua/5.1/?.so;'"$ROOT"'/fsdp/lib/?.so;;\""
+    echo "export OPENBLAS_NUM_THREADS=4 OMP_NUM_THREADS=4"
+  } > "'"$OUT"'/env.sh"
+  cat "'"$OUT"'/env.sh"
+  . "'"$OUT"'/env.sh"
+  luajit -v
+  ldd "'"$ROOT"'/fsdp/lib/libfsdp.so" "'"$ROOT"'/fsdp/lib/libfsdp_cuda.so" | grep -E "not found|=>" || true
+'
+[ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
+
+# ---- load -----------------------------------------------------------------------------------------------
+stage load 60 '
+  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+  luajit -e "
+package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path
+package.cpath = \"./?.so;\" .. package.cpath
+local fsdp = require \"fsdp\"
+print(\"available\", fsdp.cuda.is_available(), \"why_not\", fsdp.cuda.why_not())
+print(\"devices\", fsdp.cuda.device_count(), fsdp.cuda.get_device_name(), fsdp.cuda.versions())
+print(\"cpu\", require(\"ffi\").string(fsdp.C.fsdp_cpu_isa()), require(\"ffi\").string(fsdp.C.fsdp_cpu_gemm_backend()))
+local x = fsdp.randn(4, 5)
+local d = x:cuda()
+print(\"round trip max error\", ((d:cpu() - x):abs():max()):item())
+print(\"matmul max error\", ((d:matmul(d:t())):cpu() - x:matmul(x:t())):abs():max():item())
+fsdp.cuda.synchronize()"
+'
+
+# ---- specs: the CUDA spec and every op case against the CPU ------------------------------------------------
+stage specs 240 '
+  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+  B="'"$ROOT"'/usr/bin/busted"
+  rm -f "'"$OUT"'/ops_report.tsv"
+  # TAP: one line per spec; the failures with their messages, then the counts
+  tap() { luajit "$B" -o TAP "$@" > "'"$OUT"'/tap.txt" 2>&1; local rc=$?
+    grep -A8 "^not ok" "'"$OUT"'/tap.txt" | head -60
+    echo "$* -> $(grep -c "^ok" "'"$OUT"'/tap.txt") ok, $(grep -c "^not ok" "'"$OUT"'/tap.txt") not ok (exit $rc)"
+    cat "'"$OUT"'/tap.txt" >> "'"$OUT"'/specs_tap.txt"; }
+  : > "'"$OUT"'/specs_tap.txt"
+  tap tests/cuda_spec.lua
+  FSDP_OP_REPORT="'"$OUT"'/ops_report.tsv" tap --filter="cuda:" tests/ops_spec.lua
+'
+if [ -f "$OUT/ops_report.tsv" ]; then
+  # the largest errors per dtype, and the five worst cases (columns: backend, case, dtype, output
+  # abs/rel, gradient abs/rel)
+  awk -F'\t' '{k=$3; n[k]++; if ($5+0 > mo[k]) mo[k] = $5+0; if ($7+0 > mg[k]) mg[k] = $7+0}
+    END {for (k in n) printf "  %s: %d cases, max rel error: outputs %.3g, gradients %.3g\n", k, n[k], mo[k], mg[k]}' \
+    "$OUT/ops_report.tsv" | tee -a "$OUT/summary.txt"
+  awk -F'\t' '{r = $5 > $7 ? $5 : $7; print r "\t" $0}' "$OUT/ops_report.tsv" | sort -gr | head -5 |
+    cut -f2- | sed 's/^/  worst: /' | tee -a "$OUT/summary.txt"
+fi
+
+# ---- sanitize -------------------------------------------------------------------------------------------
+stage sanitize 90 '
+  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+  S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
+  "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/cuda_spec.lua
+'
+
+# ---- torch: the targets ------------------------------------------------------------------------------------
+stage torch 150 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
+
+say "done in $(($(date +%s) - t_start))s; results in $OUT"
