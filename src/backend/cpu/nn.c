@@ -15,6 +15,7 @@
 #include "core/core.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/fastmath.h"
+#include "core/elem_math.h"
 
 #include <math.h>
 #include <omp.h>
@@ -418,18 +419,12 @@ static void cpu_embedding_backward(float* gw, const float* gy, const int64_t* id
 
 // ---- dropout ---------------------------------------------------------------------------------------------
 // keep element i unless the top 24 bits of splitmix64(seed, i), as a fraction, fall below p
-static inline uint32_t mix24(uint64_t seed, int64_t i) {
-  uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (uint32_t)((z ^ (z >> 31)) >> 40);
-}
-
+// (core/elem_math.h: the same mask on every device)
 static void cpu_dropout(float* y, const float* x, int64_t n, float p, uint64_t seed) {
   uint32_t thresh = (uint32_t)((double)p * 16777216.0);
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] = mix24(seed, i) >= thresh ? x[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; i++) y[i] = fsdp_keep24(seed, i) >= thresh ? x[i] * scale : 0.0f;
 }
 
 // ---- attention softmax ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
  */
 #include "backend/cuda/cuda_util.h"
 
-#include <cuda_fp16.h>
+#include "core/elem_math.h"
 
 #define MAXD 8  // FSDP_MAX_DIMS
 
@@ -27,28 +27,21 @@ static geom make_geom(int ndim, const int64_t* shape, const int64_t* sa, const i
   return g;
 }
 
-// ---- dtypes: the CPU's conversions, bit for bit (core/dtype.h) ----------------------------------
-__device__ static inline float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
+// ---- dtypes: the CPU's conversions, bit for bit (core/elem_math.h) ---------------------------------
 __device__ static inline double load_elem(const char* p, int dt) {
   switch (dt) {
-    case 0: return *(const float*)p;                  // FSDP_F32
-    case 1: return (double)*(const int64_t*)p;        // FSDP_I64
-    case 2: return bf16_to_f32(*(const uint16_t*)p);  // FSDP_BF16
-    default: return __half2float(*(const __half*)p);  // FSDP_F16
+    case 0: return *(const float*)p;                       // FSDP_F32
+    case 1: return (double)*(const int64_t*)p;             // FSDP_I64
+    case 2: return fsdp_bf16_to_f32(*(const uint16_t*)p);  // FSDP_BF16
+    default: return fsdp_f16_to_f32(*(const uint16_t*)p);  // FSDP_F16
   }
 }
 __device__ static inline void store_elem(char* p, int dt, double v) {
   switch (dt) {
     case 0: *(float*)p = (float)v; break;
     case 1: *(int64_t*)p = (int64_t)v; break;
-    case 2: *(uint16_t*)p = f32_to_bf16((float)v); break;
-    default: *(__half*)p = __float2half_rn((float)v); break;
+    case 2: *(uint16_t*)p = fsdp_f32_to_bf16((float)v); break;
+    default: *(uint16_t*)p = fsdp_f32_to_f16((float)v); break;
   }
 }
 static int dtype_size(int dt) { return dt == 0 ? 4 : dt == 1 ? 8 : 2; }

@@ -8,6 +8,7 @@
  * stream: partial sums go to a device accumulator with atomics, then one small copy back.
  */
 #include "backend/cuda/cuda_util.h"
+#include "core/elem_math.h"
 
 #include <math.h>
 
@@ -404,16 +405,10 @@ static void cuda_embedding_backward(float* gw, const float* gy, const int64_t* i
   FSDP_CUDA_LAUNCHED("embedding backward");
 }
 
-// ---- dropout: the CPU's keep mask, element for element (backend/cpu/nn.c mix24) ------------------------------
-__device__ static inline uint32_t mix24(uint64_t seed, int64_t i) {
-  uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (uint32_t)((z ^ (z >> 31)) >> 40);
-}
+// ---- dropout: the CPU's keep mask, element for element (core/elem_math.h) ----------------------------------
 __global__ static void dropout_k(float* y, const float* x, int64_t n, uint32_t thresh, float scale, uint64_t seed) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = mix24(seed, i) >= thresh ? x[i] * scale : 0.0f;
+    y[i] = fsdp_keep24(seed, i) >= thresh ? x[i] * scale : 0.0f;
 }
 static void cuda_dropout(float* y, const float* x, int64_t n, float p, uint64_t seed) {
   if (n == 0) return;
