@@ -112,7 +112,7 @@ function Transformer:__init(vocab, d, heads, layers, seq)
 end
 function Transformer:forward(idx) -- (B, T) int64
   local T = idx:size(2)
-  local x = self.tok(idx) + self.pos(fsdp.arange(T))
+  local x = self.tok(idx) + self.pos(fsdp.arange(T):to(idx.device))
   return self.head(self.ln(self.blocks(x))) -- (B, T, vocab)
 end
 M.Transformer = Transformer

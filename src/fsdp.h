@@ -113,6 +113,9 @@ int fsdp_device_has_backend(int device);
 // kernels on memory the host cannot touch outside the device table; 0, or -1 when a real CUDA
 // backend is there already
 int fsdp_testdev_install(void);
+// the test double's count of host waits on the device so far: copies to the host, synchronize, and
+// the entries whose result the host reads at once (checks, loss sums; a GPU would wait for each)
+int64_t fsdp_testdev_syncs(void);
 // loads libfsdp_cuda.so without a GPU (no init) and checks that its device table is complete:
 // 0, or -1 with the error naming the missing entry or why the library does not load
 int fsdp_cuda_check_library(void);

@@ -233,7 +233,58 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
     for k, v in pairs(want_sd) do same_numbers(v, got_sd[k], k) end
   end)
 
+  if not real_gpu then
+    -- the double counts the host's waits on the device (fsdp_testdev_syncs): what a GPU would wait for
+    it("keeps losses and their gradients on the device: a step waits only for its index and target checks", function()
+      local function waits(model, x, y, loss_fn)
+        model:to("cuda")
+        local opt = fsdp.optim.AdamW(model:parameters(), { lr = 1e-3 })
+        x, y = x:to("cuda"), y:to("cuda")
+        local function step()
+          opt:zero_grad()
+          local loss = loss_fn(model(x), y)
+          loss:backward()
+          opt:step()
+          return loss
+        end
+        step()
+        local s0 = C.fsdp_testdev_syncs()
+        local loss = step()
+        local s1 = C.fsdp_testdev_syncs()
+        local v = loss:item()
+        return tonumber(s1 - s0), tonumber(C.fsdp_testdev_syncs() - s1), v
+      end
+      fsdp.manual_seed(5)
+      local F = nn.functional
+      local step, item, v = waits(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), fsdp.randn(4, 6),
+        fsdp.randn(4, 3), F.mse_loss)
+      assert.same({ 0, 1 }, { step, item })  -- mse: none in the step; item() is the one wait
+      assert.is_true(v > 0)
+      step, item = waits(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), fsdp.randn(4, 6),
+        fsdp.tensor({ 0, 2, 1, 0 }, "int64"), F.cross_entropy)
+      assert.same({ 1, 1 }, { step, item })  -- cross entropy: its target check (still on the host)
+      local emb = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))
+      step, item = waits(emb, fsdp.tensor({ 1, 7, 3 }, "int64"), fsdp.tensor({ 0, 2, 1 }, "int64"), F.nll_loss)
+      assert.same({ 2, 1 }, { step, item })  -- embedding's index check and nll's target check
+    end)
+  end
+
   if real_gpu then return end
+  it("runs out of memory with a message: what was asked, what is in use per category, what is cached", function()
+    local rc, out = lua_run([[
+      local fsdp = require "fsdp"
+      fsdp._testdev_install()
+      local keep = fsdp.nn.Linear(256, 256):to("cuda")            -- 257 KiB of params there
+      local ok, err = pcall(fsdp.zeros, 4 * 1024 * 1024, { device = "cuda" })  -- 16 MiB in an 8 MiB arena
+      print(ok, err)
+      print(fsdp.zeros(4, { device = "cuda" }):sum():item())       -- and the process goes on]], "FSDP_TESTDEV_MIB=8")
+    assert.equal(0, rc, out)
+    assert.matches("false\t.*alloc: out of memory allocating 16777216 bytes %(16%.0 MiB%) on cuda; in use there: "
+      .. "params 0%.3 MiB, grads 0%.0 MiB, optimizer 0%.0 MiB, activations 0%.0 MiB, comm 0%.0 MiB, other 0%.0 MiB; "
+      .. "cached: [%d.]+ MiB", out)
+    assert.matches("\n0\n", out)
+  end)
+
   it("faults, naming it, when the host reads device memory directly (the check can fail)", function()
     local rc, out = lua_run([[
       local fsdp, ffi = require "fsdp", require "ffi"

@@ -10,7 +10,9 @@
 #   specs    tests/cuda_spec.lua on the real device, then every op case CUDA against the CPU
 #            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv
 #   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
-#   torch    PyTorch's GPT-2 124M on this GPU, eager and FSDP2 (bench/torch_gpt2.py): the targets
+#   ours     our GPT-2 124M on this GPU (bench/gpu_gpt.lua): FSDP mixed precision and plain bf16
+#   torch    PyTorch's, eager and FSDP2 (bench/torch_gpt2.py): the targets (tokens/s, MFU, memory)
+# The stage limits add up to 590 s; a run with everything working takes far less.
 # The GPU machine has PyTorch but no LuaJIT; nothing here needs a package manager or the network.
 #   OUT=/path bash tools/gpu_check.sh          (the device tool sets OUT)
 set -uo pipefail
@@ -40,7 +42,7 @@ stage() {
 }
 
 # ---- env ------------------------------------------------------------------------------------------------
-stage env 60 '
+stage env 30 '
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv || true
   nvidia-smi || true
   echo "== host"; uname -a; (ldd --version | head -1) || true; (lscpu | grep -E "Model name|^CPU\(s\)") || true
@@ -67,7 +69,7 @@ PYEOF
 '
 
 # ---- setup: the kit, unpacked with Python -----------------------------------------------------------------
-stage setup 90 '
+stage setup 60 '
   set -e
   [ -d "'"$KIT"'/debs" ] || { echo "no kit at '"$KIT"': run tools/gpu_kit.sh on a development machine and carry tmp/gpu-kit"; exit 1; }
   echo "kit built from $(cat "'"$KIT"'/commit" 2>/dev/null), this tree at $(git -C "'"$repo"'" rev-parse HEAD 2>/dev/null || echo "?")"
@@ -122,7 +124,7 @@ print(\":\".join(seen))")
 [ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
 
 # ---- load -----------------------------------------------------------------------------------------------
-stage load 60 '
+stage load 30 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   luajit -e "
 package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path
@@ -139,7 +141,7 @@ fsdp.cuda.synchronize()"
 '
 
 # ---- specs: the CUDA spec and every op case against the CPU ------------------------------------------------
-stage specs 240 '
+stage specs 180 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   B="'"$ROOT"'/usr/bin/busted"
   rm -f "'"$OUT"'/ops_report.tsv"
@@ -163,14 +165,19 @@ if [ -f "$OUT/ops_report.tsv" ]; then
 fi
 
 # ---- sanitize -------------------------------------------------------------------------------------------
-stage sanitize 90 '
+stage sanitize 60 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
   "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/cuda_spec.lua
 '
 
-# ---- torch: the targets ------------------------------------------------------------------------------------
-stage torch 150 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
+# ---- ours and torch: GPT-2 124M on this GPU (the targets) -------------------------------------------------------
+stage ours 120 '
+  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+  luajit bench/gpu_gpt.lua --mode fsdp --batch 8 --steps 5
+  luajit bench/gpu_gpt.lua --mode bf16 --batch 8 --steps 5
+'
+stage torch 110 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
 
 say "done in $(($(date +%s) - t_start))s; results in $OUT"

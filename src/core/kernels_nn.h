@@ -34,24 +34,26 @@ typedef struct fsdp_nn_kernels {
   // first target in (N*S) that is neither in [0, C) nor ignore_index: returns 1 and *bad = its
   // value, else 0
   int (*check_targets)(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad);
-  // fused log_softmax + nll with label smoothing: writes the logsumexp lse (N, S), returns the
-  // loss summed over non-ignored targets and their count in *count
-  double (*cross_entropy_forward)(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
-                                  int64_t S, int64_t ignore_index, float smoothing, int64_t* count);
-  // gx (N, C, S) = scale * (softmax - smoothed one-hot), zero on ignored targets
+  // The losses keep their results on the device (one-element buffers the host never waits for):
+  // fused log_softmax + nll with label smoothing: writes the logsumexp lse (N, S), the mean loss
+  // over non-ignored targets in loss[0] (NaN when there is none) and their count in count[0]
+  void (*cross_entropy_forward)(float* loss, float* count, float* lse, const float* logits, const int64_t* target,
+                                int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing);
+  // gx (N, C, S) = gy[0] / count[0] * (softmax - smoothed one-hot), zero on ignored targets
   void (*cross_entropy_backward)(float* gx, const float* logits, const float* lse, const int64_t* target, int64_t N,
-                                 int64_t C, int64_t S, int64_t ignore_index, float smoothing, float scale);
-  // -sum of logp[n, target, s] over non-ignored targets, and their count
-  double (*nll_forward)(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
-                        int64_t* count);
-  // gx (N, C, S) = -scale at the targets, zero elsewhere
+                                 int64_t C, int64_t S, int64_t ignore_index, float smoothing, const float* gy,
+                                 const float* count);
+  // loss[0] = -mean of logp[n, target, s] over non-ignored targets, count[0] their count
+  void (*nll_forward)(float* loss, float* count, const float* logp, const int64_t* target, int64_t N, int64_t C,
+                      int64_t S, int64_t ignore_index);
+  // gx (N, C, S) = -gy[0] / count[0] at the targets, zero elsewhere
   void (*nll_backward)(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
-                       float scale);
+                       const float* gy, const float* count);
 
-  // sum of (a - b)^2
-  double (*mse_forward)(const float* a, const float* b, int64_t n);
-  // ga = scale * (a - b), gb = -ga; either may be NULL
-  void (*mse_backward)(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale);
+  // loss[0] = mean of (a - b)^2
+  void (*mse_forward)(float* loss, const float* a, const float* b, int64_t n);
+  // ga = 2 gy[0] / n * (a - b), gb = -ga; either may be NULL
+  void (*mse_backward)(float* ga, float* gb, const float* a, const float* b, int64_t n, const float* gy);
 
   // y (M, D) = (x - mean) * rstd * w + b; w, b (D) may be NULL; writes mean, rstd (M)
   void (*layer_norm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,

@@ -122,7 +122,21 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
     fsdp_memory_empty_cache();
     p = b->alloc(padded);
   }
-  CHECK_NULL(p, "alloc: out of memory allocating %zu bytes on %s", nbytes, b->name);
+  if (!p) {  // what was asked, what is in use per category on that device, what the cache holds
+    static const char* names[FSDP_MEM_NCAT] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+    char use[320];
+    size_t len = 0;
+    for (int c = 0; c < FSDP_MEM_NCAT; c++)
+      len += snprintf(use + len, len < sizeof use ? sizeof use - len : 0, "%s%s %.1f MiB", c ? ", " : "", names[c],
+                      (double)atomic_load(&g_mem_cur[device][c]) / 1048576.0);
+    pthread_mutex_lock(&g_cache_lock);
+    size_t cached = g_cache_bytes;
+    pthread_mutex_unlock(&g_cache_lock);
+    fsdp_errorf("alloc: out of memory allocating %zu bytes (%.1f MiB) on %s; in use there: %s; cached: %.1f MiB (all "
+                "devices)",
+                nbytes, (double)nbytes / 1048576.0, fsdp_device_name(device), use, (double)cached / 1048576.0);
+    return NULL;
+  }
   mem_count(device, cat, (int64_t)nbytes);
   if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
   return p;

@@ -29,19 +29,21 @@ static fsdp_tensor* as_contig_i64(fsdp_tensor* t) {
 }
 
 // a 0-dim tensor of dtype holding value (a loss, rounded once to the logits' dtype)
-static fsdp_tensor* new_scalar(int device, int dtype, double value) {
-  int64_t none[1] = {0};
-  fsdp_tensor* t = fsdp_new(0, none, dtype, device);
-  if (t) fsdp_backend_for(device)->elem->fill(fsdp_ptr(t), dtype, 1, value);
-  return t;
-}
 
-// the value of a one-element gradient (the backward of a scalar loss)
-static int grad_scalar(fsdp_tensor* grad_out, float* g) {
-  double v;
-  if (fsdp_tensor_item(grad_out, &v)) return -1;
-  *g = (float)v;
-  return 0;
+// The losses (cross entropy, nll, mse) keep their values on the device: the kernel writes the mean
+// into a one-element float32 buffer (and the count of targets it divided by into another, which
+// the backward reads), and the backward reads the upstream gradient there too, so a training step
+// never waits for the device to learn a loss. A 0-dim float32 loss buffer; NULL on error.
+static fsdp_tensor* loss_buffer(int device) {
+  int64_t none[1] = {0};
+  return fsdp_new(0, none, FSDP_F32, device);
+}
+// the loss in the dtype asked for (consumes buf)
+static fsdp_tensor* loss_in(fsdp_tensor* buf, int dtype) {
+  if (!buf || dtype == FSDP_F32) return buf;
+  fsdp_tensor* out = fsdp_as_contig_dtype(buf, dtype);
+  fsdp_tensor_release(buf);
+  return out;
 }
 
 // ---- softmax / log_softmax -----------------------------------------------------------------------
@@ -142,11 +144,11 @@ static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tens
   return 0;
 }
 
-// saved: 0 logits, 1 target, 2 logsumexp (N, S)
+// saved: 0 logits, 1 target, 2 logsumexp (N, S), 3 the count of targets not ignored (the mean's
+// divisor, on the device)
 typedef struct {
   int64_t N, C, S;  // logits (N, C, S), target (N, S)
   int64_t ignore_index;
-  int64_t count;  // targets not ignored: the mean divides by it
   double label_smoothing;
 } cross_entropy_params;
 
@@ -154,16 +156,19 @@ static int cross_entropy_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_t
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* t = x ? fsdp_node_saved(node, 1) : NULL;
   fsdp_tensor* lse = t ? fsdp_node_saved(node, 2) : NULL;
-  float g;
-  if (!lse || grad_scalar(grad_out, &g)) return -1;
+  fsdp_tensor* count = lse ? fsdp_node_saved(node, 3) : NULL;
+  fsdp_tensor* g = count ? fsdp_as_contig(grad_out) : NULL;  // (float32, on the device)
+  if (!g) return -1;
   cross_entropy_params p;
   fsdp_node_params(node, &p, sizeof p);
   fsdp_tensor* gx = fsdp_new_like(x);
-  if (!gx) return -1;
-  fsdp_backend_of(x)->nn->cross_entropy_backward(fsdp_f32(gx), fsdp_f32(x), fsdp_f32(lse), fsdp_i64(t), p.N, p.C, p.S,
-                                                 p.ignore_index, (float)p.label_smoothing, g / (float)p.count);
+  if (gx)
+    fsdp_backend_of(x)->nn->cross_entropy_backward(fsdp_f32(gx), fsdp_f32(x), fsdp_f32(lse), fsdp_i64(t), p.N, p.C, p.S,
+                                                   p.ignore_index, (float)p.label_smoothing, fsdp_f32(g),
+                                                   fsdp_f32(count));
+  fsdp_tensor_release(g);
   grad_in[0] = gx;
-  return 0;
+  return gx ? 0 : -1;
 }
 
 fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_t ignore_index,
@@ -191,48 +196,53 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
     fsdp_tensor_release(tc);
     return NULL;
   }
-  int64_t count = 0;
-  double total = be->nn->cross_entropy_forward(fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index,
-                                               (float)label_smoothing, &count);
-  // no valid target: 0/0 = nan
-  fsdp_tensor* out = new_scalar(fsdp_device_of(x), logits->dtype, total / (double)count);
+  fsdp_tensor* loss = loss_buffer(fsdp_device_of(x));
+  fsdp_tensor* count = loss ? loss_buffer(fsdp_device_of(x)) : NULL;
+  if (count)
+    be->nn->cross_entropy_forward(fsdp_f32(loss), fsdp_f32(count), fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S,
+                                  ignore_index, (float)label_smoothing);
+  fsdp_tensor* out = count ? loss_in(loss, logits->dtype) : NULL;
+  if (!count) fsdp_tensor_release(loss);
   fsdp_node* node =
       out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2, (fsdp_tensor*[]){logits, target}) : NULL;
   if (node) {
-    cross_entropy_params p = {
-        .N = N, .C = C, .S = S, .ignore_index = ignore_index, .count = count, .label_smoothing = label_smoothing};
+    cross_entropy_params p = {.N = N, .C = C, .S = S, .ignore_index = ignore_index, .label_smoothing = label_smoothing};
     fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, x);
     fsdp_node_save(node, tc);
     fsdp_node_save(node, lse);
+    fsdp_node_save(node, count);
     fsdp_node_set_output(node, out);
   }
   fsdp_tensor_release(x);
   fsdp_tensor_release(tc);
   fsdp_tensor_release(lse);
+  fsdp_tensor_release(count);
   return out;
 }
 
-// saved: 0 target
+// saved: 0 target, 1 the count of targets not ignored (the mean's divisor, on the device)
 typedef struct {
   int64_t N, C, S;  // logp (N, C, S), target (N, S)
   int64_t ignore_index;
-  int64_t count;  // targets not ignored: the mean divides by it
-  int ndim;       // logp's shape, the gradient's
+  int ndim;  // logp's shape, the gradient's
   int64_t shape[FSDP_MAX_DIMS];
 } nll_params;
 
 static int nll_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* t = fsdp_node_saved(node, 0);
-  float g;
-  if (!t || grad_scalar(grad_out, &g)) return -1;
+  fsdp_tensor* count = t ? fsdp_node_saved(node, 1) : NULL;
+  fsdp_tensor* g = count ? fsdp_as_contig(grad_out) : NULL;
+  if (!g) return -1;
   nll_params p;
   fsdp_node_params(node, &p, sizeof p);
   fsdp_tensor* gx = fsdp_new(p.ndim, p.shape, FSDP_F32, fsdp_device_of(t));
-  if (!gx) return -1;
-  fsdp_backend_of(t)->nn->nll_backward(fsdp_f32(gx), fsdp_i64(t), p.N, p.C, p.S, p.ignore_index, g / (float)p.count);
+  if (gx)
+    fsdp_backend_of(t)->nn->nll_backward(fsdp_f32(gx), fsdp_i64(t), p.N, p.C, p.S, p.ignore_index, fsdp_f32(g),
+                                         fsdp_f32(count));
+  fsdp_tensor_release(g);
   grad_in[0] = gx;
-  return 0;
+  return gx ? 0 : -1;
 }
 
 fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignore_index) {
@@ -254,19 +264,23 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
     fsdp_tensor_release(tc);
     return NULL;
   }
-  int64_t count = 0;
-  double total = be->nn->nll_forward(fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index, &count);
+  fsdp_tensor* loss = loss_buffer(fsdp_device_of(x));
+  fsdp_tensor* count = loss ? loss_buffer(fsdp_device_of(x)) : NULL;
+  if (count) be->nn->nll_forward(fsdp_f32(loss), fsdp_f32(count), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index);
   fsdp_tensor_release(x);
-  fsdp_tensor* out = new_scalar(fsdp_device_of(logp), logp->dtype, total / (double)count);
+  fsdp_tensor* out = count ? loss_in(loss, logp->dtype) : NULL;
+  if (!count) fsdp_tensor_release(loss);
   fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
   if (node) {
-    nll_params p = {.N = N, .C = C, .S = S, .ignore_index = ignore_index, .count = count, .ndim = logp->ndim};
+    nll_params p = {.N = N, .C = C, .S = S, .ignore_index = ignore_index, .ndim = logp->ndim};
     memcpy(p.shape, logp->shape, logp->ndim * sizeof(int64_t));
     fsdp_node_set_params(node, &p, sizeof p);
     fsdp_node_save(node, tc);
+    fsdp_node_save(node, count);
     fsdp_node_set_output(node, out);
   }
   fsdp_tensor_release(tc);
+  fsdp_tensor_release(count);
   return out;
 }
 
@@ -275,18 +289,20 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
 static int mse_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* a = fsdp_node_saved(node, 0);
   fsdp_tensor* b = a ? fsdp_node_saved(node, 1) : NULL;
-  float g;
-  if (!b || grad_scalar(grad_out, &g)) return -1;
+  fsdp_tensor* g = b ? fsdp_as_contig(grad_out) : NULL;
+  if (!g) return -1;
   int64_t n = fsdp_tensor_numel(a);
   fsdp_tensor* ga = node->needs_grad[0] ? fsdp_new_like(a) : NULL;
   fsdp_tensor* gb = node->needs_grad[1] ? fsdp_new_like(b) : NULL;
   if ((node->needs_grad[0] && !ga) || (node->needs_grad[1] && !gb)) {
     fsdp_tensor_release(ga);
     fsdp_tensor_release(gb);
+    fsdp_tensor_release(g);
     return -1;
   }
   fsdp_backend_of(a)->nn->mse_backward(ga ? fsdp_f32(ga) : NULL, gb ? fsdp_f32(gb) : NULL, fsdp_f32(a), fsdp_f32(b), n,
-                                       2.0f * g / (float)n);
+                                       fsdp_f32(g));
+  fsdp_tensor_release(g);
   grad_in[0] = ga;
   grad_in[1] = gb;
   return 0;
@@ -307,8 +323,9 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
     return NULL;
   }
   int64_t n = fsdp_tensor_numel(ac);
-  fsdp_tensor* out = new_scalar(fsdp_device_of(a), fsdp_result_dtype(a, b),
-                                be->nn->mse_forward(fsdp_f32(ac), fsdp_f32(bc), n) / (double)n);
+  fsdp_tensor* loss = loss_buffer(fsdp_device_of(a));
+  if (loss) be->nn->mse_forward(fsdp_f32(loss), fsdp_f32(ac), fsdp_f32(bc), n);
+  fsdp_tensor* out = loss_in(loss, fsdp_result_dtype(a, b));
   fsdp_node* node = out ? fsdp_node_new("MseLossBackward", mse_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
   if (node) {
     fsdp_node_save(node, ac);

@@ -164,8 +164,8 @@ static int cpu_check_targets(const int64_t* target, int64_t n, int64_t C, int64_
 
 // loss of one position = lse - (1 - eps) * x[t] - eps / C * sum_c x[c]
 // (PyTorch: (1 - eps) * nll + eps / C * sum_c -logp[c], with logp = x - lse)
-static double cpu_cross_entropy_forward(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
-                                        int64_t S, int64_t ignore_index, float smoothing, int64_t* count) {
+static void cpu_cross_entropy_forward(float* loss, float* count, float* lse, const float* logits, const int64_t* target,
+                                      int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing) {
   double total = 0.0;
   int64_t cnt = 0;
   float keep = 1.0f - smoothing, spread = smoothing / (float)C;
@@ -226,15 +226,15 @@ static double cpu_cross_entropy_forward(float* lse, const float* logits, const i
       }
     }
   }
-  *count = cnt;
-  return total;
+  loss[0] = (float)(total / (double)cnt);  // no valid target: 0/0 = nan
+  count[0] = (float)cnt;
 }
 
 // gx = scale * (exp(x - lse) - eps / C - (1 - eps) * [c == t]); zero where the target is ignored
 static void cpu_cross_entropy_backward(float* gx, const float* logits, const float* lse, const int64_t* target,
                                        int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing,
-                                       float scale) {
-  float keep = 1.0f - smoothing, spread = smoothing / (float)C;
+                                       const float* gy, const float* count) {
+  float keep = 1.0f - smoothing, spread = smoothing / (float)C, scale = gy[0] / count[0];
   if (S == 1) {
 #pragma omp parallel for schedule(static) if (N * C > PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -269,8 +269,8 @@ static void cpu_cross_entropy_backward(float* gx, const float* logits, const flo
   }
 }
 
-static double cpu_nll_forward(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S,
-                              int64_t ignore_index, int64_t* count) {
+static void cpu_nll_forward(float* loss, float* count, const float* logp, const int64_t* target, int64_t N, int64_t C,
+                            int64_t S, int64_t ignore_index) {
   double total = 0.0;
   int64_t cnt = 0;
   for (int64_t n = 0; n < N; n++)
@@ -280,12 +280,13 @@ static double cpu_nll_forward(const float* logp, const int64_t* target, int64_t 
       total -= logp[(n * C + t) * S + s];
       cnt++;
     }
-  *count = cnt;
-  return total;
+  loss[0] = (float)(total / (double)cnt);
+  count[0] = (float)cnt;
 }
 
 static void cpu_nll_backward(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
-                             float scale) {
+                             const float* gy, const float* count) {
+  float scale = gy[0] / count[0];
   memset(gx, 0, N * C * S * sizeof(float));
   for (int64_t n = 0; n < N; n++)
     for (int64_t s = 0; s < S; s++) {
@@ -295,17 +296,18 @@ static void cpu_nll_backward(float* gx, const int64_t* target, int64_t N, int64_
 }
 
 // ---- mse ------------------------------------------------------------------------------------------------
-static double cpu_mse_forward(const float* a, const float* b, int64_t n) {
+static void cpu_mse_forward(float* loss, const float* a, const float* b, int64_t n) {
   double total = 0.0;
 #pragma omp parallel for simd schedule(static) reduction(+ : total) if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     double d = (double)a[i] - (double)b[i];
     total += d * d;
   }
-  return total;
+  loss[0] = (float)(total / (double)n);
 }
 
-static void cpu_mse_backward(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale) {
+static void cpu_mse_backward(float* ga, float* gb, const float* a, const float* b, int64_t n, const float* gy) {
+  float scale = 2.0f * gy[0] / (float)n;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     float g = scale * (a[i] - b[i]);

@@ -4,8 +4,8 @@
  * attention softmax. A row of a softmax, a loss position or a layer-norm row is one block of 256
  * threads reducing in shared memory; strided layouts (inner > 1) take one thread per column.
  *
- * The loss entries return their sum to the host (the table's contract), so they wait for the
- * stream: partial sums go to a device accumulator with atomics, then one small copy back.
+ * The losses stay on the device: partial sums go to a device accumulator with atomics, and a
+ * one-thread kernel writes the mean and the count into the op's buffers; the host never waits.
  */
 #include "backend/cuda/cuda_util.h"
 #include "core/elem_math.h"
@@ -118,9 +118,7 @@ static void cuda_softmax_backward(float* gx, const float* gy, const float* y, in
   FSDP_CUDA_LAUNCHED("softmax backward");
 }
 
-// ---- sums read back by the host ----------------------------------------------------------------------
-// acc[0] (double) and acc[1] (a count, as an unsigned long long) on the device, zeroed; the host
-// copy waits for the stream
+// ---- sums on the device: (sum, count) accumulated with atomics, then the mean written ---------------------
 typedef struct {
   double sum;
   unsigned long long count;
@@ -134,14 +132,29 @@ static accum* accum_new(void) {
   cudaMemsetAsync(a, 0, sizeof *a, fsdp_cuda_stream);
   return a;
 }
-static accum accum_read(accum* a) {
-  accum h = {0.0, 0};
-  if (!a) return h;
-  cudaMemcpyAsync(&h, a, sizeof h, cudaMemcpyDeviceToHost, fsdp_cuda_stream);
+// loss[0] = sum / (count, or n when n > 0), count[0] = count (count may be NULL); frees a in stream order
+__global__ static void accum_done_k(const accum* a, float* loss, float* count, int64_t n) {
+  double c = n > 0 ? (double)n : (double)a->count;
+  loss[0] = (float)(a->sum / c);  // nothing counted: 0/0 = nan
+  if (count) count[0] = (float)a->count;
+}
+static void accum_done(accum* a, float* loss, float* count, int64_t n) {
+  accum_done_k<<<1, 1, 0, fsdp_cuda_stream>>>(a, loss, count, n);
   cudaFreeAsync(a, fsdp_cuda_stream);
+  FSDP_CUDA_LAUNCHED("loss");
+}
+
+// the first position that fails a check: an atomicMin, read back by the host (the check entries'
+// contract returns it, so these wait for the stream)
+static int first_bad(unsigned long long* d, unsigned long long none, unsigned long long* h) {
+  cudaMemcpyAsync(h, d, sizeof *h, cudaMemcpyDeviceToHost, fsdp_cuda_stream);
+  cudaFreeAsync(d, fsdp_cuda_stream);
   cudaError_t e = cudaStreamSynchronize(fsdp_cuda_stream);
-  if (e != cudaSuccess) fsdp_cuda_fail("loss", e);
-  return h;
+  if (e != cudaSuccess) {
+    fsdp_cuda_fail("check", e);
+    return 1;
+  }
+  return *h != none;
 }
 
 // ---- cross entropy and nll ------------------------------------------------------------------------------
@@ -152,14 +165,16 @@ __global__ static void check_targets_k(const int64_t* t, int64_t n, int64_t C, i
 }
 static int cuda_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad) {
   if (n == 0) return 0;
-  accum* a = accum_new();
-  if (!a) return 1;
-  unsigned long long none = (unsigned long long)n;
-  cudaMemcpyAsync(&a->count, &none, sizeof none, cudaMemcpyHostToDevice, fsdp_cuda_stream);
-  check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, &a->count);
-  accum h = accum_read(a);
-  if (h.count == (unsigned long long)n) return 0;
-  cudaMemcpy(bad, target + h.count, sizeof *bad, cudaMemcpyDeviceToHost);
+  unsigned long long* d = NULL;
+  unsigned long long h = (unsigned long long)n;
+  if (cudaMallocAsync((void**)&d, sizeof h, fsdp_cuda_stream) != cudaSuccess) {
+    fsdp_cuda_fail("target check", cudaGetLastError());
+    return 1;
+  }
+  cudaMemcpyAsync(d, &h, sizeof h, cudaMemcpyHostToDevice, fsdp_cuda_stream);
+  check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, d);
+  if (!first_bad(d, (unsigned long long)n, &h)) return 0;
+  if (h < (unsigned long long)n) cudaMemcpy(bad, target + h, sizeof *bad, cudaMemcpyDeviceToHost);
   return 1;
 }
 
@@ -193,23 +208,22 @@ __global__ static void ce_forward_k(float* lse, const float* logits, const int64
     }
   }
 }
-static double cuda_cross_entropy_forward(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
-                                         int64_t S, int64_t ignore_index, float smoothing, int64_t* count) {
-  *count = 0;
-  if (N * S == 0) return 0.0;
+static void cuda_cross_entropy_forward(float* loss, float* count, float* lse, const float* logits,
+                                       const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
+                                       float smoothing) {
   accum* a = accum_new();
-  if (!a) return NAN;
-  ce_forward_k<<<rows_grid(N * S), NT, 0, fsdp_cuda_stream>>>(lse, logits, target, N, C, S, ignore_index, smoothing, a);
-  FSDP_CUDA_LAUNCHED("cross_entropy");
-  accum h = accum_read(a);
-  *count = (int64_t)h.count;
-  return h.sum;
+  if (!a) return;
+  if (N * S > 0)
+    ce_forward_k<<<rows_grid(N * S), NT, 0, fsdp_cuda_stream>>>(lse, logits, target, N, C, S, ignore_index, smoothing,
+                                                                a);
+  accum_done(a, loss, count, 0);
 }
 
 // gx = scale * (exp(x - lse) - eps / C - (1 - eps) [c == t]); zero where the target is ignored
 __global__ static void ce_backward_k(float* gx, const float* logits, const float* lse, const int64_t* target, int64_t N,
-                                     int64_t C, int64_t S, int64_t ignore, float smoothing, float scale) {
-  float keep = 1.0f - smoothing, spread = smoothing / (float)C;
+                                     int64_t C, int64_t S, int64_t ignore, float smoothing, const float* gy,
+                                     const float* count) {
+  float keep = 1.0f - smoothing, spread = smoothing / (float)C, scale = gy[0] / count[0];
   int64_t total = N * C * S;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t s = i % S, c = (i / S) % C, n = i / (S * C), t = target[n * S + s];
@@ -224,10 +238,10 @@ __global__ static void ce_backward_k(float* gx, const float* logits, const float
 }
 static void cuda_cross_entropy_backward(float* gx, const float* logits, const float* lse, const int64_t* target,
                                         int64_t N, int64_t C, int64_t S, int64_t ignore_index, float smoothing,
-                                        float scale) {
+                                        const float* gy, const float* count) {
   if (N * C * S == 0) return;
   ce_backward_k<<<fsdp_cuda_blocks(N * C * S), NT, 0, fsdp_cuda_stream>>>(gx, logits, lse, target, N, C, S,
-                                                                          ignore_index, smoothing, scale);
+                                                                          ignore_index, smoothing, gy, count);
   FSDP_CUDA_LAUNCHED("cross_entropy backward");
 }
 
@@ -240,31 +254,28 @@ __global__ static void nll_forward_k(const float* logp, const int64_t* target, i
     atomicAdd(&acc->count, 1ull);
   }
 }
-static double cuda_nll_forward(const float* logp, const int64_t* target, int64_t N, int64_t C, int64_t S,
-                               int64_t ignore_index, int64_t* count) {
-  *count = 0;
-  if (N * S == 0) return 0.0;
+static void cuda_nll_forward(float* loss, float* count, const float* logp, const int64_t* target, int64_t N, int64_t C,
+                             int64_t S, int64_t ignore_index) {
   accum* a = accum_new();
-  if (!a) return NAN;
-  nll_forward_k<<<fsdp_cuda_blocks(N * S), NT, 0, fsdp_cuda_stream>>>(logp, target, N, C, S, ignore_index, a);
-  FSDP_CUDA_LAUNCHED("nll_loss");
-  accum h = accum_read(a);
-  *count = (int64_t)h.count;
-  return h.sum;
+  if (!a) return;
+  if (N * S > 0)
+    nll_forward_k<<<fsdp_cuda_blocks(N * S), NT, 0, fsdp_cuda_stream>>>(logp, target, N, C, S, ignore_index, a);
+  accum_done(a, loss, count, 0);
 }
 
 __global__ static void nll_backward_k(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore,
-                                      float scale) {
+                                      const float* gy, const float* count) {
+  float scale = gy[0] / count[0];
   for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < N * S; w += (int64_t)gridDim.x * blockDim.x) {
     int64_t n = w / S, s = w % S, t = target[w];
     if (t != ignore) gx[(n * C + t) * S + s] = -scale;
   }
 }
 static void cuda_nll_backward(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
-                              float scale) {
+                              const float* gy, const float* count) {
   if (N * C * S == 0) return;
   cudaMemsetAsync(gx, 0, N * C * S * sizeof(float), fsdp_cuda_stream);
-  nll_backward_k<<<fsdp_cuda_blocks(N * S), NT, 0, fsdp_cuda_stream>>>(gx, target, N, C, S, ignore_index, scale);
+  nll_backward_k<<<fsdp_cuda_blocks(N * S), NT, 0, fsdp_cuda_stream>>>(gx, target, N, C, S, ignore_index, gy, count);
   FSDP_CUDA_LAUNCHED("nll_loss backward");
 }
 
@@ -284,25 +295,25 @@ __global__ static void mse_forward_k(const float* a, const float* b, int64_t n, 
   }
   if (threadIdx.x == 0) atomicAdd(&acc->sum, sh[0]);
 }
-static double cuda_mse_forward(const float* a, const float* b, int64_t n) {
-  if (n == 0) return 0.0;
+static void cuda_mse_forward(float* loss, const float* a, const float* b, int64_t n) {
   accum* acc = accum_new();
-  if (!acc) return NAN;
-  mse_forward_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(a, b, n, acc);
-  FSDP_CUDA_LAUNCHED("mse_loss");
-  return accum_read(acc).sum;
+  if (!acc) return;
+  if (n > 0) mse_forward_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(a, b, n, acc);
+  accum_done(acc, loss, NULL, n);
 }
 
-__global__ static void mse_backward_k(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale) {
+__global__ static void mse_backward_k(float* ga, float* gb, const float* a, const float* b, int64_t n,
+                                      const float* gy) {
+  float scale = 2.0f * gy[0] / (float)n;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float g = scale * (a[i] - b[i]);
     if (ga) ga[i] = g;
     if (gb) gb[i] = -g;
   }
 }
-static void cuda_mse_backward(float* ga, float* gb, const float* a, const float* b, int64_t n, float scale) {
+static void cuda_mse_backward(float* ga, float* gb, const float* a, const float* b, int64_t n, const float* gy) {
   if (n == 0) return;
-  mse_backward_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(ga, gb, a, b, n, scale);
+  mse_backward_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(ga, gb, a, b, n, gy);
   FSDP_CUDA_LAUNCHED("mse_loss backward");
 }
 

@@ -16,6 +16,7 @@
 
 #include <execinfo.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -33,6 +34,9 @@ typedef struct {
 static td_block g_free[TD_FREE_MAX];  // sorted by offset, never adjacent (merged)
 static int g_nfree;
 static const fsdp_backend* g_cpu;
+// the host's waits on the device, as a GPU would have them: copies to the host, synchronize, and
+// the entries whose result the host reads (index and target checks, loss sums)
+static _Atomic int64_t g_syncs;
 
 static void td_open(void) {
   pthread_mutex_lock(&g_lock);
@@ -102,7 +106,7 @@ static void td_memset(void* p, int byte, size_t nbytes) {
   td_close();
 }
 static void td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
-  (void)kind;
+  if (kind == FSDP_COPY_D2H) atomic_fetch_add(&g_syncs, 1);
   td_open();
   if (nbytes) memcpy(dst, src, nbytes);
   td_close();
@@ -110,7 +114,10 @@ static void td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind ki
 
 // ---- ordering: work runs as it is issued ---------------------------------------------------------------
 static char td_token;
-static int td_synchronize(void) { return 0; }
+static int td_synchronize(void) {
+  atomic_fetch_add(&g_syncs, 1);
+  return 0;
+}
 static void* td_stream_new(void) { return &td_token; }
 static void td_stream_free(void* s) { (void)s; }
 static void* td_event_new(void) { return &td_token; }
@@ -128,6 +135,15 @@ static void td_stream_wait(void* s, void* e) { (void)s, (void)e; }
   }
 #define R(fam, type, name, params, args) \
   static type td_##name params {         \
+    td_open();                           \
+    type r_ = g_cpu->fam->name args;     \
+    td_close();                          \
+    return r_;                           \
+  }
+// S: an entry whose result the host reads from device data (a wait on a GPU): counted
+#define S(fam, type, name, params, args) \
+  static type td_##name params {         \
+    atomic_fetch_add(&g_syncs, 1);       \
     td_open();                           \
     type r_ = g_cpu->fam->name args;     \
     td_close();                          \
@@ -152,7 +168,7 @@ V(elem, sum_dim, (float* o, const float* i, int64_t a, int64_t r, int64_t b), (o
 V(elem, max_dim, (float* o, int64_t* ix, const float* i, int64_t a, int64_t r, int64_t b), (o, ix, i, a, r, b))
 V(elem, scatter_dim, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t r, int64_t b),
   (gx, gy, ix, a, r, b))
-R(elem, int64_t, index_check, (const int64_t* ix, int64_t n, int64_t lo, int64_t hi), (ix, n, lo, hi))
+S(elem, int64_t, index_check, (const int64_t* ix, int64_t n, int64_t lo, int64_t hi), (ix, n, lo, hi))
 V(elem, index_select,
   (void* o, const void* i, size_t es, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
   (o, i, es, ix, a, ni, nx, b))
@@ -193,21 +209,24 @@ V(linalg, adaptive_avg_pool2d_backward, (const fsdp_conv_geom* g, float* gx, con
 V(nn, softmax_forward, (float* y, const float* x, int64_t o, int64_t n, int64_t i, int lg), (y, x, o, n, i, lg))
 V(nn, softmax_backward, (float* gx, const float* gy, const float* y, int64_t o, int64_t n, int64_t i, int lg),
   (gx, gy, y, o, n, i, lg))
-R(nn, int, check_targets, (const int64_t* t, int64_t n, int64_t C, int64_t ig, int64_t* bad), (t, n, C, ig, bad))
-R(nn, double, cross_entropy_forward,
-  (float* lse, const float* x, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sm, int64_t* cnt),
-  (lse, x, t, N, C, S, ig, sm, cnt))
+S(nn, int, check_targets, (const int64_t* t, int64_t n, int64_t C, int64_t ig, int64_t* bad), (t, n, C, ig, bad))
+V(nn, cross_entropy_forward,
+  (float* loss, float* cnt, float* lse, const float* x, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig,
+   float sm),
+  (loss, cnt, lse, x, t, N, C, S, ig, sm))
 V(nn, cross_entropy_backward,
   (float* gx, const float* x, const float* lse, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sm,
-   float sc),
-  (gx, x, lse, t, N, C, S, ig, sm, sc))
-R(nn, double, nll_forward,
-  (const float* lp, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, int64_t* cnt),
-  (lp, t, N, C, S, ig, cnt))
-V(nn, nll_backward, (float* gx, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, float sc),
-  (gx, t, N, C, S, ig, sc))
-R(nn, double, mse_forward, (const float* a, const float* b, int64_t n), (a, b, n))
-V(nn, mse_backward, (float* ga, float* gb, const float* a, const float* b, int64_t n, float sc), (ga, gb, a, b, n, sc))
+   const float* gy, const float* cnt),
+  (gx, x, lse, t, N, C, S, ig, sm, gy, cnt))
+V(nn, nll_forward,
+  (float* loss, float* cnt, const float* lp, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig),
+  (loss, cnt, lp, t, N, C, S, ig))
+V(nn, nll_backward,
+  (float* gx, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig, const float* gy, const float* cnt),
+  (gx, t, N, C, S, ig, gy, cnt))
+V(nn, mse_forward, (float* loss, const float* a, const float* b, int64_t n), (loss, a, b, n))
+V(nn, mse_backward, (float* ga, float* gb, const float* a, const float* b, int64_t n, const float* gy),
+  (ga, gb, a, b, n, gy))
 V(nn, layer_norm_forward,
   (float* y, float* mu, float* rs, const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps),
   (y, mu, rs, x, w, b, M, D, eps))
@@ -296,6 +315,8 @@ static void td_fault(int sig, siginfo_t* si, void* ctx) {
   signal(sig, SIG_DFL);
   raise(sig);
 }
+
+int64_t fsdp_testdev_syncs(void) { return atomic_load(&g_syncs); }
 
 int fsdp_testdev_install(void) {
   static int installed;
