@@ -235,7 +235,7 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
 
   if not real_gpu then
     -- the double counts the host's waits on the device (fsdp_testdev_syncs): what a GPU would wait for
-    it("keeps losses and their gradients on the device: a step waits only for its index and target checks", function()
+    it("never waits for the device inside a training step: losses, gradients and checks stay there", function()
       local function waits(model, x, y, loss_fn)
         model:to("cuda")
         local opt = fsdp.optim.AdamW(model:parameters(), { lr = 1e-3 })
@@ -256,16 +256,37 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
       end
       fsdp.manual_seed(5)
       local F = nn.functional
-      local step, item, v = waits(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), fsdp.randn(4, 6),
-        fsdp.randn(4, 3), F.mse_loss)
-      assert.same({ 0, 1 }, { step, item })  -- mse: none in the step; item() is the one wait
-      assert.is_true(v > 0)
-      step, item = waits(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), fsdp.randn(4, 6),
-        fsdp.tensor({ 0, 2, 1, 0 }, "int64"), F.cross_entropy)
-      assert.same({ 1, 1 }, { step, item })  -- cross entropy: its target check (still on the host)
-      local emb = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))
-      step, item = waits(emb, fsdp.tensor({ 1, 7, 3 }, "int64"), fsdp.tensor({ 0, 2, 1 }, "int64"), F.nll_loss)
-      assert.same({ 2, 1 }, { step, item })  -- embedding's index check and nll's target check
+      local cases = {
+        { "mse", nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), fsdp.randn(4, 6), fsdp.randn(4, 3),
+          F.mse_loss },
+        { "cross entropy (a target check)", nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)),
+          fsdp.randn(4, 6), fsdp.tensor({ 0, 2, 1, 0 }, "int64"), F.cross_entropy },
+        { "embedding + nll (an index and a target check)", nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3)),
+          fsdp.tensor({ 1, 7, 3 }, "int64"), fsdp.tensor({ 0, 2, 1 }, "int64"), F.nll_loss },
+      }
+      for _, c in ipairs(cases) do
+        local step, item, v = waits(c[2], c[3], c[4], c[5])
+        assert.same({ 0, 1 }, { step, item }, c[1] .. ": waits in the step, in item()")
+        assert.is_true(v == v, c[1])
+      end
+    end)
+
+    it("reports a bad index or target found on the device at the next wait, naming the op; then goes on", function()
+      local F = nn.functional
+      local emb = nn.Embedding(5, 3):to("cuda")
+      local y = emb(fsdp.tensor({ 1, 7, 2 }, "int64"):cuda()) -- the check runs on the device: no error yet
+      H.assert_error(function() return y:sum():item() end, "embedding: index value 7 is out of range for 5 embeddings",
+        "(found on the device)")
+      assert.equal(3 * 2, #emb(fsdp.tensor({ 1, 2 }, "int64"):cuda()):tolist())  -- the device works on
+      local x = fsdp.randn(3, 4, { device = "cuda" })
+      local loss = F.cross_entropy(x, fsdp.tensor({ 0, 9, 1 }, "int64"):cuda())
+      H.assert_error(function() return loss:item() end, "cross_entropy: target value 9 is out of range for 4 classes")
+      local _ = x:index_select(1, fsdp.tensor({ 0, 5 }, "int64"):cuda())
+      H.assert_error(function() fsdp.cuda.synchronize() end,
+        "index_select: index 5 is out of range for dim 1 of size 3")
+      fsdp.cuda.synchronize()
+      assert.same(x:cpu():index_select(1, fsdp.tensor({ 2, 0 }, "int64")):tolist(),
+        x:index_select(1, fsdp.tensor({ 2, 0 }, "int64"):cuda()):tolist())
     end)
   end
 

@@ -25,14 +25,19 @@ typedef enum { FSDP_COPY_H2D = 0, FSDP_COPY_D2H, FSDP_COPY_D2D, FSDP_COPY_H2H } 
 
 typedef struct fsdp_backend {
   const char* name;  // "cpu", "cuda": the name users pass as a device
+  // 1 where work runs behind the host (a GPU's queue): index and target checks then run on the
+  // device and report at the next synchronization (core's deferred checks, fsdp_check_defer)
+  int async;
   // memory: raw device blocks, 64-byte aligned, NULL when out of memory (core's fsdp_alloc counts
   // the categories and caches freed blocks on top of these)
   void* (*alloc)(size_t nbytes);
   void (*free)(void* p, size_t nbytes);
   void (*memset)(void* p, int byte, size_t nbytes);
-  // nbytes from src to dst; kind says which side is host memory
-  void (*copy)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind);
-  // ordering: waits for all queued work; streams and events (no-ops where work is synchronous)
+  // nbytes from src to dst; kind says which side is host memory. 0, or -1 with the error set (a
+  // copy to the host waits for the device, so a failed kernel or device-side check reports here)
+  int (*copy)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind);
+  // ordering: waits for all queued work (0, or -1 with the error of a failed kernel or check);
+  // streams and events (no-ops where work is synchronous)
   int (*synchronize)(void);
   void* (*stream_new)(void);
   void (*stream_free)(void* stream);

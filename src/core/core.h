@@ -249,6 +249,14 @@ int fsdp_backend_check(const fsdp_backend* b);
 // registers the table of `device`; -1 (error naming the backend and the missing entry) when an
 // entry is NULL, or when the device already has a backend
 int fsdp_backend_register(int device, const fsdp_backend* b);
+// ---- deferred checks (async devices: index and target checks run on the device) --------------------
+// registers what a device-side check reports if it fails: fmt formatted now, with one "%%lld" left
+// in it for the bad value; returns the check's id (> 0) for the checking kernel
+int fsdp_check_defer(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// a device found check `id` failed with `value` (at a synchronization): sets the error from its
+// message; returns -1
+int fsdp_check_report(int id, int64_t value);
+
 // an optional backend's library: $env_var, else `name` next to this libfsdp.so, else the default
 // search path (dlopen flags); NULL with every try's reason in tried
 void* fsdp_dlopen_backend(const char* env_var, const char* name, int flags, char* tried, size_t tried_len);

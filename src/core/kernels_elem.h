@@ -35,8 +35,11 @@ typedef struct fsdp_elem_kernels {
   void (*max_dim)(float* out, int64_t* idx, const float* in, int64_t outer, int64_t red, int64_t inner);
   // max backward: gx (outer, red, inner) = 0 except gx[o, idx[o, j], j] = gy[o, j]
   void (*scatter_dim)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red, int64_t inner);
-  // position of the first idx[0..n) outside [lo, hi), or -1 when all are in range
-  int64_t (*index_check)(const int64_t* idx, int64_t n, int64_t lo, int64_t hi);
+  // position of the first idx[0..n) outside [lo, hi), or -1 when all are in range. An async device
+  // (fsdp_backend.async) returns -1 at once and, if one is out of range, reports deferred check
+  // `check` (fsdp_check_defer) with that value at its next synchronization; its kernels that read
+  // the indices skip out-of-range ones meanwhile
+  int64_t (*index_check)(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check);
   // out (outer, n_idx, inner) = in (outer, n_in, inner) gathered along the middle dim; es = element
   // size in bytes (any dtype)
   void (*index_select)(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer, int64_t n_in,

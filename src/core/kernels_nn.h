@@ -32,8 +32,9 @@ typedef struct fsdp_nn_kernels {
                            int log);
 
   // first target in (N*S) that is neither in [0, C) nor ignore_index: returns 1 and *bad = its
-  // value, else 0
-  int (*check_targets)(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad);
+  // value, else 0 (an async device: 0 at once, a failure reported as deferred check `check` at its
+  // next synchronization, as index_check)
+  int (*check_targets)(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad, int check);
   // The losses keep their results on the device (one-element buffers the host never waits for):
   // fused log_softmax + nll with label smoothing: writes the logsumexp lse (N, S), the mean loss
   // over non-ignored targets in loss[0] (NaN when there is none) and their count in count[0]
@@ -62,8 +63,9 @@ typedef struct fsdp_nn_kernels {
   void (*layer_norm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
                               const float* rstd, const float* w, int64_t M, int64_t D);
 
-  // y (n, D) = w[idx[i]] for i < n; idx already checked to lie in [0, V)
-  void (*embedding_forward)(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D);
+  // y (n, D) = w[idx[i]] for i < n, w (V, D); idx checked to lie in [0, V) (on an async device the
+  // check may still be under way: a row out of range gives zeros there)
+  void (*embedding_forward)(float* y, const float* w, const int64_t* idx, int64_t n, int64_t V, int64_t D);
   // gw (V, D) = 0, then gw[idx[i]] += gy[i] for idx[i] != padding_idx
   void (*embedding_backward)(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V, int64_t D,
                              int64_t padding_idx);

@@ -312,6 +312,37 @@ const fsdp_backend* fsdp_backend_for(int device) {
              fsdp_device_name(device));
   return g_backends[device];
 }
+// ---- deferred checks --------------------------------------------------------------------------------------
+// the last CHECK_RING messages by id; an id that old is reported without its details
+#define CHECK_RING 256
+static char g_check_msg[CHECK_RING][512];
+static int g_check_next;
+static pthread_mutex_t g_check_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int fsdp_check_defer(const char* fmt, ...) {
+  pthread_mutex_lock(&g_check_lock);
+  int id = ++g_check_next;
+  if (id <= 0) id = g_check_next = 1;  // (wrapped around)
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_check_msg[id % CHECK_RING], sizeof g_check_msg[0], fmt, ap);
+  va_end(ap);
+  pthread_mutex_unlock(&g_check_lock);
+  return id;
+}
+int fsdp_check_report(int id, int64_t value) {
+  char msg[512];
+  pthread_mutex_lock(&g_check_lock);
+  int known = id > 0 && id <= g_check_next && g_check_next - id < CHECK_RING;
+  snprintf(msg, sizeof msg, "%s", known ? g_check_msg[id % CHECK_RING] : "a device-side check failed with %lld");
+  pthread_mutex_unlock(&g_check_lock);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+  fsdp_errorf(msg, (long long)value);
+#pragma GCC diagnostic pop
+  return -1;
+}
+
 int fsdp_device_has_backend(int device) { return device >= 0 && device < FSDP_NDEVICES && g_backends[device]; }
 const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return g_backends[fsdp_device_of(t)]; }
 
@@ -619,8 +650,9 @@ fsdp_tensor* fsdp_copy_to_device(const fsdp_tensor* t, int device) {
   fsdp_copy_kind kind = from == FSDP_CPU ? FSDP_COPY_H2D : device == FSDP_CPU ? FSDP_COPY_D2H : FSDP_COPY_D2D;
   // the device side's backend moves them (the CPU's copy is a memcpy)
   const fsdp_backend* b = fsdp_backend_for(from == FSDP_CPU ? device : from);
-  b->copy(fsdp_ptr(r), fsdp_ptr(c ? c : t), (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype), kind);
+  int rc = b->copy(fsdp_ptr(r), fsdp_ptr(c ? c : t), (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype), kind);
   fsdp_tensor_release(c);
+  if (rc) goto fail;
   return r;
 fail:
   fsdp_tensor_release(r);

@@ -134,10 +134,17 @@ static int class_loss_dims(const char* op, const fsdp_tensor* x, const fsdp_tens
   return 0;
 }
 
+// On an async device (a GPU) the check runs there: a bad target fails the next synchronization
+// (loss:item(), a copy to the host) with the same message, and the loss kernels skip it meanwhile.
 static int check_targets(const char* op, const fsdp_backend* be, const fsdp_tensor* x, const fsdp_tensor* tc, int64_t C,
                          int64_t ignore_index) {
   int64_t bad = 0;
-  CHECK_INT(!be->nn->check_targets(fsdp_i64(tc), fsdp_tensor_numel(tc), C, ignore_index, &bad),
+  int check = 0;
+  if (be->async)
+    check = fsdp_check_defer("%s: target value %%lld is out of range for %lld classes (expected 0 <= target < %lld, or "
+                             "ignore_index %lld); input %s, target %s (found on the device)",
+                             op, (long long)C, (long long)C, (long long)ignore_index, SH(x), SH(tc));
+  CHECK_INT(!be->nn->check_targets(fsdp_i64(tc), fsdp_tensor_numel(tc), C, ignore_index, &bad, check),
             "%s: target value %lld is out of range for %lld classes (expected 0 <= target < %lld, or "
             "ignore_index %lld); input %s, target %s",
             op, (long long)bad, (long long)C, (long long)C, (long long)ignore_index, SH(x), SH(tc));
@@ -477,9 +484,18 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
   fsdp_tensor* idx = as_contig_i64(index);
   if (!idx) return NULL;
   int64_t n = fsdp_tensor_numel(idx), bad = 0;
-  // (check_targets skips its ignore value; 0 is harmless to skip when V > 0, and V == 0 has no valid index)
-  if (V == 0 && n > 0) bad = fsdp_i64(idx)[0];
-  if ((V == 0 && n > 0) || be->nn->check_targets(fsdp_i64(idx), n, V, 0, &bad)) {
+  if (V == 0 && n > 0) {  // no valid index at all
+    fsdp_errorf("%s: index of shape %s into 0 embeddings (weight %s)", op, SH(index), SH(weight));
+    fsdp_tensor_release(idx);
+    return NULL;
+  }
+  // (check_targets skips its ignore value; 0 is harmless to skip when V > 0.) On an async device the
+  // check runs there, as the targets' (check_targets above)
+  int check = be->async ? fsdp_check_defer("%s: index value %%lld is out of range for %lld embeddings (expected 0 <= "
+                                           "index < %lld); weight %s, index %s (found on the device)",
+                                           op, (long long)V, (long long)V, SH(weight), SH(index))
+                        : 0;
+  if (be->nn->check_targets(fsdp_i64(idx), n, V, 0, &bad, check)) {
     fsdp_errorf("%s: index value %lld is out of range for %lld embeddings (expected 0 <= index < %lld); weight %s, "
                 "index %s",
                 op, (long long)bad, (long long)V, (long long)V, SH(weight), SH(index));
@@ -494,7 +510,7 @@ fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t pad
   fsdp_tensor* w = fsdp_as_contig_dtype(weight, weight->dtype);
   fsdp_tensor* y = w ? fsdp_new(index->ndim + 1, shape, weight->dtype, fsdp_device_of(w)) : NULL;
   if (y) {
-    if (weight->dtype == FSDP_F32) be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, D);
+    if (weight->dtype == FSDP_F32) be->nn->embedding_forward(fsdp_f32(y), fsdp_f32(w), fsdp_i64(idx), n, V, D);
     else be->elem->index_select(fsdp_ptr(y), fsdp_ptr(w), fsdp_dtype_size(w->dtype), fsdp_i64(idx), 1, V, n, D);
     fsdp_node* node = fsdp_node_new("EmbeddingBackward", embedding_backward, 1, &weight);
     if (node) {

@@ -550,11 +550,17 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   fsdp_tensor* idx = contig_same_dtype(index);
   if (!idx) return NULL;
   int64_t m = fsdp_tensor_numel(idx);
-  int64_t bad = k->index_check(fsdp_i64(idx), m, 0, in_shape[d]);
+  // on an async device the check runs there and a bad index fails the next synchronization
+  int check = fsdp_backend_of(a)->async
+                  ? fsdp_check_defer("index_select: index %%lld is out of range for dim %d of size %lld in a tensor of "
+                                     "shape %s (found on the device)",
+                                     d + 1, (long long)in_shape[d], SH(a))
+                  : 0;
+  int64_t bad = k->index_check(fsdp_i64(idx), m, 0, in_shape[d], check);
   if (bad >= 0) {
     fsdp_errorf("index_select: index %lld (at position %lld) is out of range for dim %d of size %lld in a tensor "
-                "of shape %s",
-                (long long)fsdp_i64(idx)[bad], (long long)bad, d, (long long)in_shape[d], SH(a));
+                "of shape %s",  // (dims and positions 1-based, as the user counts them; index values 0-based)
+                (long long)fsdp_i64(idx)[bad], (long long)bad + 1, d + 1, (long long)in_shape[d], SH(a));
     fsdp_tensor_release(idx);
     return NULL;
   }

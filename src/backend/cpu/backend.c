@@ -17,9 +17,10 @@ static void cpu_free(void* p, size_t nbytes) {
   free(p);
 }
 static void cpu_memset(void* p, int byte, size_t nbytes) { memset(p, byte, nbytes); }
-static void cpu_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
+static int cpu_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
   (void)kind;  // host and device memory are the same memory here
   if (nbytes) memcpy(dst, src, nbytes);
+  return 0;
 }
 
 // ---- ordering: the CPU runs work as it is issued, so streams and events order nothing -------------
@@ -40,6 +41,7 @@ static void cpu_stream_wait(void* stream, void* event) {
 
 static const fsdp_backend cpu_backend = {
     .name = "cpu",
+    .async = 0,  // work runs as it is issued: checks fail at once, in the op
     .alloc = cpu_alloc,
     .free = cpu_free,
     .memset = cpu_memset,

@@ -562,7 +562,8 @@ static void cpu_scatter_dim(float* gx, const float* gy, const int64_t* idx, int6
 }
 
 // ---- indexing ------------------------------------------------------------------------------------------
-static int64_t cpu_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) {
+static int64_t cpu_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check) {
+  (void)check;  // (synchronous: the op reports it)
   for (int64_t i = 0; i < n; i++)
     if (idx[i] < lo || idx[i] >= hi) return i;
   return -1;

@@ -151,7 +151,9 @@ static void cpu_softmax_backward(float* gx, const float* gy, const float* y, int
 }
 
 // ---- cross entropy and nll -------------------------------------------------------------------------
-static int cpu_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad) {
+static int cpu_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad,
+                             int check) {
+  (void)check;  // (synchronous: the op reports it)
   for (int64_t i = 0; i < n; i++) {
     int64_t t = target[i];
     if ((t < 0 || t >= C) && t != ignore_index) {
@@ -397,7 +399,8 @@ static void cpu_layer_norm_backward(float* dx, float* dw, float* db, const float
 }
 
 // ---- embedding ------------------------------------------------------------------------------------------
-static void cpu_embedding_forward(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D) {
+static void cpu_embedding_forward(float* y, const float* w, const int64_t* idx, int64_t n, int64_t V, int64_t D) {
+  (void)V;  // (checked by the op: this device is synchronous)
 #pragma omp parallel for schedule(static) if (n * D > PAR_MIN)
   for (int64_t i = 0; i < n; i++) memcpy(y + i * D, w + idx[i] * D, D * sizeof(float));
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 cudaStream_t fsdp_cuda_stream;
+fsdp_cuda_check_slot* fsdp_cuda_slot;
 static const fsdp_cuda_host* g_host;
 static cudaMemPool_t g_pool;
 static int g_device;
@@ -46,21 +47,32 @@ static void cuda_memset(void* p, int byte, size_t nbytes) {
   cudaError_t e = cudaMemsetAsync(p, byte, nbytes, fsdp_cuda_stream);
   if (e != cudaSuccess) fsdp_cuda_fail("memset", e);
 }
-static void cuda_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
-  if (!nbytes) return;
+// after the host waited for the stream: a device-side check that failed meanwhile is reported now
+static int checks_passed(void) {
+  fsdp_cuda_check_slot h;
+  cudaError_t e = cudaMemcpy(&h, fsdp_cuda_slot, sizeof h, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) return fsdp_cuda_fail("check", e);
+  if (!h.id) return 0;
+  cudaMemset(fsdp_cuda_slot, 0, sizeof h);
+  return g_host->check_failed(h.id, h.value);
+}
+
+static int cuda_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
+  if (!nbytes) return 0;
   static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
                                          cudaMemcpyHostToHost};
   cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, kinds[kind], fsdp_cuda_stream);
   // the host reads what arrives (D2H) or may reuse its buffer (H2D from pageable memory stages it
   // before returning, but pinned memory would not): both wait
   if (e == cudaSuccess && kind != FSDP_COPY_D2D) e = cudaStreamSynchronize(fsdp_cuda_stream);
-  if (e != cudaSuccess) fsdp_cuda_fail("copy", e);
+  if (e != cudaSuccess) return fsdp_cuda_fail("copy", e);
+  return kind == FSDP_COPY_D2H ? checks_passed() : 0;
 }
 
 // ---- ordering ---------------------------------------------------------------------------------
 static int cuda_synchronize(void) {
   cudaError_t e = cudaStreamSynchronize(fsdp_cuda_stream);
-  return e == cudaSuccess ? 0 : fsdp_cuda_fail("synchronize", e);
+  return e == cudaSuccess ? checks_passed() : fsdp_cuda_fail("synchronize", e);
 }
 static void* cuda_stream_new(void) {
   cudaStream_t s = NULL;
@@ -88,6 +100,7 @@ static void cuda_stream_wait(void* stream, void* event) {
 
 static const fsdp_backend cuda_backend = {
     "cuda",
+    1,  // async: work runs behind the host
     cuda_alloc,
     cuda_free,
     cuda_memset,
@@ -117,6 +130,8 @@ static int cuda_init(const fsdp_cuda_host* host, char* err, size_t err_len) {
     uint64_t keep = UINT64_MAX;
     e = cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
+  if (e == cudaSuccess) e = cudaMalloc(&fsdp_cuda_slot, sizeof *fsdp_cuda_slot);
+  if (e == cudaSuccess) e = cudaMemset(fsdp_cuda_slot, 0, sizeof *fsdp_cuda_slot);
   if (e != cudaSuccess) {
     snprintf(err, err_len, "CUDA init failed on device %d: %s (%s)", g_device, cudaGetErrorName(e),
              cudaGetErrorString(e));

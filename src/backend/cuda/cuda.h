@@ -16,12 +16,14 @@
 extern "C" {
 #endif
 
-#define FSDP_CUDA_ABI 1
+#define FSDP_CUDA_ABI 2
 
-// libfsdp.so's side: how the CUDA library reports an error (the text becomes fsdp_last_error())
+// libfsdp.so's side: how the CUDA library reports an error (the text becomes fsdp_last_error()),
+// and a failed device-side check (core's fsdp_check_report: the op's message with the bad value)
 typedef struct fsdp_cuda_host {
   int abi;
   void (*error)(const char* msg);
+  int (*check_failed)(int id, int64_t value);
 } fsdp_cuda_host;
 
 // the CUDA library's side

@@ -14,6 +14,18 @@
 extern cudaStream_t fsdp_cuda_stream;
 // reports a CUDA error to libfsdp.so (the message names the op); returns -1
 int fsdp_cuda_fail(const char* op, cudaError_t e);
+
+// the device's error slot (backend.cu allocates it in init): a check kernel that finds a bad
+// index claims it with its deferred check id (the first failure wins) and stores the value; the
+// next synchronize or copy to the host reports it (fsdp_check_report) and clears it
+typedef struct {
+  int id;
+  long long value;
+} fsdp_cuda_check_slot;
+extern fsdp_cuda_check_slot* fsdp_cuda_slot;
+__device__ static inline void fsdp_cuda_check_fail(fsdp_cuda_check_slot* slot, int check, long long value) {
+  if (atomicCAS(&slot->id, 0, check) == 0) slot->value = value;
+}
 // after a launch: a launch error is reported at once (bad configuration); errors of the kernel's
 // run surface at the next synchronize
 #define FSDP_CUDA_LAUNCHED(op)                       \

@@ -334,14 +334,24 @@ static void cuda_scatter_dim(float* gx, const float* gy, const int64_t* idx, int
 }
 
 // ---- indexing -----------------------------------------------------------------------------------------
-// the first position outside [lo, hi): an atomicMin over the positions, read back by the host (this
-// entry's contract returns it, so it waits for the stream)
-__global__ static void index_check_k(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, unsigned long long* first) {
+// the first position outside [lo, hi): an atomicMin over the positions, read back by the host; or,
+// with a deferred check id (what the op layer passes for this async device), the device's error
+// slot claimed with the bad value and no wait at all
+__global__ static void index_check_k(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, unsigned long long* first,
+                                     int check, fsdp_cuda_check_slot* slot) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if (idx[i] < lo || idx[i] >= hi) atomicMin(first, (unsigned long long)i);
+    if (idx[i] < lo || idx[i] >= hi) {
+      if (check) fsdp_cuda_check_fail(slot, check, idx[i]);
+      else atomicMin(first, (unsigned long long)i);
+    }
 }
-static int64_t cuda_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) {
+static int64_t cuda_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check) {
   if (n == 0) return -1;
+  if (check) {
+    index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, NULL, check, fsdp_cuda_slot);
+    FSDP_CUDA_LAUNCHED("index check");
+    return -1;
+  }
   unsigned long long* d = NULL;
   unsigned long long h = (unsigned long long)n;
   if (cudaMallocAsync((void**)&d, sizeof h, fsdp_cuda_stream) != cudaSuccess) {
@@ -349,7 +359,7 @@ static int64_t cuda_index_check(const int64_t* idx, int64_t n, int64_t lo, int64
     return 0;  // reported as out of range at 0: the op fails, never reads past its table
   }
   cudaMemcpyAsync(d, &h, sizeof h, cudaMemcpyHostToDevice, fsdp_cuda_stream);
-  index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, d);
+  index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, d, 0, NULL);
   cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, fsdp_cuda_stream);
   cudaFreeAsync(d, fsdp_cuda_stream);
   cudaError_t e = cudaStreamSynchronize(fsdp_cuda_stream);
@@ -360,13 +370,18 @@ static int64_t cuda_index_check(const int64_t* idx, int64_t n, int64_t lo, int64
   return h == (unsigned long long)n ? -1 : (int64_t)h;
 }
 
+// (an index out of range -- its deferred check failed -- reads and adds nothing)
 __global__ static void index_select_k(char* out, const char* in, int es, const int64_t* idx, int64_t outer,
                                       int64_t n_in, int64_t n_idx, int64_t inner) {
   int64_t n = outer * n_idx * inner;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t k = i % inner, rest = i / inner, j = rest % n_idx, o = rest / n_idx;
-    const char* s = in + ((o * n_in + idx[j]) * inner + k) * es;
     char* d = out + i * es;
+    if (idx[j] < 0 || idx[j] >= n_in) {
+      for (int b = 0; b < es; b++) d[b] = 0;
+      continue;
+    }
+    const char* s = in + ((o * n_in + idx[j]) * inner + k) * es;
     if (es == 8) *(int64_t*)d = *(const int64_t*)s;
     else if (es == 4) *(float*)d = *(const float*)s;
     else *(uint16_t*)d = *(const uint16_t*)s;
@@ -387,7 +402,7 @@ __global__ static void index_add_k(float* gx, const float* gy, const int64_t* id
   int64_t n = outer * n_idx * inner;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t k = i % inner, rest = i / inner, j = rest % n_idx, o = rest / n_idx;
-    atomicAdd(gx + (o * n_in + idx[j]) * inner + k, gy[i]);
+    if (idx[j] >= 0 && idx[j] < n_in) atomicAdd(gx + (o * n_in + idx[j]) * inner + k, gy[i]);
   }
 }
 static void cuda_index_add(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in, int64_t n_idx,

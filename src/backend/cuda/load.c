@@ -26,7 +26,7 @@ static char g_why[1024], g_name[256], g_versions[256];
 static const fsdp_cuda_library* g_lib;
 
 static void host_error(const char* msg) { fsdp_errorf("%s", msg); }
-static const fsdp_cuda_host g_host = {FSDP_CUDA_ABI, host_error};
+static const fsdp_cuda_host g_host = {FSDP_CUDA_ABI, host_error, fsdp_check_report};
 
 // libfsdp_cuda.so's table, loaded (not initialized: no GPU needed); NULL with the reason in why
 static const fsdp_cuda_library* load_library(char* why, size_t why_len) {

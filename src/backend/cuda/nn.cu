@@ -159,12 +159,24 @@ static int first_bad(unsigned long long* d, unsigned long long none, unsigned lo
 
 // ---- cross entropy and nll ------------------------------------------------------------------------------
 __global__ static void check_targets_k(const int64_t* t, int64_t n, int64_t C, int64_t ignore,
-                                       unsigned long long* first) {
+                                       unsigned long long* first, int check, fsdp_cuda_check_slot* slot) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if ((t[i] < 0 || t[i] >= C) && t[i] != ignore) atomicMin(first, (unsigned long long)i);
+    if ((t[i] < 0 || t[i] >= C) && t[i] != ignore) {
+      if (check) fsdp_cuda_check_fail(slot, check, t[i]);
+      else atomicMin(first, (unsigned long long)i);
+    }
 }
-static int cuda_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad) {
+// deferred (check > 0, the op layer's way on this async device): the error slot, no wait; else the
+// first bad target read back by the host
+static int cuda_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad,
+                              int check) {
   if (n == 0) return 0;
+  if (check) {
+    check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, NULL, check,
+                                                                      fsdp_cuda_slot);
+    FSDP_CUDA_LAUNCHED("target check");
+    return 0;
+  }
   unsigned long long* d = NULL;
   unsigned long long h = (unsigned long long)n;
   if (cudaMallocAsync((void**)&d, sizeof h, fsdp_cuda_stream) != cudaSuccess) {
@@ -172,12 +184,14 @@ static int cuda_check_targets(const int64_t* target, int64_t n, int64_t C, int64
     return 1;
   }
   cudaMemcpyAsync(d, &h, sizeof h, cudaMemcpyHostToDevice, fsdp_cuda_stream);
-  check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, d);
+  check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, d, 0, NULL);
   if (!first_bad(d, (unsigned long long)n, &h)) return 0;
   if (h < (unsigned long long)n) cudaMemcpy(bad, target + h, sizeof *bad, cudaMemcpyDeviceToHost);
   return 1;
 }
 
+// A target or index out of range (its deferred check failed, reported at the next wait) counts as
+// ignored below: the kernels never read outside their tables.
 // loss of one position = lse - (1 - eps) x[t] - eps / C sum_c x[c]: one block per (n, s)
 __global__ static void ce_forward_k(float* lse, const float* logits, const int64_t* target, int64_t N, int64_t C,
                                     int64_t S, int64_t ignore, float smoothing, accum* acc) {
@@ -185,7 +199,7 @@ __global__ static void ce_forward_k(float* lse, const float* logits, const int64
   float keep = 1.0f - smoothing, spread = smoothing / (float)C;
   for (int64_t w = blockIdx.x; w < N * S; w += gridDim.x) {
     int64_t n = w / S, s = w % S, t = target[w];
-    if (t == ignore) {
+    if (t == ignore || t < 0 || t >= C) {
       if (threadIdx.x == 0) lse[w] = 0.0f;
       continue;
     }
@@ -227,7 +241,7 @@ __global__ static void ce_backward_k(float* gx, const float* logits, const float
   int64_t total = N * C * S;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t s = i % S, c = (i / S) % C, n = i / (S * C), t = target[n * S + s];
-    if (t == ignore) {
+    if (t == ignore || t < 0 || t >= C) {
       gx[i] = 0.0f;
       continue;
     }
@@ -249,7 +263,7 @@ __global__ static void nll_forward_k(const float* logp, const int64_t* target, i
                                      int64_t ignore, accum* acc) {
   for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < N * S; w += (int64_t)gridDim.x * blockDim.x) {
     int64_t n = w / S, s = w % S, t = target[w];
-    if (t == ignore) continue;
+    if (t == ignore || t < 0 || t >= C) continue;
     atomicAdd(&acc->sum, -(double)logp[(n * C + t) * S + s]);
     atomicAdd(&acc->count, 1ull);
   }
@@ -268,7 +282,7 @@ __global__ static void nll_backward_k(float* gx, const int64_t* target, int64_t 
   float scale = gy[0] / count[0];
   for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < N * S; w += (int64_t)gridDim.x * blockDim.x) {
     int64_t n = w / S, s = w % S, t = target[w];
-    if (t != ignore) gx[(n * C + t) * S + s] = -scale;
+    if (t != ignore && t >= 0 && t < C) gx[(n * C + t) * S + s] = -scale;
   }
 }
 static void cuda_nll_backward(float* gx, const int64_t* target, int64_t N, int64_t C, int64_t S, int64_t ignore_index,
@@ -392,27 +406,30 @@ static void cuda_layer_norm_backward(float* dx, float* dw, float* db, const floa
 }
 
 // ---- embedding ---------------------------------------------------------------------------------------------
-__global__ static void embedding_k(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * D; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = w[idx[i / D] * D + i % D];
+__global__ static void embedding_k(float* y, const float* w, const int64_t* idx, int64_t n, int64_t V, int64_t D) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * D; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = idx[i / D];
+    y[i] = r >= 0 && r < V ? w[r * D + i % D] : 0.0f;
+  }
 }
-static void cuda_embedding_forward(float* y, const float* w, const int64_t* idx, int64_t n, int64_t D) {
+static void cuda_embedding_forward(float* y, const float* w, const int64_t* idx, int64_t n, int64_t V, int64_t D) {
   if (n * D == 0) return;
-  embedding_k<<<fsdp_cuda_blocks(n * D), NT, 0, fsdp_cuda_stream>>>(y, w, idx, n, D);
+  embedding_k<<<fsdp_cuda_blocks(n * D), NT, 0, fsdp_cuda_stream>>>(y, w, idx, n, V, D);
   FSDP_CUDA_LAUNCHED("embedding");
 }
-__global__ static void embedding_bw_k(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t D,
+__global__ static void embedding_bw_k(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V, int64_t D,
                                       int64_t padding_idx) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * D; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = idx[i / D];
-    if (r != padding_idx) atomicAdd(gw + r * D + i % D, gy[i]);
+    if (r != padding_idx && r >= 0 && r < V) atomicAdd(gw + r * D + i % D, gy[i]);
   }
 }
 static void cuda_embedding_backward(float* gw, const float* gy, const int64_t* idx, int64_t n, int64_t V, int64_t D,
                                     int64_t padding_idx) {
   if (V * D == 0) return;
   cudaMemsetAsync(gw, 0, V * D * sizeof(float), fsdp_cuda_stream);
-  if (n * D > 0) embedding_bw_k<<<fsdp_cuda_blocks(n * D), NT, 0, fsdp_cuda_stream>>>(gw, gy, idx, n, D, padding_idx);
+  if (n * D > 0)
+    embedding_bw_k<<<fsdp_cuda_blocks(n * D), NT, 0, fsdp_cuda_stream>>>(gw, gy, idx, n, V, D, padding_idx);
   FSDP_CUDA_LAUNCHED("embedding backward");
 }
 

@@ -9,6 +9,11 @@
  * or crash. Freed blocks are poisoned (0xFF bytes: NaN floats, -1 integers) and new blocks start
  * poisoned, so a read of memory nobody wrote gives a wrong number, not a lucky zero.
  *
+ * It is async (fsdp_backend.async), as a GPU: an index or target check that fails records its
+ * deferred check id and the bad value; from then on its kernels are skipped (a GPU's sticky error),
+ * and the next wait on the device -- synchronize, a copy to the host -- reports it and clears it.
+ * It counts those waits (fsdp_testdev_syncs), so a spec can prove a step never waits.
+ *
  * The arena: FSDP_TESTDEV_MIB (default 1024) of address space, reserved, not committed; first-fit
  * over a sorted free list.
  */
@@ -37,6 +42,19 @@ static const fsdp_backend* g_cpu;
 // the host's waits on the device, as a GPU would have them: copies to the host, synchronize, and
 // the entries whose result the host reads (index and target checks, loss sums)
 static _Atomic int64_t g_syncs;
+// the first failed deferred check since the last wait (0: none), and its bad value
+static _Atomic int g_fail_id;
+static int64_t g_fail_value;
+static void td_fail(int check, int64_t value) {
+  int none = 0;
+  if (atomic_compare_exchange_strong(&g_fail_id, &none, check)) g_fail_value = value;
+}
+// a wait on the device: counted, and a failed check is reported (0, or -1 with the error set)
+static int td_wait(void) {
+  atomic_fetch_add(&g_syncs, 1);
+  int id = atomic_exchange(&g_fail_id, 0);
+  return id ? fsdp_check_report(id, g_fail_value) : 0;
+}
 
 static void td_open(void) {
   pthread_mutex_lock(&g_lock);
@@ -105,19 +123,17 @@ static void td_memset(void* p, int byte, size_t nbytes) {
   memset(p, byte, nbytes);
   td_close();
 }
-static void td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
-  if (kind == FSDP_COPY_D2H) atomic_fetch_add(&g_syncs, 1);
+static int td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
+  if (kind == FSDP_COPY_D2H && td_wait()) return -1;
   td_open();
   if (nbytes) memcpy(dst, src, nbytes);
   td_close();
+  return 0;
 }
 
 // ---- ordering: work runs as it is issued ---------------------------------------------------------------
 static char td_token;
-static int td_synchronize(void) {
-  atomic_fetch_add(&g_syncs, 1);
-  return 0;
-}
+static int td_synchronize(void) { return td_wait(); }
 static void* td_stream_new(void) { return &td_token; }
 static void td_stream_free(void* s) { (void)s; }
 static void* td_event_new(void) { return &td_token; }
@@ -129,26 +145,44 @@ static void td_stream_wait(void* s, void* e) { (void)s, (void)e; }
 // V: an entry returning nothing; R: one returning a value (the status or result)
 #define V(fam, name, params, args) \
   static void td_##name params {   \
+    if (g_fail_id) return;         \
     td_open();                     \
     g_cpu->fam->name args;         \
     td_close();                    \
   }
 #define R(fam, type, name, params, args) \
   static type td_##name params {         \
+    if (g_fail_id) return 0;             \
     td_open();                           \
     type r_ = g_cpu->fam->name args;     \
     td_close();                          \
     return r_;                           \
   }
-// S: an entry whose result the host reads from device data (a wait on a GPU): counted
-#define S(fam, type, name, params, args) \
-  static type td_##name params {         \
-    atomic_fetch_add(&g_syncs, 1);       \
-    td_open();                           \
-    type r_ = g_cpu->fam->name args;     \
-    td_close();                          \
-    return r_;                           \
+// the checks: with a deferred check id (an async caller), a failure is recorded, not returned; without
+// one the host reads the result at once, a wait
+static int64_t td_index_check(const int64_t* ix, int64_t n, int64_t lo, int64_t hi, int check) {
+  if (!check) atomic_fetch_add(&g_syncs, 1);
+  td_open();
+  int64_t pos = g_cpu->elem->index_check(ix, n, lo, hi, 0);
+  int64_t value = pos >= 0 ? ix[pos] : 0;
+  td_close();
+  if (pos < 0 || !check) return pos;
+  td_fail(check, value);
+  return -1;
+}
+static int td_check_targets(const int64_t* t, int64_t n, int64_t C, int64_t ig, int64_t* bad, int check) {
+  if (!check) atomic_fetch_add(&g_syncs, 1);
+  td_open();
+  int64_t value = 0;
+  int failed = g_cpu->nn->check_targets(t, n, C, ig, &value, 0);
+  td_close();
+  if (!failed || !check) {
+    *bad = value;
+    return failed;
   }
+  td_fail(check, value);
+  return 0;
+}
 
 V(elem, copy_strided, (void* d, int dd, const void* s, int sd, int n, const int64_t* sh, const int64_t* st),
   (d, dd, s, sd, n, sh, st))
@@ -168,7 +202,6 @@ V(elem, sum_dim, (float* o, const float* i, int64_t a, int64_t r, int64_t b), (o
 V(elem, max_dim, (float* o, int64_t* ix, const float* i, int64_t a, int64_t r, int64_t b), (o, ix, i, a, r, b))
 V(elem, scatter_dim, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t r, int64_t b),
   (gx, gy, ix, a, r, b))
-S(elem, int64_t, index_check, (const int64_t* ix, int64_t n, int64_t lo, int64_t hi), (ix, n, lo, hi))
 V(elem, index_select,
   (void* o, const void* i, size_t es, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
   (o, i, es, ix, a, ni, nx, b))
@@ -209,7 +242,6 @@ V(linalg, adaptive_avg_pool2d_backward, (const fsdp_conv_geom* g, float* gx, con
 V(nn, softmax_forward, (float* y, const float* x, int64_t o, int64_t n, int64_t i, int lg), (y, x, o, n, i, lg))
 V(nn, softmax_backward, (float* gx, const float* gy, const float* y, int64_t o, int64_t n, int64_t i, int lg),
   (gx, gy, y, o, n, i, lg))
-S(nn, int, check_targets, (const int64_t* t, int64_t n, int64_t C, int64_t ig, int64_t* bad), (t, n, C, ig, bad))
 V(nn, cross_entropy_forward,
   (float* loss, float* cnt, float* lse, const float* x, const int64_t* t, int64_t N, int64_t C, int64_t S, int64_t ig,
    float sm),
@@ -234,7 +266,8 @@ V(nn, layer_norm_backward,
   (float* dx, float* dw, float* db, const float* dy, const float* x, const float* mu, const float* rs, const float* w,
    int64_t M, int64_t D),
   (dx, dw, db, dy, x, mu, rs, w, M, D))
-V(nn, embedding_forward, (float* y, const float* w, const int64_t* ix, int64_t n, int64_t D), (y, w, ix, n, D))
+V(nn, embedding_forward, (float* y, const float* w, const int64_t* ix, int64_t n, int64_t V, int64_t D),
+  (y, w, ix, n, V, D))
 V(nn, embedding_backward, (float* gw, const float* gy, const int64_t* ix, int64_t n, int64_t V, int64_t D, int64_t pad),
   (gw, gy, ix, n, V, D, pad))
 V(nn, dropout, (float* y, const float* x, int64_t n, float p, uint64_t seed), (y, x, n, p, seed))
@@ -281,6 +314,7 @@ static const fsdp_optim_kernels td_optim = {td_sgd, td_adam};
 
 static const fsdp_backend td_backend = {
     .name = "testdev",
+    .async = 1,
     .alloc = td_alloc,
     .free = td_free,
     .memset = td_memset,
