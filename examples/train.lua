@@ -40,7 +40,7 @@ local defaults = {
   epochs = 8, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
   ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 2, ["linear-lr"] = 1e-3,
   seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
-  channels = "32,64", ["eval-batch"] = 500,
+  channels = "32,64", ["eval-batch"] = 500, device = "cpu",
 }
 local help = [[
 usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
@@ -67,12 +67,14 @@ linear head on the frozen trunk and reports both test accuracies.
   --plot FILE.png       loss/accuracy plot (default CKPT/metrics.png; needs gnuplot)
   --channels C1,C2      conv channels of the two trunk blocks (default 32,64)
   --eval-batch B        batch size of evaluation (default 500)
+  --device D            cpu (default) or cuda: model, data and training on the GPU (one rank: FSDP
+                        across GPU ranks needs the NCCL backend, not built yet)
   -h, --help            this text
 ]]
 local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true }
 local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["lr-decay"] = "num", ["linear-epochs"] = "int",
   ["linear-lr"] = "num", seed = "int", limit = "int", ["test-limit"] = "int", ["eval-batch"] = "int" }
-local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true }
+local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true, device = true }
 
 local function usage_error(msg)
   io.stderr:write("train.lua: ", msg, "\n(see --help)\n")
@@ -117,6 +119,7 @@ do
     end
   end
 end
+if cfg.device ~= "cpu" and cfg.device ~= "cuda" then usage_error(("--device expects cpu or cuda, got '%s'"):format(cfg.device)) end
 if cfg["linear-eval"] and cfg["skip-linear-eval"] then usage_error("--linear-eval and --skip-linear-eval exclude each other") end
 local C1, C2 = cfg.channels:match("^(%d+),(%d+)$")
 C1, C2 = tonumber(C1), tonumber(C2)
@@ -232,6 +235,13 @@ local function main()
   local R, N = fsdp.rank(), fsdp.world_size()
   local B = cfg["batch-size"]
   if B % N ~= 0 then fail("--batch-size %d must be a multiple of the number of ranks (%d)", B, N) end
+  local device = cfg.device
+  if device == "cuda" then
+    local there = false
+    for _, d in ipairs(fsdp.backends()) do there = there or d == "cuda" end
+    if not there then fail("--device cuda: CUDA is not available here: %s", fsdp.cuda.why_not()) end
+    if N > 1 then fail("--device cuda runs one rank (%d here): FSDP across GPU ranks needs the NCCL backend, not built yet", N) end
+  end
   local b = B / N
 
   -- rank 0 talks; stdout is a terminal: live lines (fsdprun passes its own stdout's tty-ness)
@@ -248,6 +258,7 @@ local function main()
   end
   local xtrain, ytrain = expect("loading the training set", fm.load, "train", { dir = cfg.data, limit = cfg.limit, normalize = true })
   local xtest, ytest = expect("loading the test set", fm.load, "test", { dir = cfg.data, limit = cfg["test-limit"], normalize = true })
+  xtrain, ytrain, xtest, ytest = xtrain:to(device), ytrain:to(device), xtest:to(device), ytest:to(device)
   local ntrain, ntest = xtrain:size(1), xtest:size(1)
   local steps = math.floor(ntrain / B)
   if steps < 1 then fail("%d training images are fewer than one global batch of %d", ntrain, B) end
@@ -266,7 +277,7 @@ local function main()
     end
     local t = fsdp.empty({ n }, { dtype = "int64" })
     ffi.copy(t:data_ptr(), perm, n * 8)
-    return t
+    return t:to(device)
   end
 
   -- ---- evaluation: the test set split over ranks, counts all-reduced ----------------------------------
@@ -385,7 +396,7 @@ local function main()
   local pretrain_acc, linear_acc
   if not cfg["linear-eval"] then
     fsdp.manual_seed(cfg.seed)
-    local model = wrap_model(Net(C1, C2))
+    local model = wrap_model(Net(C1, C2):to(device))
     local opt = optim.Adam(model:parameters(), { lr = cfg.lr })
     local start = 1
     if cfg.resume then
@@ -444,11 +455,12 @@ local function main()
     else  -- no consolidated file yet (e.g. an interrupted run): the sharded checkpoint, read whole
       expect(("cannot load the pretrained weights from %s"):format(src), fsdp.load_sharded, src, model)
     end
+    model:to(device)
     if not pretrain_acc then pretrain_acc = evaluate(model) end
     -- freeze the trunk, new head, wrap exactly as in pretraining (the trunk's nested units included)
     for _, p in model.trunk:named_parameters() do p.requires_grad = false end
     fsdp.manual_seed(cfg.seed + 1)
-    model.head = new_head()
+    model.head = new_head():to(device)
     wrap_model(model)
     local trainable = {}
     for _, p in ipairs(model:parameters()) do if p.requires_grad then trainable[#trainable + 1] = p end end

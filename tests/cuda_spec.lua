@@ -233,6 +233,40 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
     for k, v in pairs(want_sd) do same_numbers(v, got_sd[k], k) end
   end)
 
+  it("saves and loads checkpoints of models there: plain and sharded (FSDP), into models there", function()
+    local function model()
+      fsdp.manual_seed(3)
+      return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    end
+    local dir = H.mkdtemp("cuda-ckpt")
+    local m = model():to("cuda")
+    fsdp.save(dir .. "/m.safetensors", m:state_dict())
+    local back = fsdp.load(dir .. "/m.safetensors")
+    local m2 = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)):to("cuda")
+    m2:load_state_dict(back) -- host tensors into device parameters
+    for k, v in pairs(m:state_dict()) do
+      assert.equal("cpu", back[k].device)
+      assert.same(v:tolist(), m2:state_dict()[k]:tolist(), k)
+    end
+    local function wrapped()
+      local f = model():to("cuda")
+      fsdp.wrap(f:children()[1])
+      return fsdp.wrap(f)
+    end
+    local f = wrapped()
+    local opt = fsdp.optim.Adam(f:parameters(), { lr = 0.01 })
+    local x = fsdp.randn(3, 4, { device = "cuda" })
+    opt:zero_grad()
+    f(x):sum():backward()
+    opt:step()
+    fsdp.save_sharded(dir .. "/sharded", f, opt)
+    local g = wrapped()
+    local opt2 = fsdp.optim.Adam(g:parameters(), { lr = 0.01 })
+    fsdp.load_sharded(dir .. "/sharded", g, opt2)
+    same_numbers(f(x):tolist(), g(x):tolist(), "outputs after the load")
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   if not real_gpu then
     -- the double counts the host's waits on the device (fsdp_testdev_syncs): what a GPU would wait for
     it("never waits for the device inside a training step: losses, gradients and checks stay there", function()

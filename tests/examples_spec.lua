@@ -188,6 +188,41 @@ describe("examples/train.lua", function()
     local _, e2, rc2 = run(train_cmd(1, "--epochs two"))
     assert.are.equal(2, rc2)
     assert.is_truthy(e2:find("--epochs expects an integer, got 'two'", 1, true), e2)
+    local _, e3, rc3 = run(train_cmd(1, "--device tpu"))
+    assert.are.equal(2, rc3)
+    assert.is_truthy(e3:find("--device expects cpu or cuda, got 'tpu'", 1, true), e3)
+  end)
+
+  -- --device cuda: on a GPU where there is one, else on the test double of one (backend/testdev,
+  -- installed before the script runs), which must give the CPU's losses bit for bit
+  it("--device cuda trains on the device, the same run as on the CPU (the test double without a GPU)", function()
+    assert(have_data, "Fashion-MNIST is not installed (see the first test)")
+    local args = "--epochs 1 --limit 512 --test-limit 256 --linear-epochs 1 --batch-size 64 --channels 4,8 --eval-batch 128"
+    local real, R = fsdp.cuda.is_available(), H.root
+    local pre = real and "" or ([[-e 'package.path = %s .. package.path; package.cpath = %s .. package.cpath; ]] ..
+      [[require("fsdp")._testdev_install()']]):format(("%q"):format(R .. "/lua/?.lua;" .. R .. "/lua/?/init.lua;"),
+      ("%q"):format(R .. "/?.so;"))
+    local function go(device, dir)
+      local out, err, rc = run(("cd %s && FSDP_STDOUT_TTY=0 FSDP_TESTDEV_MIB=64 luajit %s %s --device %s %s --ckpt %s")
+        :format(sh_quote(tmp), device == "cuda" and pre or "", sh_quote(R .. "/examples/train.lua"), device, args,
+          sh_quote(dir)))
+      assert.are.equal(0, rc, out .. err)
+      return read_metrics(dir .. "/metrics.jsonl")
+    end
+    local cpu, dev = go("cpu", tmp .. "/dev-cpu"), go("cuda", tmp .. "/dev-cuda")
+    assert.are.equal(2, #dev)
+    for i = 1, 2 do
+      if real then
+        assert.is_true(math.abs(cpu[i].loss - dev[i].loss) < 1e-3 * cpu[i].loss, cpu[i].line .. "\n" .. dev[i].line)
+      else
+        assert.are.equal(cpu[i].checksum, dev[i].checksum, cpu[i].line .. "\n" .. dev[i].line)
+        assert.are.equal(cpu[i].test_acc, dev[i].test_acc)
+      end
+    end
+    -- and more than one rank on the GPU is refused plainly until FSDP runs collectives there
+    local _, err, rc = run(train_cmd(2, SMALL .. " --device cuda"))
+    assert.are.equal(1, rc)
+    assert.is_truthy(err:find(real and "needs the NCCL backend" or "CUDA is not available here: no NVIDIA driver"), err)
   end)
 end)
 

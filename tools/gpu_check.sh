@@ -10,6 +10,7 @@
 #   specs    tests/cuda_spec.lua on the real device, then every op case CUDA against the CPU
 #            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv
 #   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
+#   demo     examples/train.lua --device cuda (make demo's job on one GPU rank), its accuracies
 #   ours     our GPT-2 124M on this GPU (bench/gpu_gpt.lua): FSDP mixed precision and plain bf16
 #   torch    PyTorch's, eager and FSDP2 (bench/torch_gpt2.py): the targets (tokens/s, MFU, memory)
 # The stage limits add up to 590 s; a run with everything working takes far less.
@@ -69,7 +70,7 @@ PYEOF
 '
 
 # ---- setup: the kit, unpacked with Python -----------------------------------------------------------------
-stage setup 60 '
+stage setup 45 '
   set -e
   [ -d "'"$KIT"'/debs" ] || { echo "no kit at '"$KIT"': run tools/gpu_kit.sh on a development machine and carry tmp/gpu-kit"; exit 1; }
   echo "kit built from $(cat "'"$KIT"'/commit" 2>/dev/null), this tree at $(git -C "'"$repo"'" rev-parse HEAD 2>/dev/null || echo "?")"
@@ -124,7 +125,7 @@ print(\":\".join(seen))")
 [ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
 
 # ---- load -----------------------------------------------------------------------------------------------
-stage load 30 '
+stage load 20 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   luajit -e "
 package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path
@@ -141,7 +142,7 @@ fsdp.cuda.synchronize()"
 '
 
 # ---- specs: the CUDA spec and every op case against the CPU ------------------------------------------------
-stage specs 180 '
+stage specs 150 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   B="'"$ROOT"'/usr/bin/busted"
   rm -f "'"$OUT"'/ops_report.tsv"
@@ -165,19 +166,25 @@ if [ -f "$OUT/ops_report.tsv" ]; then
 fi
 
 # ---- sanitize -------------------------------------------------------------------------------------------
-stage sanitize 60 '
+stage sanitize 45 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
   "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/cuda_spec.lua
 '
 
+# ---- demo: the main job on the GPU (one rank), its accuracies against make demo's -------------------------------
+stage demo 120 '
+  . "'"$OUT"'/env.sh"; cd /tmp
+  FSDP_STDOUT_TTY=0 luajit "'"$repo"'/examples/train.lua" --device cuda --data "'"$KIT"'/data" --ckpt /tmp/fsdp-gpu-demo
+'
+
 # ---- ours and torch: GPT-2 124M on this GPU (the targets) -------------------------------------------------------
-stage ours 120 '
+stage ours 90 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   luajit bench/gpu_gpt.lua --mode fsdp --batch 8 --steps 5
   luajit bench/gpu_gpt.lua --mode bf16 --batch 8 --steps 5
 '
-stage torch 110 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
+stage torch 90 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
 
 say "done in $(($(date +%s) - t_start))s; results in $OUT"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # tools/gpu_kit.sh [DIR]: packs what tools/gpu_check.sh needs on a GPU machine that has PyTorch and
 # its CUDA libraries but no LuaJIT and no package manager to rely on (DIR, default tmp/gpu-kit,
-# ignored by git; about 20 MB, carried to the GPU machine with the working tree):
+# ignored by git; about 50 MB, carried to the GPU machine with the working tree):
 #   debs/   Debian's .deb files of LuaJIT, OpenBLAS, oneDNN and their libraries, and busted with its
 #           Lua modules (gpu_check.sh unpacks them with Python: no dpkg needed there)
 #   lib/    libfsdp.so and libfsdp_cuda.so built from this working tree for any x86-64-v3 CPU
 #           (AVX2; oneDNN and the CPU kernels still pick AVX-512 at run time where it is), and the
 #           generated lua/fsdp/cdef.lua
+#   data/   Fashion-MNIST (the demo's data set)
 # Run it on a development machine (Debian, nvcc on PATH) before the GPU run; apt-get download
 # needs Debian's mirror.
 set -euo pipefail
@@ -30,5 +31,10 @@ pkgs=(luajit libluajit-5.1-2 libluajit-5.1-common libopenblas0-pthread libdnnl2 
 (cd "$kit/debs" && apt-get download "${pkgs[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" >&2 || true)
 n=$(ls "$kit/debs"/*.deb | wc -l)
 [ "$n" -eq "${#pkgs[@]}" ] || { echo "gpu_kit: got $n of ${#pkgs[@]} packages" >&2; exit 1; }
+# Fashion-MNIST for the demo on the GPU (Debian's dataset-fashion-mnist, 30 MB)
+data="$(luajit -e 'package.path = "lua/?.lua;lua/?/init.lua;" .. package.path; package.cpath = "./?.so;" .. package.cpath
+  io.write(require("fsdp.data.fashion_mnist").find_dir(nil))')"
+mkdir -p "$kit/data"
+cp -L "$data"/*-ubyte.gz "$kit/data/" || { echo "gpu_kit: no Fashion-MNIST in $data (apt-get install dataset-fashion-mnist)" >&2; exit 1; }
 git rev-parse HEAD > "$kit/commit"
 du -sh "$kit"

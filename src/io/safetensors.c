@@ -792,12 +792,14 @@ static int build_header(sbuf* h, const char* path, int n, const char** names, fs
   return 0;
 }
 
-// writes the tensor's elements in row-major order (through a contiguous copy when strided);
+// writes the tensor's elements in row-major order (through a contiguous host copy when strided or
+// on a device);
 // returns 0, -1 on an I/O error (errno set) or -2 with the error already set
 static int write_tensor(int fd, fsdp_tensor* t) {
   size_t nbytes = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
   if (nbytes == 0) return 0;
-  if (fsdp_tensor_is_contiguous(t)) return write_full(fd, fsdp_ptr(t), nbytes);
+  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) return write_full(fd, fsdp_ptr(t), nbytes);
+  // strided, or on a device: the host writes a contiguous copy in its own memory
   fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);
   if (!c) return -2;
   int rc = fsdp_copy_strided(c, t) ? -2 : write_full(fd, fsdp_ptr(c), nbytes);
@@ -830,8 +832,6 @@ int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tens
     CHECK_INT(utf8_invalid_at((const unsigned char*)names[i], strlen(names[i])) < 0,
               "safetensors: save '%s': tensor name %d is not valid UTF-8", path, i);
     CHECK_INT(tensors[i], "safetensors: save '%s': tensor '%s' is NULL", path, names[i]);
-    CHECK_INT(fsdp_device_of(tensors[i]) == FSDP_CPU, "safetensors: save '%s': tensor '%s' (%s, %s) is not on the CPU",
-              path, names[i], SH(tensors[i]), DT(tensors[i]));
   }
   int err;
   const char* dup = find_duplicate(names, n, &err);

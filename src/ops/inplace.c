@@ -75,9 +75,8 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
   fsdp_bump_version(t);
   return 0;
 }
-int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {
+int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as PyTorch's)
   if (check_inplace("copy_", dst)) return -1;
-  if (fsdp_check_same_device("copy_", dst, src)) return -1;
   fsdp_tensor* s = src;
   fsdp_tensor* b = NULL;
   if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
