@@ -32,6 +32,11 @@ while i <= #arg do
   i = i + 1
 end
 if opts.testdev then fsdp._testdev_install() end
+if opts.device == "cuda" then
+  local there = false
+  for _, d in ipairs(fsdp.backends()) do there = there or d == "cuda" end
+  if not there then error("gpu_gpt.lua: CUDA is not available here: " .. fsdp.cuda.why_not(), 0) end
+end
 
 local c = opts.tiny and { L = 2, d = 64, h = 4, T = 64, V = 512 } or { L = 12, d = 768, h = 12, T = 1024, V = 50304 }
 fsdp.manual_seed(0)

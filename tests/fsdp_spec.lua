@@ -7,7 +7,8 @@
 --   CASE <name> ws=N ... PASS|FAIL   one line per case (rank 0)
 --   DETAIL <name> rank r: <why>  for each failed check (any rank)
 --   SUMMARY ws=N cases=K failed=F ...
--- and fails naming the failed cases. A last launch sabotages the wrapped side (1% larger
+-- and fails naming the failed cases, then again with the wrapped side on the "cuda" device. A last
+-- launch sabotages the wrapped side (1% larger
 -- learning rate) and expects every float32 case to FAIL: the comparison demonstrably can fail.
 -- Rerun one world size by hand:  bin/fsdprun -n 2 tests/scripts/fsdp_matrix.lua [lua pattern]
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -57,8 +58,8 @@ local function report(r, names)
   return table.concat(lines, "\n")
 end
 
-local function check_matrix(np)
-  local r = launch(np)
+local function check_matrix(np, env)
+  local r = launch(np, env)
   assert(r.plan, ("world size %d: the matrix printed no PLAN line (crashed at start?); output:\n%s"):format(np, r.out:sub(-3000)))
   assert(r.plan >= MIN_CASES, ("world size %d: only %d cases planned, expected at least %d"):format(np, r.plan, MIN_CASES))
   local failed = {}
@@ -90,6 +91,19 @@ describe("FSDP matrix against single-process training", function()
 
   it_mpi("world size 4 (fsdprun -n 4, oversubscribed)", function()
     check_matrix(4)
+  end)
+
+  -- the wrapped side on the "cuda" device: the GPU where there is one, else the test double of one
+  -- (backend/testdev); with more than one rank the collectives are staged through the host, as
+  -- ranks sharing one GPU run them over MPI
+  it("world size 1 with the wrapped side on the cuda device", function()
+    check_matrix(1, "FSDP_MATRIX_DEVICE=cuda")
+  end)
+  it_mpi("world size 2 with the wrapped side on the cuda device (collectives through the host)", function()
+    check_matrix(2, "FSDP_MATRIX_DEVICE=cuda")
+  end)
+  it_mpi("world size 4 with the wrapped side on the cuda device (collectives through the host)", function()
+    check_matrix(4, "FSDP_MATRIX_DEVICE=cuda")
   end)
 
   it_mpi("fails every float32 case when the wrapped side trains differently", function()

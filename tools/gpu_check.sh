@@ -113,7 +113,7 @@ print(\":\".join(seen))")
   {
     echo "export PATH=\"'"$ROOT"'/usr/bin:\$PATH\""
     echo "export LD_LIBRARY_PATH=\"$L:$L/openblas-pthread:$libdirs:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-}\""
-    echo "export LUA_PATH=\"'"$ROOT"'/usr/share/lua/5.1/?.lua;'"$ROOT"'/usr/share/lua/5.1/?/init.lua;'"$ROOT"'/fsdp/lua/?.lua;;\""
+    echo "export LUA_PATH=\"'"$repo"'/lua/?.lua;'"$repo"'/lua/?/init.lua;'"$ROOT"'/usr/share/lua/5.1/?.lua;'"$ROOT"'/usr/share/lua/5.1/?/init.lua;'"$ROOT"'/fsdp/lua/?.lua;;\""
     echo "export LUA_CPATH=\"$L/lua/5.1/?.so;'"$ROOT"'/fsdp/lib/?.so;;\""
     echo "export OPENBLAS_NUM_THREADS=4 OMP_NUM_THREADS=4"
   } > "'"$OUT"'/env.sh"
@@ -154,6 +154,9 @@ stage specs 150 '
   : > "'"$OUT"'/specs_tap.txt"
   tap tests/cuda_spec.lua
   FSDP_OP_REPORT="'"$OUT"'/ops_report.tsv" tap --filter="cuda:" tests/ops_spec.lua
+  # the FSDP matrix with the wrapped side on the GPU (one rank: no MPI on this machine)
+  FSDP_MATRIX_DEVICE=cuda luajit tests/scripts/fsdp_matrix.lua > "'"$OUT"'/matrix.txt" 2>&1
+  echo "fsdp matrix on the GPU: exit $?"; grep -E "^(SUMMARY|FAILED|DETAIL)" "'"$OUT"'/matrix.txt" | head -20
 '
 if [ -f "$OUT/ops_report.tsv" ]; then
   # the largest errors per dtype, and the five worst cases (columns: backend, case, dtype, output

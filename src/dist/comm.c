@@ -584,18 +584,21 @@ static int comm_finalize(void) {
 // ---- argument checks shared by the collectives ------------------------------------------------------
 static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) {
   CHECK_INT(t, "%s: %s is NULL", op, what);
-  CHECK_INT(fsdp_device_of(t) == FSDP_CPU, "%s: %s %s %s is on %s; the %s backend moves CPU tensors", op, what, SH(t),
-            DT(t), fsdp_device_name(fsdp_device_of(t)), g.initialized ? g.be->name : "self");
   return 0;
 }
 
-// a contiguous version of t (new ref: t itself when contiguous); no autograd involved
+// The backends move host memory. A tensor on a device (a GPU's, with collectives over MPI: ranks
+// sharing one GPU) is staged through the host: its bytes are copied to a host buffer on the
+// caller's thread before the collective, and the result copied back at wait, so the comm thread
+// never touches device memory.
+
+// a contiguous host version of t (new ref: t itself when it is one); no autograd involved
 static fsdp_tensor* contig(fsdp_tensor* t) {
-  if (fsdp_tensor_is_contiguous(t)) {
+  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) {
     fsdp_tensor_retain(t);
     return t;
   }
-  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
+  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);
   if (!c) return NULL;
   if (fsdp_copy_strided(c, t) != 0) {
     fsdp_tensor_release(c);
@@ -604,14 +607,15 @@ static fsdp_tensor* contig(fsdp_tensor* t) {
   return c;
 }
 
-// the destination the backend writes: t itself when contiguous, else a temp copied back at wait
+// the destination the backend writes: t itself when contiguous host memory, else a host temp
+// copied back at wait
 static int set_dest(fsdp_work* w, fsdp_tensor* t, int copy_in) {
   fsdp_bump_version(t);
-  if (fsdp_tensor_is_contiguous(t)) {
+  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) {
     fsdp_tensor_retain(t);
     w->out = t;
   } else {
-    w->out = copy_in ? contig(t) : fsdp_new(t->ndim, t->shape, t->dtype, fsdp_device_of(t));
+    w->out = copy_in ? contig(t) : fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);
     if (!w->out) return -1;
     fsdp_tensor_retain(t);
     w->copy_back = t;

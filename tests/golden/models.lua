@@ -78,7 +78,7 @@ function GPT:__init(cfg)
 end
 function GPT:forward(idx)                         -- (B, T) int64
   local T = idx:size(2)
-  local pos = fsdp.arange(T)                      -- (T,) int64: 0 .. T-1
+  local pos = fsdp.arange(T):to(idx.device)       -- (T,) int64: 0 .. T-1, where idx is
   local x = self.wte(idx) + self.wpe(pos)         -- (B, T, C)
   x = self.blocks(x)
   return self.head(self.ln_f(x))                  -- (B, T, vocab)

@@ -3,6 +3,9 @@
 --   bin/fsdprun -n 2 tests/scripts/fsdp_matrix.lua [pattern]     (also -n 4, and -n 1 = plain luajit)
 --   FSDP_MATRIX_SABOTAGE=lr ...   the wrapped side trains with a 1% larger learning rate: every
 --                                 case must FAIL (proves the comparison can fail)
+--   FSDP_MATRIX_DEVICE=cuda ...   the wrapped side's model and batches live on the "cuda" device (the
+--                                 test double of a GPU where there is none; collectives staged
+--                                 through the host); the reference stays on the CPU
 --
 -- Every case trains two copies of one model built from the same seed:
 --   reference  unwrapped, single process, on the GLOBAL batch
@@ -40,6 +43,8 @@ local models = dofile(here .. "fsdp_models.lua")
 local GB = models.GLOBAL_B
 local pattern = arg and arg[1]
 local sabotage = os.getenv("FSDP_MATRIX_SABOTAGE")
+local DEVICE = os.getenv("FSDP_MATRIX_DEVICE")
+if DEVICE == "cuda" and not fsdp.cuda.is_available() then fsdp._testdev_install() end
 
 local TOL = {
   f32 = { loss_a = 1e-5, loss_r = 1e-5, a = 1e-6, r = 1e-5 },
@@ -240,6 +245,8 @@ end
 local function make_side(c, spec, is_ref)
   local S = { is_ref = is_ref, spec = spec, case = c }
   S.model = spec.build()
+  S.device = not is_ref and DEVICE or "cpu"
+  if S.device ~= "cpu" then S.model:to(S.device) end
   -- rows of the global batch that this side trains on
   function S.rows(t)
     if is_ref or N == 1 then return t end
@@ -254,7 +261,7 @@ local function make_side(c, spec, is_ref)
   end
   function S.batch(seed)
     local x, y = spec.batch(seed)
-    return S.rows(x), S.rows(y)
+    return S.rows(x):to(S.device), S.rows(y):to(S.device)
   end
   return S
 end
