@@ -46,25 +46,31 @@ __device__ static inline void store_elem(char* p, int dt, double v) {
 }
 static int dtype_size(int dt) { return dt == 0 ? 4 : dt == 1 ? 8 : 2; }
 
+// the offset (in elements) of element i, in row-major order over g's shape, with strides st
+__device__ static inline int64_t strided_offset(int64_t i, const geom& g, const int64_t* st) {
+  int64_t off = 0;
+  for (int d = g.ndim - 1; d >= 0; d--) {
+    off += (i % g.shape[d]) * st[d];
+    i /= g.shape[d];
+  }
+  return off;
+}
+// one element of es bytes (8, 4 or 2) from s to o
+__device__ static inline void copy_elem(char* o, const char* s, int es) {
+  if (es == 8) *(int64_t*)o = *(const int64_t*)s;
+  else if (es == 4) *(float*)o = *(const float*)s;
+  else *(uint16_t*)o = *(const uint16_t*)s;
+}
+
 // ---- copies and fills -------------------------------------------------------------------------------
 // dst (contiguous) <- src (strided over shape); the same dtype copies the bytes (int64 exactly)
 __global__ static void copy_strided_k(char* dst, int ddt, int des, const char* src, int sdt, int ses, geom g,
                                       int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t rem = i, off = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
-      off += (rem % g.shape[d]) * g.sa[d];
-      rem /= g.shape[d];
-    }
-    const char* s = src + off * ses;
+    const char* s = src + strided_offset(i, g, g.sa) * ses;
     char* o = dst + i * des;
-    if (ddt == sdt) {
-      if (des == 8) *(int64_t*)o = *(const int64_t*)s;
-      else if (des == 4) *(float*)o = *(const float*)s;
-      else *(uint16_t*)o = *(const uint16_t*)s;
-    } else {
-      store_elem(o, ddt, load_elem(s, sdt));
-    }
+    if (ddt == sdt) copy_elem(o, s, des);
+    else store_elem(o, ddt, load_elem(s, sdt));
   }
 }
 static void cuda_copy_strided(void* dst, int ddt, const void* src, int sdt, int ndim, const int64_t* shape,
@@ -81,16 +87,7 @@ static void cuda_copy_strided(void* dst, int ddt, const void* src, int sdt, int 
 // dst (strided) <- src (contiguous), same dtype
 __global__ static void scatter_strided_k(char* dst, int es, geom g, const char* src, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t rem = i, off = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
-      off += (rem % g.shape[d]) * g.sa[d];
-      rem /= g.shape[d];
-    }
-    const char* s = src + i * es;
-    char* o = dst + off * es;
-    if (es == 8) *(int64_t*)o = *(const int64_t*)s;
-    else if (es == 4) *(float*)o = *(const float*)s;
-    else *(uint16_t*)o = *(const uint16_t*)s;
+    copy_elem(dst + strided_offset(i, g, g.sa) * es, src + i * es, es);
   }
 }
 static void cuda_scatter_strided(void* dst, size_t es, int ndim, const int64_t* shape, const int64_t* dst_stride,
@@ -140,14 +137,7 @@ static void cuda_scale(float* y, int64_t n, float s) {
 // ---- binary with broadcasting ---------------------------------------------------------------------
 __global__ static void binary_k(int op, float* out, const float* a, const float* b, geom g, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t rem = i, oa = 0, ob = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
-      int64_t k = rem % g.shape[d];
-      rem /= g.shape[d];
-      oa += k * g.sa[d];
-      ob += k * g.sb[d];
-    }
-    float x = a[oa], y = b[ob], r;
+    float x = a[strided_offset(i, g, g.sa)], y = b[strided_offset(i, g, g.sb)], r;
     switch (op) {
       case FSDP_BIN_ADD: r = x + y; break;
       case FSDP_BIN_SUB: r = x - y; break;
@@ -381,10 +371,7 @@ __global__ static void index_select_k(char* out, const char* in, int es, const i
       for (int b = 0; b < es; b++) d[b] = 0;
       continue;
     }
-    const char* s = in + ((o * n_in + idx[j]) * inner + k) * es;
-    if (es == 8) *(int64_t*)d = *(const int64_t*)s;
-    else if (es == 4) *(float*)d = *(const float*)s;
-    else *(uint16_t*)d = *(const uint16_t*)s;
+    copy_elem(d, in + ((o * n_in + idx[j]) * inner + k) * es, es);
   }
 }
 static void cuda_index_select(void* out, const void* in, size_t es, const int64_t* idx, int64_t outer, int64_t n_in,
