@@ -53,7 +53,7 @@ static int checks_passed(void) {
   cudaError_t e = cudaMemcpy(&h, fsdp_cuda_slot, sizeof h, cudaMemcpyDeviceToHost);
   if (e != cudaSuccess) return fsdp_cuda_fail("check", e);
   if (!h.id) return 0;
-  cudaMemset(fsdp_cuda_slot, 0, sizeof h);
+  cudaMemsetAsync(fsdp_cuda_slot, 0, sizeof h, fsdp_cuda_stream);  // (on the stream the checks run on)
   return g_host->check_failed(h.id, h.value);
 }
 
@@ -131,7 +131,8 @@ static int cuda_init(const fsdp_cuda_host* host, char* err, size_t err_len) {
     e = cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
   if (e == cudaSuccess) e = cudaMalloc(&fsdp_cuda_slot, sizeof *fsdp_cuda_slot);
-  if (e == cudaSuccess) e = cudaMemset(fsdp_cuda_slot, 0, sizeof *fsdp_cuda_slot);
+  if (e == cudaSuccess) e = cudaMemsetAsync(fsdp_cuda_slot, 0, sizeof *fsdp_cuda_slot, fsdp_cuda_stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(fsdp_cuda_stream);
   if (e != cudaSuccess) {
     snprintf(err, err_len, "CUDA init failed on device %d: %s (%s)", g_device, cudaGetErrorName(e),
              cudaGetErrorString(e));

@@ -32,14 +32,29 @@ static int lt_ready(void) {
     fsdp_cuda_fail("gemm: cublasLtCreate", cudaErrorUnknown);
     return -1;
   }
-  if (cudaMalloc(&g_lt_ws, LT_WS) != cudaSuccess) g_lt_ws = NULL;  // then no workspace
+  // from the compute stream's pool (a plain cudaMalloc could fail once the pool, which keeps what it
+  // grew to, holds the memory); without it the GEMMs run without a workspace
+  if (cudaMallocAsync(&g_lt_ws, LT_WS, fsdp_cuda_stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    g_lt_ws = NULL;
+  }
   return 0;
 }
 
-// one GEMM shape and its chosen algorithm
+// the alignment cuBLASLt may assume of an operand: the largest power of two up to 256 dividing its
+// address, its row stride and its batch stride in bytes (attention heads cut from one projection,
+// batch slices and narrowed views are often only 4- or 16-byte aligned; an algorithm chosen for
+// 256 would refuse them or fault)
+static uint32_t alignment(const void* p, int64_t ld, int64_t stride, size_t es) {
+  uint64_t x = (uint64_t)(uintptr_t)p | (uint64_t)(ld * (int64_t)es) | (uint64_t)(stride * (int64_t)es) | 256;
+  return (uint32_t)(x & (~x + 1));  // the lowest set bit
+}
+
+// one GEMM shape (with its operands' alignments and the math mode) and its chosen algorithm
 typedef struct {
-  int ta, tb, bf16, used;
+  int ta, tb, bf16, tf32, used;
   int64_t M, N, K, lda, ldb, ldc, batch, sa, sb, sc;
+  uint32_t align_a, align_b, align_c;
   cublasLtMatmulAlgo_t algo;
 } lt_plan;
 #define LT_PLANS 128
@@ -64,8 +79,11 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
   }
   if (lt_ready()) return -1;
   cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasComputeType_t ct =
-      bf16 ? CUBLAS_COMPUTE_32F : (tf32_allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  int tf32 = !bf16 && tf32_allowed();
+  cublasComputeType_t ct = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  size_t es = bf16 ? 2 : 4;
+  uint32_t align_a = alignment(A, lda, batch > 1 ? sa : 0, es), align_b = alignment(B, ldb, batch > 1 ? sb : 0, es);
+  uint32_t align_c = alignment(C, ldc, batch > 1 ? sc : 0, 4);
   // column-major: D^T (N, M) = op(B)^T (N, K) op(A)^T (K, M)
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDesc_t desc = NULL;
@@ -93,9 +111,9 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
   lt_plan* plan = NULL;
   for (int i = 0; i < LT_PLANS && s == CUBLAS_STATUS_SUCCESS; i++) {
     lt_plan* p = &g_plans[i];
-    if (p->used && p->ta == ta && p->tb == tb && p->bf16 == bf16 && p->M == M && p->N == N && p->K == K &&
-        p->lda == lda && p->ldb == ldb && p->ldc == ldc && p->batch == batch && p->sa == sa && p->sb == sb &&
-        p->sc == sc) {
+    if (p->used && p->ta == ta && p->tb == tb && p->bf16 == bf16 && p->tf32 == tf32 && p->M == M && p->N == N &&
+        p->K == K && p->lda == lda && p->ldb == ldb && p->ldc == ldc && p->batch == batch && p->sa == sa &&
+        p->sb == sb && p->sc == sc && p->align_a == align_a && p->align_b == align_b && p->align_c == align_c) {
       plan = p;
       break;
     }
@@ -108,6 +126,19 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     s = cublasLtMatmulPreferenceCreate(&pref);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // (the library's A is our B, its B our A: C^T = op(B)^T op(A)^T)
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
+                                               sizeof align_b);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,
+                                               sizeof align_a);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                               sizeof align_c);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                               sizeof align_c);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, lc, lc, pref, 1, &res, &found);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -115,7 +146,8 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     if (s == CUBLAS_STATUS_SUCCESS) {
       plan = &g_plans[g_plan_next];
       g_plan_next = (g_plan_next + 1) % LT_PLANS;
-      lt_plan np = {ta, tb, bf16, 1, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, res.algo};
+      lt_plan np = {ta,  tb,    bf16, tf32, 1,  M,       N,       K,       lda,     ldb,
+                    ldc, batch, sa,   sb,   sc, align_a, align_b, align_c, res.algo};
       *plan = np;
     }
   }
@@ -131,6 +163,9 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     snprintf(op, sizeof op, "gemm (%lld x %lld x %lld%s): cuBLASLt status %d", (long long)M, (long long)N, (long long)K,
              bf16 ? ", bfloat16" : "", (int)s);
     fsdp_cuda_fail(op, cudaErrorUnknown);
+    // the float32 GEMM entries return nothing (the CPU's never fail): C becomes NaN, so a failed
+    // product cannot pass for a result
+    for (int64_t b = 0; b < batch; b++) cudaMemset2DAsync(C + b * sc, ldc * 4, 0xff, N * 4, M, fsdp_cuda_stream);
     return -1;
   }
   return 0;
@@ -230,13 +265,33 @@ typedef struct {
   cudnnConvolutionFwdAlgo_t fwd;
   cudnnConvolutionBwdDataAlgo_t bwd_data;
   cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  cudnnMathType_t math_fwd, math_data, math_filter;  // each algorithm's math (set before its call)
   size_t ws_fwd, ws_data, ws_filter;
 } conv_plan;
+
+// of cuDNN's ranked heuristic results: the first that runs (status SUCCESS) in float32 math (or
+// TF32 when FSDP_CUDA_TF32=1) with a workspace under CONV_WS_CAP; -1 when none does
+#define CONV_WS_CAP ((size_t)512 << 20)
+#define CONV_ALGOS 8
+#define PICK_ALGO(perf, n)                                                                 \
+  ({                                                                                       \
+    int pick_ = -1;                                                                        \
+    for (int i_ = 0; i_ < (n) && pick_ < 0; i_++)                                          \
+      if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= CONV_WS_CAP && \
+          (tf32_allowed() || (perf)[i_].mathType == CUDNN_FMA_MATH))                       \
+        pick_ = i_;                                                                        \
+    pick_;                                                                                 \
+  })
 #define CONV_PLANS 64
 static conv_plan g_conv[CONV_PLANS];
 static int g_conv_next;
 
-static int same_geom(const fsdp_conv_geom* a, const fsdp_conv_geom* b) { return memcmp(a, b, sizeof *a) == 0; }
+// field by field (memcmp would compare the struct's padding too)
+static int same_geom(const fsdp_conv_geom* a, const fsdp_conv_geom* b) {
+  return a->N == b->N && a->C == b->C && a->H == b->H && a->W == b->W && a->O == b->O && a->OH == b->OH &&
+         a->OW == b->OW && a->kh == b->kh && a->kw == b->kw && a->sh == b->sh && a->sw == b->sw && a->ph == b->ph &&
+         a->pw == b->pw && a->dh == b->dh && a->dw == b->dw && a->groups == b->groups;
+}
 
 static conv_plan* conv_plan_for(const fsdp_conv_geom* g) {
   for (int i = 0; i < CONV_PLANS; i++)
@@ -276,16 +331,19 @@ static conv_plan* conv_plan_for(const fsdp_conv_geom* g) {
   if (!s) s = cudnnSetConvolutionGroupCount(p->conv, groups);
   // float32 stays float32: no TF32 unless asked (FSDP_CUDA_TF32=1)
   if (!s) s = cudnnSetConvolutionMathType(p->conv, tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
-  int n = 0;
-  cudnnConvolutionFwdAlgoPerf_t fp;
-  cudnnConvolutionBwdDataAlgoPerf_t dp;
-  cudnnConvolutionBwdFilterAlgoPerf_t wp;
-  if (!s) s = cudnnGetConvolutionForwardAlgorithm_v7(g_dnn, p->x, p->w, p->conv, p->y, 1, &n, &fp);
-  if (!s) p->fwd = fp.algo, p->ws_fwd = fp.memory;
-  if (!s) s = cudnnGetConvolutionBackwardDataAlgorithm_v7(g_dnn, p->w, p->y, p->conv, p->x, 1, &n, &dp);
-  if (!s) p->bwd_data = dp.algo, p->ws_data = dp.memory;
-  if (!s) s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(g_dnn, p->x, p->y, p->conv, p->w, 1, &n, &wp);
-  if (!s) p->bwd_filter = wp.algo, p->ws_filter = wp.memory;
+  int n = 0, k = -1;
+  cudnnConvolutionFwdAlgoPerf_t fp[CONV_ALGOS];
+  cudnnConvolutionBwdDataAlgoPerf_t dp[CONV_ALGOS];
+  cudnnConvolutionBwdFilterAlgoPerf_t wp[CONV_ALGOS];
+  if (!s) s = cudnnGetConvolutionForwardAlgorithm_v7(g_dnn, p->x, p->w, p->conv, p->y, CONV_ALGOS, &n, fp);
+  if (!s && (k = PICK_ALGO(fp, n)) < 0) s = CUDNN_STATUS_NOT_SUPPORTED;
+  if (!s) p->fwd = fp[k].algo, p->ws_fwd = fp[k].memory, p->math_fwd = fp[k].mathType;
+  if (!s) s = cudnnGetConvolutionBackwardDataAlgorithm_v7(g_dnn, p->w, p->y, p->conv, p->x, CONV_ALGOS, &n, dp);
+  if (!s && (k = PICK_ALGO(dp, n)) < 0) s = CUDNN_STATUS_NOT_SUPPORTED;
+  if (!s) p->bwd_data = dp[k].algo, p->ws_data = dp[k].memory, p->math_data = dp[k].mathType;
+  if (!s) s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(g_dnn, p->x, p->y, p->conv, p->w, CONV_ALGOS, &n, wp);
+  if (!s && (k = PICK_ALGO(wp, n)) < 0) s = CUDNN_STATUS_NOT_SUPPORTED;
+  if (!s) p->bwd_filter = wp[k].algo, p->ws_filter = wp[k].memory, p->math_filter = wp[k].mathType;
   if (s) {
     char op[200];
     snprintf(op, sizeof op, "conv2d (N %lld, C %lld, %lldx%lld -> O %lld, %dx%d): cuDNN %s", (long long)g->N,
@@ -315,11 +373,13 @@ static int dnn_check(const char* what, cudnnStatus_t s) {
 }
 
 static int cuda_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
+  if (g->N * g->O * g->OH * g->OW == 0) return 0;  // nothing to compute (cuDNN refuses empty tensors)
   conv_plan* p = conv_plan_for(g);
   if (!p) return -1;
   void* ws = ws_alloc(p->ws_fwd);
   if (ws == (void*)-1) return -1;
   float one = 1.0f, zero = 0.0f;
+  cudnnSetConvolutionMathType(p->conv, p->math_fwd);
   int rc = dnn_check(
       "conv2d", cudnnConvolutionForward(g_dnn, &one, p->x, x, p->w, w, p->conv, p->fwd, ws, p->ws_fwd, &zero, p->y, y));
   if (!rc && b) rc = dnn_check("conv2d bias", cudnnAddTensor(g_dnn, &one, p->b, b, &one, p->y, y));
@@ -329,6 +389,13 @@ static int cuda_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x
 
 static int cuda_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
                                 const float* x, const float* w) {
+  if (g->N * g->O * g->OH * g->OW == 0 || g->C == 0) {  // an empty sum: the wanted gradients are zeros, as on the CPU
+    int64_t groups = g->groups > 0 ? g->groups : 1;
+    if (gx) cudaMemsetAsync(gx, 0, g->N * g->C * g->H * g->W * sizeof(float), fsdp_cuda_stream);
+    if (gw) cudaMemsetAsync(gw, 0, g->O * (g->C / groups) * g->kh * g->kw * sizeof(float), fsdp_cuda_stream);
+    if (gb) cudaMemsetAsync(gb, 0, g->O * sizeof(float), fsdp_cuda_stream);
+    return 0;
+  }
   conv_plan* p = conv_plan_for(g);
   if (!p) return -1;
   size_t need = p->ws_data > p->ws_filter ? p->ws_data : p->ws_filter;
@@ -336,10 +403,12 @@ static int cuda_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, f
   if (ws == (void*)-1) return -1;
   float one = 1.0f, zero = 0.0f;
   int rc = 0;
+  cudnnSetConvolutionMathType(p->conv, p->math_data);
   if (gx)
     rc = dnn_check("conv2d backward (input)",
                    cudnnConvolutionBackwardData(g_dnn, &one, p->w, w, p->y, gy, p->conv, p->bwd_data, ws, p->ws_data,
                                                 &zero, p->x, gx));
+  cudnnSetConvolutionMathType(p->conv, p->math_filter);
   if (!rc && gw)
     rc = dnn_check("conv2d backward (weight)",
                    cudnnConvolutionBackwardFilter(g_dnn, &one, p->x, x, p->y, gy, p->conv, p->bwd_filter, ws,
