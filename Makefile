@@ -203,7 +203,8 @@ bench-deps:
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".
 bench-fsdp: all
-	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_speed.lua
+	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_memory.lua --device cuda --gc 1 && \
+	  $(LUAJIT) bench/fsdp_speed.lua
 
 # no prerequisites: demo.sh installs the packages first, then builds
 demo:

@@ -1,7 +1,7 @@
 -- FSDP memory benchmark: per-rank peak bytes of parameters, gradients and optimizer state at
 -- N = 1, 2, 4 ranks, against the formula  sum(unit sizes)/N + largest unit.
 --
---   luajit bench/fsdp_memory.lua [--ns 1,2,4] [--steps 3] [--batch 16] [--sharding full]
+--   luajit bench/fsdp_memory.lua [--ns 1,2,4] [--steps 3] [--batch 16] [--sharding full] [--device cuda]
 --       runs `bin/fsdprun -n N bench/fsdp_memory.lua --child ...` for each N and prints the table
 --   bin/fsdprun -n 4 bench/fsdp_memory.lua --child      one world size, one result line
 --
@@ -23,13 +23,17 @@
 --   total+g: 4 * (4 * S/N + 2 L)               (... + the largest unit's full gradient while reduced)
 -- At N = 1 nothing is gathered (the parameters are their own shard), so the measured values sit
 -- below the formula's "+ L". The target is measured/formula <= 1.1 at N = 4.
+-- --device cuda: the model and batches on the GPU (the test double of one where there is none)
+-- and the device's counters read; with N > 1 the collectives go through the host, whose staging
+-- buffers count as the CPU's comm bytes, not the device's.
 local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
 package.cpath = root .. "/?.so;" .. package.cpath
 
-local opts = { ns = "1,2,4", steps = 3, batch = 16, sharding = "full", child = false, target = 1.1, gc = "both" }
+local opts = { ns = "1,2,4", steps = 3, batch = 16, sharding = "full", child = false, target = 1.1, gc = "both",
+  device = "cpu" }
 local U = require "util"
-U.parse_args("bench/fsdp_memory.lua", opts, "[--ns 1,2,4] [--steps S] [--batch B] [--sharding full|grad_op|none] [--gc 1|0|both] [--child]", { ["--child"] = function(o) o.child = true end })
+U.parse_args("bench/fsdp_memory.lua", opts, "[--ns 1,2,4] [--steps S] [--batch B] [--sharding full|grad_op|none] [--gc 1|0|both] [--device cpu|cuda] [--child]", { ["--child"] = function(o) o.child = true end })
 
 local MB = 1024 * 1024
 local function mb(b) return ("%.2f"):format(b / MB) end
@@ -44,21 +48,24 @@ local function child()
   jit.off() -- the engine listener below is a C -> Lua callback; it must not be entered from a trace
   fsdp.init()
   local R, N = fsdp.rank(), fsdp.world_size()
+  local dev = opts.device == "cuda" and 1 or 0
+  if dev == 1 and not fsdp.cuda.is_available() then fsdp._testdev_install() end
 
   fsdp.manual_seed(0)
   local model = fm.units_mlp()
   local sizes = fm.unit_sizes(model)
+  model:to(opts.device)
   fm.wrap_each(model, { sharding = opts.sharding })
   local opt = fsdp.optim.Adam(model:parameters(), { lr = 1e-3 })
   fsdp.manual_seed(1 + R)
-  local x = fsdp.randn(opts.batch, fm.units_widths[1])
-  local y = fsdp.randint(0, fm.units_widths[#fm.units_widths], { opts.batch })
+  local x = fsdp.randn(opts.batch, fm.units_widths[1]):to(opts.device)
+  local y = fsdp.randint(0, fm.units_widths[#fm.units_widths], { opts.batch }):to(opts.device)
 
   -- sampling of params + grads + optimizer
   local cur = ffi.new("int64_t[6]")
   local best, best_comm = { total = -1 }, { comm = -1 }
   local function sample(where)
-    C.fsdp_memory_stats(cur, nil)
+    C.fsdp_memory_stats_device(dev, cur, nil)
     local p, g, o, c = tonumber(cur[0]), tonumber(cur[1]), tonumber(cur[2]), tonumber(cur[4])
     local t = p + g + o
     if t > best.total then best = { total = t, params = p, grads = g, optimizer = o, comm = c, where = where } end
@@ -95,7 +102,7 @@ local function child()
   C.fsdp_autograd_remove_listener(handle)
   cb:free()
   local _ = phase
-  local st = fsdp.memory_stats()
+  local st = fsdp.memory_stats(opts.device)
 
   -- the largest value over ranks of each number (ranks differ only by padding)
   local keys = { "params", "grads", "optimizer", "comm", "activations" }
@@ -131,8 +138,9 @@ local failed = 0
 local function run_mode(gc)
   local results = {}
   for n in opts.ns:gmatch("%d+") do
-    local cmd = ("%s -n %s %s --child --steps %d --batch %d --sharding %s --gc %s 2>&1"):format(shell_quote(runner), n,
-      shell_quote(root .. "/bench/fsdp_memory.lua"), opts.steps, opts.batch, opts.sharding, gc)
+    local cmd = ("%s -n %s %s --child --steps %d --batch %d --sharding %s --gc %s --device %s 2>&1"):format(
+      shell_quote(runner), n, shell_quote(root .. "/bench/fsdp_memory.lua"), opts.steps, opts.batch, opts.sharding, gc,
+      opts.device)
     io.stderr:write("  " .. cmd .. "\n")
     local p = io.popen(cmd)
     local out = p:read("*a")
@@ -184,8 +192,9 @@ local all = {}
 local modes = opts.gc == "both" and { "1", "0" } or { opts.gc }
 for _, gc in ipairs(modes) do all[#all + 1] = { gc, run_mode(gc) } end
 
-print(("FSDP memory per rank (MiB): units_mlp = Linear 512-1024-2048-512-10, each Linear a unit + the root, "
-  .. "%s sharding, Adam, batch %d per rank, %d steps"):format(opts.sharding, opts.batch, opts.steps))
+print(("FSDP memory per rank (MiB) on %s: units_mlp = Linear 512-1024-2048-512-10, each Linear a unit + the root, "
+  .. "%s sharding, Adam, batch %d per rank, %d steps"):format(opts.device == "cuda" and "the cuda device (the test double of a GPU where there is none)"
+  or "the CPU", opts.sharding, opts.batch, opts.steps))
 local first = all[1] and all[1][2][1]
 if first then
   print(("unit sizes (parameters, wrap order, root last): %s; S = %d, L = %d (fp32: S = %s MiB, L = %s MiB)")

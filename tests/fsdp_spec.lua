@@ -106,6 +106,25 @@ describe("FSDP matrix against single-process training", function()
     check_matrix(4, "FSDP_MATRIX_DEVICE=cuda")
   end)
 
+  -- (world size 4: this model's largest unit is 57% of it, so at 2 ranks the shards plus one gathered
+  -- unit weigh more than the whole model and the check could not tell sharded from unsharded)
+  it_mpi("holds 1/N of the parameters on the device per rank (world size 4, device counters)", function()
+    local cmd = ("cd '%s' && FSDP_COMM_TIMEOUT=60 FSDP_TESTDEV_MIB=256 timeout 200 bin/fsdprun -n 4 bench/fsdp_memory.lua "
+      .. "--child --device cuda --gc 1 2>&1"):format(ROOT)
+    local f = assert(io.popen(cmd))
+    local out = f:read("*a")
+    f:close()
+    local line = assert(out:match("RESULT ([^\n]*)"), "no RESULT line:\n" .. out:sub(-2000))
+    local S, L = tonumber(line:match(" S=(%d+)")), tonumber(line:match(" L=(%d+)"))
+    local params, grads = tonumber(line:match("peak_params=(%d+)")), tonumber(line:match("peak_grads=(%d+)"))
+    -- the shards (S/4 floats) and one gathered unit (L), in fp32 bytes, within padding; the whole
+    -- model would be 4 S
+    local want = 4 * (S / 4 + L)
+    assert(want < 0.9 * 4 * S, "the check must tell sharded from unsharded")
+    assert(params <= 1.01 * want and params >= 0.95 * want, ("device params peak %d bytes, S/N + L is %d"):format(params, want))
+    assert(grads < 0.7 * 4 * S, ("device grads peak %d bytes: not sharded (S = %d floats)"):format(grads, S))
+  end)
+
   it_mpi("fails every float32 case when the wrapped side trains differently", function()
     local r = launch(2, "FSDP_MATRIX_SABOTAGE=lr")
     assert(r.plan and #r.order == r.plan, "sabotaged run did not report every case:\n" .. r.out:sub(-3000))
