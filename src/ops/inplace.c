@@ -127,9 +127,10 @@ int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
   return 0;
 }
 
-// t's bytes replaced by a contiguous copy of its values in dtype (same tensor object)
-static int retype(fsdp_tensor* t, int dtype) {
-  fsdp_tensor* c = fsdp_new_cat(t->ndim, t->shape, dtype, fsdp_device_of(t), t->storage->cat);
+// t's bytes replaced by a contiguous copy of its values in dtype on device (the same tensor object,
+// as PyTorch's module.to keeps its parameters; the copy converts and moves at once)
+static int restorage(fsdp_tensor* t, int dtype, int device) {
+  fsdp_tensor* c = fsdp_new_cat(t->ndim, t->shape, dtype, device, t->storage->cat);
   if (!c || fsdp_copy_strided(c, t)) {
     fsdp_tensor_release(c);
     return -1;
@@ -143,21 +144,6 @@ static int retype(fsdp_tensor* t, int dtype) {
   fsdp_tensor_release(c);
   return 0;
 }
-
-// t's bytes moved to `device` (a contiguous copy there; the same tensor object, as PyTorch's
-// module.to(device) keeps its parameters); its gradient follows
-static int move_storage(fsdp_tensor* t, int device) {
-  fsdp_tensor* c = fsdp_copy_to_device(t, device);
-  if (!c) return -1;
-  fsdp_tensor_set_mem_category(c, t->storage->cat);
-  c->storage->refcount++;
-  fsdp_storage_release(t->storage);
-  t->storage = c->storage;
-  t->offset = 0;
-  fsdp_contiguous_strides(t->ndim, t->shape, t->stride);
-  fsdp_tensor_release(c);
-  return 0;
-}
 int fsdp_set_device_(fsdp_tensor* t, int device) {
   const char* op = "to";
   CHECK_INT(device >= 0 && device < FSDP_NDEVICES, "%s: unknown device %d (tensor of shape %s)", op, device, SH(t));
@@ -166,8 +152,8 @@ int fsdp_set_device_(fsdp_tensor* t, int device) {
   CHECK_INT(!t->owner, "%s: the tensor of shape %s is a parameter of an FSDP unit; move the module before fsdp.wrap",
             op, SH(t));
   if (fsdp_device_of(t) == device) return 0;
-  if (fsdp_check_data(op, t) || move_storage(t, device)) return -1;
-  if (t->grad && fsdp_device_of(t->grad) != device && move_storage(t->grad, device)) return -1;
+  if (fsdp_check_data(op, t) || restorage(t, t->dtype, device)) return -1;
+  if (t->grad && fsdp_device_of(t->grad) != device && restorage(t->grad, t->grad->dtype, device)) return -1;
   return 0;
 }
 
@@ -183,7 +169,7 @@ int fsdp_set_dtype_(fsdp_tensor* t, int dtype) {
             "compute in %s with mixed_precision = {param = \"%s\"}",
             op, SH(t), fsdp_dtype_name(dtype), fsdp_dtype_name(dtype));
   if (t->dtype == dtype) return 0;
-  if (fsdp_check_data(op, t) || retype(t, dtype)) return -1;
+  if (fsdp_check_data(op, t) || restorage(t, dtype, fsdp_device_of(t))) return -1;
   if (t->grad && t->grad->dtype != dtype) {  // the gradient follows, as in PyTorch
     fsdp_tensor* g = fsdp_as_contig_dtype(t->grad, dtype);
     if (!g) return -1;

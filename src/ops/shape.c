@@ -588,16 +588,29 @@ fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index) {
   return out;
 }
 
-// ---- device moves ---------------------------------------------------------------------------------------------
+// ---- device moves and dtype casts: one backward, the gradient copied back to the input's ----------
 typedef struct {
-  int device;  // the input's: the gradient goes back to it
-} to_device_params;
+  int dtype, device;  // the input's: the gradient goes back to them
+} to_copy_params;
 
-static int to_device_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  to_device_params p;
+static int to_copy_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  to_copy_params p;
   fsdp_node_params(n, &p, sizeof p);
-  gin[0] = fsdp_copy_to_device(g, p.device);
-  return gin[0] ? 0 : -1;
+  fsdp_tensor* r = fsdp_new(g->ndim, g->shape, p.dtype, p.device);
+  if (!r) return -1;
+  if (fsdp_copy_strided(r, g)) {  // (converts and moves at once)
+    fsdp_tensor_release(r);
+    return -1;
+  }
+  gin[0] = r;
+  return 0;
+}
+static void to_copy_node(fsdp_tensor* a, fsdp_tensor* out) {
+  fsdp_node* n = fsdp_node_new("ToCopyBackward", to_copy_backward, 1, &a);
+  if (n) {
+    fsdp_node_set_params(n, &(to_copy_params){.dtype = a->dtype, .device = fsdp_device_of(a)}, sizeof(to_copy_params));
+    fsdp_node_set_output(n, out);
+  }
 }
 
 fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device) {
@@ -610,32 +623,8 @@ fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device) {
   if (fsdp_check_data("to", a)) return NULL;
   fsdp_tensor* out = fsdp_copy_to_device(a, device);
   if (!out) return NULL;
-  if (a->dtype != FSDP_I64) {
-    fsdp_node* n = fsdp_node_new("ToCopyBackward", to_device_backward, 1, &a);
-    if (n) {
-      fsdp_node_set_params(n, &(to_device_params){.device = fsdp_device_of(a)}, sizeof(to_device_params));
-      fsdp_node_set_output(n, out);
-    }
-  }
+  if (a->dtype != FSDP_I64) to_copy_node(a, out);
   return out;
-}
-
-// ---- dtype casts ----------------------------------------------------------------------------------------------
-typedef struct {
-  int dtype;  // the input's: the gradient goes back to it
-} to_dtype_params;
-
-static int to_dtype_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
-  to_dtype_params p;
-  fsdp_node_params(n, &p, sizeof p);
-  fsdp_tensor* r = fsdp_new(g->ndim, g->shape, p.dtype, fsdp_device_of(g));
-  if (!r) return -1;
-  if (fsdp_copy_strided(r, g)) {
-    fsdp_tensor_release(r);
-    return -1;
-  }
-  gin[0] = r;
-  return 0;
 }
 
 fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
@@ -651,12 +640,6 @@ fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
     fsdp_tensor_release(out);
     return NULL;
   }
-  if (dtype != FSDP_I64) {  // integer outputs never require grad
-    fsdp_node* n = fsdp_node_new("ToCopyBackward", to_dtype_backward, 1, &a);
-    if (n) {
-      fsdp_node_set_params(n, &(to_dtype_params){.dtype = a->dtype}, sizeof(to_dtype_params));
-      fsdp_node_set_output(n, out);
-    }
-  }
+  if (dtype != FSDP_I64) to_copy_node(a, out);  // integer outputs never require grad
   return out;
 }
