@@ -36,9 +36,9 @@ typedef struct fsdp_elem_kernels {
   // max backward: gx (outer, red, inner) = 0 except gx[o, idx[o, j], j] = gy[o, j]
   void (*scatter_dim)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t red, int64_t inner);
   // position of the first idx[0..n) outside [lo, hi), or -1 when all are in range. An async device
-  // (fsdp_backend.async) returns -1 at once and, if one is out of range, reports deferred check
-  // `check` (fsdp_check_defer) with that value at its next synchronization; its kernels that read
-  // the indices skip out-of-range ones meanwhile
+  // (fsdp_backend.async) is always given a deferred check id (fsdp_check_defer): it returns -1 at
+  // once and, if one is out of range, reports `check` with that value at its next synchronization;
+  // its kernels that read the indices skip out-of-range ones meanwhile
   int64_t (*index_check)(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check);
   // out (outer, n_idx, inner) = in (outer, n_in, inner) gathered along the middle dim; es = element
   // size in bytes (any dtype)

@@ -324,40 +324,20 @@ static void cuda_scatter_dim(float* gx, const float* gy, const int64_t* idx, int
 }
 
 // ---- indexing -----------------------------------------------------------------------------------------
-// the first position outside [lo, hi): an atomicMin over the positions, read back by the host; or,
-// with a deferred check id (what the op layer passes for this async device), the device's error
-// slot claimed with the bad value and no wait at all
-__global__ static void index_check_k(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, unsigned long long* first,
-                                     int check, fsdp_cuda_check_slot* slot) {
+// An async device's checks are deferred (the op layer always passes a check id here): an index
+// outside [lo, hi) claims the device's error slot with its value, reported at the next wait; the
+// host never waits for the check itself
+__global__ static void index_check_k(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check,
+                                     fsdp_cuda_check_slot* slot) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if (idx[i] < lo || idx[i] >= hi) {
-      if (check) fsdp_cuda_check_fail(slot, check, idx[i]);
-      else atomicMin(first, (unsigned long long)i);
-    }
+    if (idx[i] < lo || idx[i] >= hi) fsdp_cuda_check_fail(slot, check, idx[i]);
 }
 static int64_t cuda_index_check(const int64_t* idx, int64_t n, int64_t lo, int64_t hi, int check) {
-  if (n == 0) return -1;
-  if (check) {
-    index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, NULL, check, fsdp_cuda_slot);
+  if (n > 0) {
+    index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, check, fsdp_cuda_slot);
     FSDP_CUDA_LAUNCHED("index check");
-    return -1;
   }
-  unsigned long long* d = NULL;
-  unsigned long long h = (unsigned long long)n;
-  if (cudaMallocAsync((void**)&d, sizeof h, fsdp_cuda_stream) != cudaSuccess) {
-    fsdp_cuda_fail("index check", cudaGetLastError());
-    return 0;  // reported as out of range at 0: the op fails, never reads past its table
-  }
-  cudaMemcpyAsync(d, &h, sizeof h, cudaMemcpyHostToDevice, fsdp_cuda_stream);
-  index_check_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(idx, n, lo, hi, d, 0, NULL);
-  cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, fsdp_cuda_stream);
-  cudaFreeAsync(d, fsdp_cuda_stream);
-  cudaError_t e = cudaStreamSynchronize(fsdp_cuda_stream);
-  if (e != cudaSuccess) {
-    fsdp_cuda_fail("index check", e);
-    return 0;
-  }
-  return h == (unsigned long long)n ? -1 : (int64_t)h;
+  return -1;
 }
 
 // (an index out of range -- its deferred check failed -- reads and adds nothing)

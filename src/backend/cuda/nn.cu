@@ -144,50 +144,22 @@ static void accum_done(accum* a, float* loss, float* count, int64_t n) {
   FSDP_CUDA_LAUNCHED("loss");
 }
 
-// the first position that fails a check: an atomicMin, read back by the host (the check entries'
-// contract returns it, so these wait for the stream)
-static int first_bad(unsigned long long* d, unsigned long long none, unsigned long long* h) {
-  cudaMemcpyAsync(h, d, sizeof *h, cudaMemcpyDeviceToHost, fsdp_cuda_stream);
-  cudaFreeAsync(d, fsdp_cuda_stream);
-  cudaError_t e = cudaStreamSynchronize(fsdp_cuda_stream);
-  if (e != cudaSuccess) {
-    fsdp_cuda_fail("check", e);
-    return 1;
-  }
-  return *h != none;
-}
-
 // ---- cross entropy and nll ------------------------------------------------------------------------------
-__global__ static void check_targets_k(const int64_t* t, int64_t n, int64_t C, int64_t ignore,
-                                       unsigned long long* first, int check, fsdp_cuda_check_slot* slot) {
+// deferred, as index_check (elem.cu): a bad target claims the error slot, reported at the next wait
+__global__ static void check_targets_k(const int64_t* t, int64_t n, int64_t C, int64_t ignore, int check,
+                                       fsdp_cuda_check_slot* slot) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if ((t[i] < 0 || t[i] >= C) && t[i] != ignore) {
-      if (check) fsdp_cuda_check_fail(slot, check, t[i]);
-      else atomicMin(first, (unsigned long long)i);
-    }
+    if ((t[i] < 0 || t[i] >= C) && t[i] != ignore) fsdp_cuda_check_fail(slot, check, t[i]);
 }
-// deferred (check > 0, the op layer's way on this async device): the error slot, no wait; else the
-// first bad target read back by the host
 static int cuda_check_targets(const int64_t* target, int64_t n, int64_t C, int64_t ignore_index, int64_t* bad,
                               int check) {
-  if (n == 0) return 0;
-  if (check) {
-    check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, NULL, check,
+  (void)bad;  // (only a synchronous device reports the value here)
+  if (n > 0) {
+    check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, check,
                                                                       fsdp_cuda_slot);
     FSDP_CUDA_LAUNCHED("target check");
-    return 0;
   }
-  unsigned long long* d = NULL;
-  unsigned long long h = (unsigned long long)n;
-  if (cudaMallocAsync((void**)&d, sizeof h, fsdp_cuda_stream) != cudaSuccess) {
-    fsdp_cuda_fail("target check", cudaGetLastError());
-    return 1;
-  }
-  cudaMemcpyAsync(d, &h, sizeof h, cudaMemcpyHostToDevice, fsdp_cuda_stream);
-  check_targets_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(target, n, C, ignore_index, d, 0, NULL);
-  if (!first_bad(d, (unsigned long long)n, &h)) return 0;
-  if (h < (unsigned long long)n) cudaMemcpy(bad, target + h, sizeof *bad, cudaMemcpyDeviceToHost);
-  return 1;
+  return 0;
 }
 
 // A target or index out of range (its deferred check failed, reported at the next wait) counts as
