@@ -202,9 +202,7 @@ static fsdp_tensor* grad_sum(fsdp_tensor* a, fsdp_tensor* b) {
   int64_t n = fsdp_tensor_numel(s);
   fsdp_backend_of(s)->elem->axpy(fsdp_f32(s), n, fsdp_f32(bc), n, 1, n, 1.0f);
   fsdp_tensor_release(bc);
-  fsdp_tensor* r = fsdp_as_contig_dtype(s, a->dtype);
-  fsdp_tensor_release(s);
-  return r;
+  return fsdp_round_to(s, a->dtype);
 }
 
 int fsdp_grad_accumulate(fsdp_tensor** acc, fsdp_tensor* g) {
@@ -498,16 +496,6 @@ static int deliver_to_leaf(fsdp_tensor* leaf, fsdp_tensor* g) {
   return 0;
 }
 
-// *g (a new ref) rounded to `dtype`, the dtype of the tensor it is the gradient of
-static int cast_grad(fsdp_tensor** g, int dtype) {
-  if ((*g)->dtype == dtype) return 0;
-  fsdp_tensor* r = fsdp_as_contig_dtype(*g, dtype);
-  if (!r) return -1;
-  fsdp_tensor_release(*g);
-  *g = r;
-  return 0;
-}
-
 static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
   fsdp_tensor* g = n->grad_acc;
   n->grad_acc = NULL;
@@ -536,7 +524,10 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
       fsdp_tensor_release(grad_in[i]);
       grad_in[i] = NULL;
     }
-    if (!rc && grad_in[i]) rc = cast_grad(&grad_in[i], e.node ? e.node->out_dtype : e.leaf->dtype);
+    if (!rc && grad_in[i]) {  // in the dtype of the tensor it is the gradient of
+      grad_in[i] = fsdp_round_to(grad_in[i], e.node ? e.node->out_dtype : e.leaf->dtype);
+      if (!grad_in[i]) rc = -1;
+    }
     if (!rc && e.node) {
       if (grad_in[i]) rc = fsdp_grad_accumulate(&e.node->grad_acc, grad_in[i]);
       if (--e.node->deps == 0 && !rc) rc = heap_push(ready, e.node);
@@ -560,10 +551,8 @@ int fsdp_backward(fsdp_tensor* t, fsdp_tensor* grad, int retain_graph) {
   if (grad) {
     CHECK_INT(fsdp_same_shape(t, grad), "backward: gradient of shape %s for a tensor of shape %s", SH(grad), SH(t));
     fsdp_tensor_retain(grad);
-    if (cast_grad(&grad, t->dtype)) {
-      fsdp_tensor_release(grad);
-      return -1;
-    }
+    grad = fsdp_round_to(grad, t->dtype);
+    if (!grad) return -1;
   } else {
     CHECK_INT(fsdp_tensor_numel(t) == 1,
               "backward: grad can be implicitly created only for one-element outputs "

@@ -144,6 +144,15 @@ int fsdp_wrap_dim(const char* op, int dim, int ndim);
 // a contiguous version of t in `dtype` (new ref: t itself when it already is one); values are
 // converted (to bf16/f16: rounded to nearest even)
 fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype);
+// y (the caller's ref is consumed) in dtype: y itself (any layout) when it has it, else y rounded
+// once to it (contiguous). NULL on error (also for y NULL). An op's float32 result in its result
+// dtype, a gradient in its input's.
+static inline fsdp_tensor* fsdp_round_to(fsdp_tensor* y, int dtype) {
+  if (!y || y->dtype == dtype) return y;
+  fsdp_tensor* r = fsdp_as_contig_dtype(y, dtype);
+  fsdp_tensor_release(y);
+  return r;
+}
 // a contiguous f32 version of t (new ref: t itself when already contiguous f32)
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t);
 // strided copy of any layout/dtype into dst (same numel), used by contiguous/casts/cat

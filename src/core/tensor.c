@@ -605,15 +605,41 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 }
 
 // ---- copies -------------------------------------------------------------------------------------------
+// the bytes of contiguous src into contiguous dst (same dtype and size) on another device: through
+// the device side's copy (the CPU's is a memcpy; a copy to the host waits for the device)
+static int move_bytes(fsdp_tensor* dst, const fsdp_tensor* src) {
+  int from = fsdp_device_of(src), to = fsdp_device_of(dst);
+  fsdp_copy_kind kind = from == FSDP_CPU ? FSDP_COPY_H2D : to == FSDP_CPU ? FSDP_COPY_D2H : FSDP_COPY_D2D;
+  const fsdp_backend* b = fsdp_backend_for(from == FSDP_CPU ? to : from);
+  return b->copy(fsdp_ptr(dst), fsdp_ptr(src), (size_t)fsdp_tensor_numel(src) * fsdp_dtype_size(src->dtype), kind);
+}
+
 int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
   if (fsdp_check_data("copy", src) || fsdp_check_data("copy", dst)) return -1;
   CHECK_INT(fsdp_tensor_numel(dst) == fsdp_tensor_numel(src), "copy: %s has %lld elements, %s has %lld", SH(dst),
             (long long)fsdp_tensor_numel(dst), SH(src), (long long)fsdp_tensor_numel(src));
-  if (fsdp_device_of(dst) != fsdp_device_of(src)) {  // moved to dst's device first, then laid out there
-    fsdp_tensor* m = fsdp_copy_to_device(src, fsdp_device_of(dst));
-    int rc = m ? fsdp_copy_strided(dst, m) : -1;
-    fsdp_tensor_release(m);
+  if (fsdp_device_of(dst) != fsdp_device_of(src)) {
+    // bytes cross devices contiguous and in src's dtype: src laid out on its own device if need be,
+    // moved straight into dst when dst takes them as they are, else into a temporary there first
+    fsdp_tensor* c = NULL;
+    if (!fsdp_tensor_is_contiguous(src)) {
+      c = fsdp_new(src->ndim, src->shape, src->dtype, fsdp_device_of(src));
+      if (!c || fsdp_copy_strided(c, src)) goto cross_fail;
+    }
+    const fsdp_tensor* from = c ? c : src;
+    int rc;
+    if (fsdp_tensor_is_contiguous(dst) && dst->dtype == src->dtype) {
+      rc = move_bytes(dst, from);
+    } else {
+      fsdp_tensor* m = fsdp_new(src->ndim, src->shape, src->dtype, fsdp_device_of(dst));
+      rc = !m || move_bytes(m, from) || fsdp_copy_strided(dst, m) ? -1 : 0;
+      fsdp_tensor_release(m);
+    }
+    fsdp_tensor_release(c);
     return rc;
+  cross_fail:
+    fsdp_tensor_release(c);
+    return -1;
   }
   const fsdp_elem_kernels* k = fsdp_backend_of(dst)->elem;
   if (fsdp_tensor_is_contiguous(dst)) {
@@ -630,33 +656,12 @@ int fsdp_copy_strided(fsdp_tensor* dst, const fsdp_tensor* src) {
 }
 
 fsdp_tensor* fsdp_copy_to_device(const fsdp_tensor* t, int device) {
-  int from = fsdp_device_of(t);
-  if (!fsdp_backend_for(device)) return NULL;
   fsdp_tensor* r = fsdp_new(t->ndim, t->shape, t->dtype, device);
-  if (!r) return NULL;
-  if (from == device) {
-    if (fsdp_copy_strided(r, t)) goto fail;
-    return r;
+  if (r && fsdp_copy_strided(r, t)) {
+    fsdp_tensor_release(r);
+    return NULL;
   }
-  // bytes move between devices contiguous: t made contiguous on its own device first
-  fsdp_tensor* c = NULL;
-  if (!fsdp_tensor_is_contiguous(t)) {
-    c = fsdp_new(t->ndim, t->shape, t->dtype, from);
-    if (!c || fsdp_copy_strided(c, t)) {
-      fsdp_tensor_release(c);
-      goto fail;
-    }
-  }
-  fsdp_copy_kind kind = from == FSDP_CPU ? FSDP_COPY_H2D : device == FSDP_CPU ? FSDP_COPY_D2H : FSDP_COPY_D2D;
-  // the device side's backend moves them (the CPU's copy is a memcpy)
-  const fsdp_backend* b = fsdp_backend_for(from == FSDP_CPU ? device : from);
-  int rc = b->copy(fsdp_ptr(r), fsdp_ptr(c ? c : t), (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype), kind);
-  fsdp_tensor_release(c);
-  if (rc) goto fail;
   return r;
-fail:
-  fsdp_tensor_release(r);
-  return NULL;
 }
 
 fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype) {

@@ -217,10 +217,10 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
 }
 
 // ---- forward -----------------------------------------------------------------------------------------------
-// whether the unit gives its gathered buffers back at the end of a step: all but NO_SHARD units whose
-// parameters are the shards themselves (a NO_SHARD unit under mixed precision gathers a bfloat16
-// copy, which the optimizer's step makes stale)
-static int reshards(const fsdp_unit* u) { return u->opts.sharding != FSDP_NO_SHARD || u->separate_full; }
+// Every unit gives its gathered buffers back at the end of a step (fsdp_shard_reshard): a unit
+// whose parameters are the shards themselves -- no separate full buffer -- only returns to the
+// piece form, which for it is the full view; a NO_SHARD unit under mixed precision drops its
+// bfloat16 copy, which the optimizer's step makes stale.
 
 static int reshard_after_forward(const fsdp_unit* u) {
   if (u->opts.reshard_after_forward >= 0) return u->opts.reshard_after_forward;
@@ -256,7 +256,7 @@ static int finalize_unit(fsdp_unit* u) {
       }
     }
   }
-  if (reshards(u) && fsdp_shard_reshard(u, 0)) rc = -1;
+  if (fsdp_shard_reshard(u, 0)) rc = -1;
   u->state = FSDP_UNIT_IDLE;
   return rc;
 }
@@ -315,7 +315,7 @@ int fsdp_unit_post_forward(fsdp_unit* u) {
   g_depth--;
   if (!fsdp_is_grad_enabled()) {  // no backward will follow (no_grad / eval)
     u->state = FSDP_UNIT_IDLE;
-    return reshards(u) ? fsdp_shard_reshard(u, 0) : 0;
+    return fsdp_shard_reshard(u, 0);
   }
   u->state = FSDP_UNIT_FORWARD_DONE;
   return reshard_after_forward(u) ? fsdp_shard_reshard(u, 0) : 0;
@@ -395,7 +395,7 @@ static int post_backward(fsdp_unit* u) {
     }
   }
   u->state = FSDP_UNIT_BACKWARD_DONE;
-  if (reshards(u) && fsdp_shard_reshard(u, 0)) return -1;
+  if (fsdp_shard_reshard(u, 0)) return -1;
   return reap_reductions();
 }
 

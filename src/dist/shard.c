@@ -179,7 +179,6 @@ int fsdp_shard_gather_start(fsdp_unit* u, int dtype) {
       gather_cleanup(g);
       return -1;
     }
-    g->gather_dtype = dtype;
   }
   return 0;
 }
@@ -188,8 +187,8 @@ int fsdp_shard_gather_finish(fsdp_unit* u, int dtype) {
   // gathered, or a prefetch in flight, in the other dtype (summon_full_params's float32 against the
   // compute dtype): drop it and gather again
   int other = u->separate_full &&
-              ((u->gathered && u->full_dtype != dtype) || (u->g[0].gather && u->g[0].gather_dtype != dtype) ||
-               (u->g[1].gather && u->g[1].gather_dtype != dtype));
+              ((u->gathered && u->full_dtype != dtype) || (u->g[0].gather && u->g[0].gather_recv->dtype != dtype) ||
+               (u->g[1].gather && u->g[1].gather_recv->dtype != dtype));
   if (other && fsdp_shard_reshard(u, 0)) return -1;
   if (u->gathered) {
     fsdp_shard_set_form(u, 1);

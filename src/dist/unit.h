@@ -43,7 +43,6 @@ typedef struct unit_group {
   fsdp_storage* shard;  // PARAMS, always allocated
   fsdp_storage* full;   // PARAMS; == shard when the unit needs no separate full buffer
   fsdp_work* gather;    // all-gather in flight into gather_recv
-  int gather_dtype;     // the dtype it gathers in
   fsdp_tensor *gather_send, *gather_recv;
 } unit_group;
 

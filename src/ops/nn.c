@@ -28,22 +28,14 @@ static fsdp_tensor* as_contig_i64(fsdp_tensor* t) {
   return r;
 }
 
-// a 0-dim tensor of dtype holding value (a loss, rounded once to the logits' dtype)
-
 // The losses (cross entropy, nll, mse) keep their values on the device: the kernel writes the mean
 // into a one-element float32 buffer (and the count of targets it divided by into another, which
 // the backward reads), and the backward reads the upstream gradient there too, so a training step
-// never waits for the device to learn a loss. A 0-dim float32 loss buffer; NULL on error.
+// never waits for the device to learn a loss (fsdp_round_to then gives it the op's dtype). A 0-dim
+// float32 loss buffer; NULL on error.
 static fsdp_tensor* loss_buffer(int device) {
   int64_t none[1] = {0};
   return fsdp_new(0, none, FSDP_F32, device);
-}
-// the loss in the dtype asked for (consumes buf)
-static fsdp_tensor* loss_in(fsdp_tensor* buf, int dtype) {
-  if (!buf || dtype == FSDP_F32) return buf;
-  fsdp_tensor* out = fsdp_as_contig_dtype(buf, dtype);
-  fsdp_tensor_release(buf);
-  return out;
 }
 
 // ---- softmax / log_softmax -----------------------------------------------------------------------
@@ -208,7 +200,7 @@ fsdp_tensor* fsdp_cross_entropy(fsdp_tensor* logits, fsdp_tensor* target, int64_
   if (count)
     be->nn->cross_entropy_forward(fsdp_f32(loss), fsdp_f32(count), fsdp_f32(lse), fsdp_f32(x), fsdp_i64(tc), N, C, S,
                                   ignore_index, (float)label_smoothing);
-  fsdp_tensor* out = count ? loss_in(loss, logits->dtype) : NULL;
+  fsdp_tensor* out = count ? fsdp_round_to(loss, logits->dtype) : NULL;
   if (!count) fsdp_tensor_release(loss);
   fsdp_node* node =
       out ? fsdp_node_new("CrossEntropyBackward", cross_entropy_backward, 2, (fsdp_tensor*[]){logits, target}) : NULL;
@@ -275,7 +267,7 @@ fsdp_tensor* fsdp_nll_loss(fsdp_tensor* logp, fsdp_tensor* target, int64_t ignor
   fsdp_tensor* count = loss ? loss_buffer(fsdp_device_of(x)) : NULL;
   if (count) be->nn->nll_forward(fsdp_f32(loss), fsdp_f32(count), fsdp_f32(x), fsdp_i64(tc), N, C, S, ignore_index);
   fsdp_tensor_release(x);
-  fsdp_tensor* out = count ? loss_in(loss, logp->dtype) : NULL;
+  fsdp_tensor* out = count ? fsdp_round_to(loss, logp->dtype) : NULL;
   if (!count) fsdp_tensor_release(loss);
   fsdp_node* node = out ? fsdp_node_new("NllLossBackward", nll_backward, 2, (fsdp_tensor*[]){logp, target}) : NULL;
   if (node) {
@@ -332,7 +324,7 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b) {
   int64_t n = fsdp_tensor_numel(ac);
   fsdp_tensor* loss = loss_buffer(fsdp_device_of(a));
   if (loss) be->nn->mse_forward(fsdp_f32(loss), fsdp_f32(ac), fsdp_f32(bc), n);
-  fsdp_tensor* out = loss_in(loss, fsdp_result_dtype(a, b));
+  fsdp_tensor* out = fsdp_round_to(loss, fsdp_result_dtype(a, b));
   fsdp_node* node = out ? fsdp_node_new("MseLossBackward", mse_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
   if (node) {
     fsdp_node_save(node, ac);

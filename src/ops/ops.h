@@ -44,14 +44,7 @@ static inline fsdp_tensor* fsdp_as_f32(fsdp_tensor* t) {
   fsdp_tensor_retain(t);
   return t;
 }
-// the op's float32 result y (the caller's ref is consumed) in the op's result dtype: y itself
-// (any layout) when that is float32, else y rounded once to it (contiguous). NULL on error.
-static inline fsdp_tensor* fsdp_round_to(fsdp_tensor* y, int dtype) {
-  if (!y || y->dtype == dtype) return y;
-  fsdp_tensor* r = fsdp_as_contig_dtype(y, dtype);
-  fsdp_tensor_release(y);
-  return r;
-}
+// the op's float32 result in its result dtype: fsdp_round_to (core/core.h)
 
 // the in-place ops' version of the same: w = fsdp_as_contig(t) (t itself when float32) is updated
 // in float32, then written back into t, rounded (nothing to do when w is t); releases w
