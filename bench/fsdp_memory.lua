@@ -48,7 +48,7 @@ local function child()
   jit.off() -- the engine listener below is a C -> Lua callback; it must not be entered from a trace
   fsdp.init()
   local R, N = fsdp.rank(), fsdp.world_size()
-  local dev = opts.device == "cuda" and 1 or 0
+  local dev = fsdp._devices[opts.device]
   if dev == 1 and not fsdp.cuda.is_available() then fsdp._testdev_install() end
 
   fsdp.manual_seed(0)

@@ -8,7 +8,8 @@
 -- --mode fsdp (default): every block and the root an FSDP unit with mixed precision (float32
 -- master weights, bfloat16 compute, float32 reduce), one rank: PyTorch's FSDP2 with
 -- MixedPrecisionPolicy, and close to its autocast eager run. bf16: the model itself in bfloat16.
--- --tiny (2 blocks, d 64, T 64, vocab 512) checks the script on a CPU: --device cpu --tiny.
+-- --tiny (2 blocks, d 64, T 64, vocab 512) checks the script on a CPU: --device cpu --tiny, or on
+-- the test double of a GPU: luajit tests/scripts/on_testdev.lua bench/gpu_gpt.lua --tiny.
 local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
 package.cpath = root .. "/?.so;" .. package.cpath
@@ -17,21 +18,10 @@ local models = require "models"
 local U = require "util"
 local nn, F = fsdp.nn, fsdp.nn.functional
 
-local opts = { mode = "fsdp", batch = 8, steps = 10, device = "cuda", peak = 989 }
-local i = 1
-while i <= #arg do
-  local a = arg[i]
-  if a == "--mode" then opts.mode = arg[i + 1]; i = i + 1
-  elseif a == "--batch" then opts.batch = tonumber(arg[i + 1]); i = i + 1
-  elseif a == "--steps" then opts.steps = tonumber(arg[i + 1]); i = i + 1
-  elseif a == "--device" then opts.device = arg[i + 1]; i = i + 1
-  elseif a == "--peak-tflops" then opts.peak = tonumber(arg[i + 1]); i = i + 1
-  elseif a == "--tiny" then opts.tiny = true
-  elseif a == "--testdev" then opts.testdev = true  -- the test double of a GPU (a check of the script)
-  else error("gpu_gpt.lua: unknown argument " .. a) end
-  i = i + 1
-end
-if opts.testdev then fsdp._testdev_install() end
+local opts = { mode = "fsdp", batch = 8, steps = 10, device = "cuda", ["peak-tflops"] = 989 }
+U.parse_args("bench/gpu_gpt.lua", opts, "[--mode fsdp|bf16|fp32] [--batch B] [--steps S] [--device cuda|cpu] [--tiny] "
+  .. "[--peak-tflops T]", { ["--tiny"] = function(o) o.tiny = true end })
+opts.peak = opts["peak-tflops"]
 if opts.device == "cuda" then
   local there = false
   for _, d in ipairs(fsdp.backends()) do there = there or d == "cuda" end

@@ -291,19 +291,26 @@ end
 fsdp._devices = { cpu = 0, cuda = 1 }
 -- the device a name stands for (0 cpu, 1 cuda), or an error naming the devices, or why CUDA is not
 -- there (asking loads the CUDA backend the first time: backend/cuda/load.c)
+-- whether "cuda" has a backend: the real one (loaded on the first ask) or the tests' double; once it
+-- has, it keeps it (backends never go away), so the answer is kept too
+local cuda_ready = false
+local function has_cuda()
+  cuda_ready = cuda_ready or C.fsdp_device_has_backend(1) ~= 0 or C.fsdp_cuda_is_available() ~= 0
+  return cuda_ready
+end
 function fsdp._device(device, op, level)
   local d = fsdp._devices[device]
   if d == nil then
     error(("%s: unknown device %q (use \"cpu\" or \"cuda\")"):format(op, tostring(device)), level + 1)
   end
-  if d == 1 and C.fsdp_device_has_backend(1) == 0 and C.fsdp_cuda_is_available() == 0 then
+  if d == 1 and not has_cuda() then
     error(("%s: device \"cuda\" is not available: %s"):format(op, ffi.string(C.fsdp_cuda_why_not())), level + 1)
   end
   return d
 end
 function fsdp.backends()
   local b = { "cpu" }
-  if C.fsdp_device_has_backend(1) ~= 0 or C.fsdp_cuda_is_available() ~= 0 then b[#b + 1] = "cuda" end
+  if has_cuda() then b[#b + 1] = "cuda" end
   return b
 end
 -- tests only: the test double of a GPU (backend/testdev/testdev.c) becomes the "cuda" device
@@ -331,7 +338,6 @@ local function memory_stats_of(device)
   for i, name in ipairs(mem_names) do r[name] = { current = tonumber(c[i - 1]), peak = tonumber(p[i - 1]) } end
   return r
 end
-fsdp._memory_stats_of = memory_stats_of
 fsdp.cuda = {
   is_available = function() return C.fsdp_cuda_is_available() ~= 0 end,
   -- "" when available, else the reason ("no NVIDIA driver (...)", "no CUDA device (...)", ...)
@@ -429,14 +435,13 @@ function fsdp.ones(...)
   local n, arr = shape(unpack(args))
   return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), device_opt(opts, "ones"))))
 end
-function fsdp.zeros_like(t)
-  fsdp._t(t, "zeros_like", "input")
-  return (fsdp.zeros(t:shape(), { dtype = t.dtype, device = t.device }))
+local function full_like(t, v, op)
+  fsdp._t(t, op, "input")
+  local n, arr = shape(t:shape())
+  return (wrap(C.fsdp_full(n, arr, v, C.fsdp_tensor_dtype(t.p), C.fsdp_tensor_device(t.p))))
 end
-function fsdp.ones_like(t)
-  fsdp._t(t, "ones_like", "input")
-  return (fsdp.ones(t:shape(), { dtype = t.dtype, device = t.device }))
-end
+function fsdp.zeros_like(t) return full_like(t, 0, "zeros_like") end
+function fsdp.ones_like(t) return full_like(t, 1, "ones_like") end
 -- random values come from the one RNG stream on the host, so a seed gives the same values on
 -- every device
 function fsdp.randn(...)
@@ -520,7 +525,7 @@ end
 function fsdp.memory_stats(device)
   local d = device == nil and 0 or fsdp._devices[device]
   if d == nil then error(("memory_stats: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 2) end
-  return fsdp._memory_stats_of(d)
+  return memory_stats_of(d)
 end
 function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 

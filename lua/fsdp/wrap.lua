@@ -98,13 +98,13 @@ function W.wrap(module, opts)
       end
     end
   end
-  local c = C.fsdp_unit_new(module_label(module), unit_options(opts))
+  local o = unit_options(opts)
+  local c = C.fsdp_unit_new(module_label(module), o)
   if c == nil then fsdp._raise(2) end
   local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module) }, Unit)
   -- under mixed precision the gathered parameters are tensors of the param dtype, and so are the
   -- unit's float inputs (cast on the way in, as FSDP's MixedPrecision casts forward inputs)
-  local pdt = fsdp._dtype_names[unit_options(opts).param_dtype]
-  if pdt ~= "float32" then u.compute_dtype = pdt end
+  if o.param_dtype ~= C.FSDP_F32 then u.compute_dtype = o.param_dtype end  -- (a dtype number)
   -- units nested below take their paths from this module; this one is "<root>" until wrapped by a parent
   for name, x in module:named_modules() do
     local nu = rawget(x, "_fsdp_unit")
@@ -167,9 +167,10 @@ end
 
 -- v with its float tensors (in plain tables too) in dtype; differentiable, so gradients flow back in
 -- the inputs' own dtype
-local function cast(v, dtype)
+local function cast(v, dtype)  -- dtype: a dtype number
   if fsdp.is_tensor(v) then
-    if v.dtype ~= dtype and v.dtype ~= "int64" then return v:to(dtype) end
+    local d = C.fsdp_tensor_dtype(v.p)
+    if d ~= dtype and d ~= C.FSDP_I64 then return wrap_t(C.fsdp_to_dtype(v.p, dtype)) end
     return v
   end
   if type(v) == "table" and getmetatable(v) == nil then

@@ -55,14 +55,8 @@ enum {
 };
 
 typedef struct fsdp_linalg_kernels {
-  // C (M,N) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T when tX; lda/ldb/ldc are row strides
-  void (*gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-  // `batch` independent gemms; matrix b of A/B/C starts at A + b*sa, B + b*sb, C + b*sc
-  void (*gemm_batched)(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                       int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C,
-                       int64_t ldc, int64_t sc);
-  // n independent GEMMs (no C overlaps another GEMM's A, B or C), run together: the threads share
+  // n independent GEMMs (each C (M,N) = alpha op(A) @ op(B) + beta C, op(X) = X^T when tX, row
+  // strides lda/ldb/ldc; no C overlaps another GEMM's A, B or C), run together: the threads share
   // them out (e.g. a linear backward's grad_x and grad_w, one GEMM per thread)
   void (*gemm_many)(int n, const fsdp_gemm_args* g);
   // n small independent GEMMs (attention: one per batch matrix and head; beta 0), run together;

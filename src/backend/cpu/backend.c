@@ -59,12 +59,15 @@ static const fsdp_backend cpu_backend = {
     .optim = &fsdp_cpu_optim_kernels,
 };
 
-// registered before anything of libfsdp.so can run (a constructor runs when the library loads)
+// registered before anything of libfsdp.so can run (a constructor runs when the library loads);
+// the ISA level is settled then too, so an FSDP_CPU_ISA cap reaches oneDNN before any of its
+// kernels (convolution, float32 or bfloat16 GEMM), whichever runs first
 __attribute__((constructor)) static void cpu_register(void) {
   if (fsdp_backend_register(FSDP_CPU, &cpu_backend)) {
     fprintf(stderr, "fsdp: %s\n", fsdp_last_error());
     abort();
   }
+  fsdp_cpu_isa_level();
 }
 
 // ---- threads ----------------------------------------------------------------------------------------

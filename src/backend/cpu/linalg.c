@@ -139,7 +139,6 @@ static void choose_gemm(void) {
     g_gemm = openblas_gemm, g_gemm_name = "openblas (FSDP_GEMM)";
     return;
   }
-  fsdp_cpu_isa_level();  // any FSDP_CPU_ISA cap reaches oneDNN before its first GEMM
   if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic() || !openblas_within_cap()) {
     g_gemm = onednn_gemm;  // under FSDP_CPU_ISA: oneDNN obeys the cap, OpenBLAS would not
     g_gemm_name = forced                       ? "onednn (FSDP_GEMM)"
@@ -1434,8 +1433,6 @@ static void cpu_adaptive_avg_pool2d_backward(const fsdp_conv_geom* g, float* gx,
 }
 
 const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
-    .gemm = cpu_gemm,
-    .gemm_batched = cpu_gemm_batched,
     .gemm_many = cpu_gemm_many,
     .gemm_tiles = cpu_gemm_tiles,
     .gemm_bf16_many = fsdp_cpu_gemm_bf16_many,

@@ -32,7 +32,6 @@
 static dnnl_engine_t g_engine;
 static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
 static void engine_init(void) {
-  fsdp_cpu_isa_level();  // any FSDP_CPU_ISA cap reaches oneDNN before its first kernel
   if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
 }
 
@@ -44,7 +43,6 @@ static const char* pass_names[NPASS] = {"forward", "input gradient", "weight gra
 typedef struct {
   dnnl_primitive_t prim;          // NULL until first used
   int wanted;                     // pass_choice() when it was made
-  int blocked;                    // the layout it runs in (blocked where plain would be oneDNN's reference code)
   int arg[3];                     // oneDNN argument ids: two inputs, then the output
   dnnl_memory_desc_t md[3];       // the primitive's layout of each operand
   dnnl_primitive_t to_md[3];      // plain -> md (inputs)
@@ -232,11 +230,11 @@ static const dnnl_memory_desc_t* plain_md(const conv_entry* e, int pass, int i) 
 static int make_pass(conv_entry* e, int pass) {
   conv_pass* p = &e->pass[pass];
   p->wanted = pass_choice(&e->g, pass);
-  p->blocked = p->wanted & 1;
+  int blocked = p->wanted & 1;  // the layout it runs in (blocked where plain would be oneDNN's reference code)
   dnnl_primitive_desc_t pd = NULL;
-  if (use_winograd(e)) pd = pass_desc(e, pass, p->blocked = 1, dnnl_convolution_winograd);
-  if (!pd) pd = pass_desc(e, pass, p->blocked = p->wanted & 1, dnnl_convolution_direct);
-  if (!pd && !p->blocked) pd = pass_desc(e, pass, p->blocked = 1, dnnl_convolution_direct);
+  if (use_winograd(e)) pd = pass_desc(e, pass, blocked = 1, dnnl_convolution_winograd);
+  if (!pd) pd = pass_desc(e, pass, blocked = p->wanted & 1, dnnl_convolution_direct);
+  if (!pd && !blocked) pd = pass_desc(e, pass, 1, dnnl_convolution_direct);
   int bad = 0;
   if (!pd) return 1;
   // operands: (inputs..., output) and our plain layout of each

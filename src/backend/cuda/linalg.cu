@@ -171,16 +171,6 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
   return 0;
 }
 
-static void cuda_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  lt_gemm(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
-}
-static void cuda_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                              const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
-                              float beta, float* C, int64_t ldc, int64_t sc) {
-  if (batch <= 0) return;
-  lt_gemm(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch, 0);
-}
 static void cuda_gemm_many(int n, const fsdp_gemm_args* g) {
   for (int i = 0; i < n; i++)
     lt_gemm(g[i].ta, g[i].tb, g[i].M, g[i].N, g[i].K, g[i].alpha, g[i].A, g[i].lda, 0, g[i].B, g[i].ldb, 0, g[i].beta,
@@ -566,8 +556,6 @@ static void cuda_adaptive_avg_pool2d_backward(const fsdp_conv_geom* g, float* gx
 }
 
 const fsdp_linalg_kernels fsdp_cuda_linalg_kernels = {
-    cuda_gemm,
-    cuda_gemm_batched,
     cuda_gemm_many,
     cuda_gemm_tiles,
     cuda_gemm_bf16_many,

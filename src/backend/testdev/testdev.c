@@ -200,14 +200,6 @@ V(elem, index_select,
 V(elem, index_add, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
   (gx, gy, ix, a, ni, nx, b))
 
-V(linalg, gemm,
-  (int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const float* A, int64_t lda, const float* B, int64_t ldb,
-   float be, float* C, int64_t ldc),
-  (ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc))
-V(linalg, gemm_batched,
-  (int64_t bt, int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const float* A, int64_t lda, int64_t sa,
-   const float* B, int64_t ldb, int64_t sb, float be, float* C, int64_t ldc, int64_t sc),
-  (bt, ta, tb, M, N, K, al, A, lda, sa, B, ldb, sb, be, C, ldc, sc))
 V(linalg, gemm_many, (int n, const fsdp_gemm_args* g), (n, g))
 R(linalg, int, gemm_tiles, (int n, const fsdp_gemm_args* g, const int* lim), (n, g, lim))
 R(linalg, int, gemm_bf16_many, (int n, const fsdp_gemm_bf16_args* g), (n, g))
@@ -274,8 +266,6 @@ static const fsdp_elem_kernels td_elem = {
     td_unary_backward, td_sum_dim,         td_max_dim, td_scatter_dim, td_index_check, td_index_select, td_index_add,
 };
 static const fsdp_linalg_kernels td_linalg = {
-    td_gemm,
-    td_gemm_batched,
     td_gemm_many,
     td_gemm_tiles,
     td_gemm_bf16_many,
