@@ -131,7 +131,7 @@ if opts.child then
 end
 
 -- ---- driver: one launch per world size and GC mode, then the tables ------------------------------
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell_quote = U.shell_quote
 local runner = root .. "/bin/fsdprun"
 local failed = 0
 

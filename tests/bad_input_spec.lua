@@ -6,17 +6,7 @@ local H = require "helpers"
 local nn, F, optim = fsdp.nn, fsdp.F, fsdp.optim
 
 -- runs `code` (Lua, with fsdp loaded) in a child luajit; returns exit status and output
-local function child(code)
-  local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w"))
-  f:write(("package.path = %q .. package.path\n"):format(H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;"))
-  f:write(("package.cpath = %q .. package.cpath\n"):format(H.root .. "/?.so;"))
-  f:write("local fsdp = require 'fsdp'\n", code, "\n")
-  f:close()
-  local rc, out = H.sh("luajit " .. path, nil, 60)
-  os.remove(path)
-  return rc, out
-end
+local function child(code) return H.lua(code) end
 
 -- `expr` (a Lua expression) must raise an error mentioning each fragment, in a child process
 local function child_error(expr, ...)

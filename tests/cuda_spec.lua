@@ -14,19 +14,6 @@ local C = fsdp.C
 local has_driver = pcall(ffi.load, "libcuda.so.1")
 local has_nvcc = os.execute("command -v nvcc >/dev/null 2>&1") == 0
 
--- runs a Lua chunk in a fresh luajit with this checkout's fsdp (env: "NAME=value ..."): exit
--- status and combined output
-local function lua_run(code, env)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(("package.path = %q .. package.path\npackage.cpath = %q .. package.cpath\n"):format(
-    H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;", H.root .. "/?.so;"), code)
-  f:close()
-  local rc, out = H.sh("luajit " .. path, env, 60)
-  os.remove(path)
-  return rc, out
-end
-
 describe("fsdp.cuda without a GPU", function()
   if has_driver then
     it("has a driver here: the questions answer for it", function()
@@ -89,7 +76,7 @@ describe("libfsdp_cuda.so", function()
     end
   end)
   it("names the library it could not load", function()
-    local rc, out = lua_run([[
+    local rc, out = H.lua([[
       local fsdp = require "fsdp"
       print(fsdp.C.fsdp_cuda_check_library(), require("ffi").string(fsdp.C.fsdp_last_error()))]],
       "FSDP_CUDA_LIB=/nonexistent/libfsdp_cuda.so")
@@ -326,7 +313,7 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
 
   if real_gpu then return end
   it("runs out of memory with a message: what was asked, what is in use per category, what is cached", function()
-    local rc, out = lua_run([[
+    local rc, out = H.lua([[
       local fsdp = require "fsdp"
       fsdp._testdev_install()
       local keep = fsdp.nn.Linear(256, 256):to("cuda")            -- 257 KiB of params there
@@ -341,7 +328,7 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
   end)
 
   it("faults, naming it, when the host reads device memory directly (the check can fail)", function()
-    local rc, out = lua_run([[
+    local rc, out = H.lua([[
       local fsdp, ffi = require "fsdp", require "ffi"
       fsdp._testdev_install()
       local d = fsdp.ones(4, { device = "cuda" })

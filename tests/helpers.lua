@@ -203,6 +203,20 @@ function H.sh(cmd, env, timeout)
   return tonumber(out:match("__rc=(%d+)%s*$")), out, os.time() - t0
 end
 
+-- runs `code` (Lua, with this checkout's fsdp loaded as `fsdp`) in a child luajit, env ("NAME=value
+-- ...") before it; returns exit status and combined output. A crash fails a test, not busted.
+function H.lua(code, env, timeout)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(("package.path = %q .. package.path\n"):format(H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;"))
+  f:write(("package.cpath = %q .. package.cpath\n"):format(H.root .. "/?.so;"))
+  f:write("local fsdp = require 'fsdp'\n", code, "\n")
+  f:close()
+  local rc, out = H.sh("luajit " .. path, env, timeout or 60)
+  os.remove(path)
+  return rc, out
+end
+
 -- whether multi-rank runs are possible here (libfsdp_mpi.so built and mpirun installed)
 function H.has_mpi()
   local f = io.open(H.root .. "/libfsdp_mpi.so", "rb")
