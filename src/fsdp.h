@@ -339,6 +339,9 @@ int fsdp_comm_is_initialized(void);
 int fsdp_comm_rank(void);
 int fsdp_comm_world_size(void);
 const char* fsdp_comm_backend_name(void);
+// how device tensors move: "nccl", "standin" (the test double of NCCL), or "host" (staged through
+// host memory on the backend above); "" before the first collective on a device tensor
+const char* fsdp_comm_device_plane(void);
 int fsdp_comm_finalize(void);
 // out (N * in.numel, same dtype) = concatenation of every rank's `in`
 fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag);

@@ -109,6 +109,30 @@ describe("fsdprun", function()
     end)
   end
 
+  -- device tensors through a device data plane: the stand-in communicator (the test double of
+  -- NCCL, on the test double of a GPU; see tests/fsdp_spec.lua); and through the host
+  for _, c in ipairs { { 2, "standin" }, { 4, "standin" }, { 2, "host" } } do
+    it(("computes every collective on cuda tensors on %d ranks through %s"):format(c[1], c[2]), function()
+      if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
+      if fsdp.cuda.is_available() then pending("a real GPU: the test double is for machines without one") return end
+      local rc, out = sh(("%s -n %d %scomm_values.lua"):format(fsdprun, c[1], scripts),
+        "FSDP_VALUES_DEVICE=cuda FSDP_DEVICE_COMM=" .. c[2])
+      assert.equal(0, rc, out)
+      for r = 0, c[1] - 1 do assert.truthy(out:find(("rank %d/%d ok"):format(r, c[1]), 1, true), out) end
+    end)
+  end
+
+  it("refuses ranks that move device tensors in different ways, naming both", function()
+    if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
+    if fsdp.cuda.is_available() then pending("a real GPU: the test double is for machines without one") return end
+    local rc, out, dt = sh(fsdprun .. " -n 2 " .. scripts .. "comm_plane_mismatch.lua")
+    assert.is_not.equal(0, rc, out)
+    local msg = "collective mismatch at #2: rank 0 called plane start(tag 'standin', 0 bytes, cuda tensors through "
+      .. "the stand-in communicator) but rank 1 called all_reduce(tag 'grads', shape (4), cuda tensors through the host)"
+    for r = 0, 1 do assert.truthy(out:find(("rank %d error: %s"):format(r, msg), 1, true), out) end
+    assert.truthy(dt < 30, "took " .. dt .. " s")
+  end)
+
   it("reports a collective mismatch on every rank, naming both tags and ranks", function()
     if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
     local rc, out, dt = sh(fsdprun .. " -n 4 " .. scripts .. "comm_mismatch.lua")

@@ -15,6 +15,7 @@ local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local ROOT = here .. "/.."
 local SCRIPT = ROOT .. "/tests/scripts/fsdp_matrix.lua"
 local MIN_CASES = 45
+local fsdp = require "fsdp"
 
 local function have_mpirun()
   return os.execute("command -v mpirun >/dev/null 2>&1") == 0
@@ -105,6 +106,22 @@ describe("FSDP matrix against single-process training", function()
   it_mpi("world size 4 with the wrapped side on the cuda device (collectives through the host)", function()
     check_matrix(4, "FSDP_MATRIX_DEVICE=cuda")
   end)
+
+  -- the device data plane's stream/event protocol (what NCCL does on a GPU), on the double: the
+  -- stand-in communicator (backend/testdev/standin.c, a test double of NCCL) queues each collective
+  -- on a gather or a reduce stream, delays its start and its result at random, leaves the output
+  -- NaN until it is done, and completes out of order across streams and ranks; code that uses a
+  -- result before waiting for its event, or frees a buffer still in flight, reads NaN here. (At
+  -- world size 1 a unit's shard is its whole parameter: FSDP runs no collective there.)
+  if not fsdp.cuda.is_available() then
+    for _, np in ipairs { 2, 4 } do
+      it_mpi(("world size %d on the stand-in communicator (device collectives on streams)"):format(np),
+        function()
+          local r = check_matrix(np, "FSDP_MATRIX_DEVICE=cuda FSDP_DEVICE_COMM=standin")
+          assert.matches("plane=standin", r.summary, 1, true)
+        end)
+    end
+  end
 
   -- (world size 4: this model's largest unit is 57% of it, so at 2 ranks the shards plus one gathered
   -- unit weigh more than the whole model and the check could not tell sharded from unsharded)

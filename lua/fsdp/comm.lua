@@ -9,6 +9,7 @@
 --                                   allocates out with shape (N * inp.shape[1], ...)
 --   fsdp.reduce_scatter(out, inp, op)  out (inp:numel() / N) = this rank's chunk of the reduction
 --   fsdp.comm_stats()               {all_gather = {count=, bytes=}, reduce_scatter = ..., ...}
+--   fsdp.comm_device_plane()        how GPU tensors move: "nccl" | "host" | "standin" (FSDP_DEVICE_COMM)
 -- Every collective takes a trailing options table {tag = "...", async = true}: with async it
 -- returns a Work (w:wait(), w:is_completed()) and the caller may compute while it runs; the
 -- tensors must not be touched until wait() returns. Collectives run in issue order on a
@@ -46,6 +47,9 @@ end
 function comm.rank() init_once(); return C.fsdp_comm_rank() end
 function comm.world_size() init_once(); return C.fsdp_comm_world_size() end
 function comm.backend() init_once(); return ffi.string(C.fsdp_comm_backend_name()) end
+-- how device (GPU) tensors move between ranks: "nccl", "host" (staged through host memory on the
+-- backend), "standin" (the tests' double of NCCL); "" until the first collective on one
+function comm.comm_device_plane() return ffi.string(C.fsdp_comm_device_plane()) end
 function comm.is_initialized() return C.fsdp_comm_is_initialized() ~= 0 end
 function comm.barrier() init_once(); check(C.fsdp_barrier()) end
 function comm.finalize() check(C.fsdp_comm_finalize()) end

@@ -359,9 +359,30 @@ local wrap, shape = fsdp._wrap, fsdp._shape
 
 function fsdp.is_tensor(x) return (Tensor.is(x)) end
 
--- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5)
+-- the device a creation function makes its tensor on: opts.device, else the default device
+-- (fsdp.set_default_device; "cpu" to begin with)
+local default_device = 0
+local function device_opt(opts, op)
+  if opts.device == nil then return default_device end
+  return fsdp._device(opts.device, op, 3)
+end
+function fsdp.set_default_device(device)
+  default_device = fsdp._device(device, "set_default_device", 2)
+end
+function fsdp.get_default_device() return default_device == 0 and "cpu" or "cuda" end
+-- a tensor made on the CPU (values drawn or filled there) moved to the device asked for
+local function placed(t, dev)
+  if dev == 0 then return t end
+  return (fsdp._wrap(C.fsdp_to_device(t.p, dev)))
+end
+
+-- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5); fsdp.tensor(data, {dtype =, device =})
+-- (on the default device unless device says otherwise, as torch.tensor)
 function fsdp.tensor(data, dtype)
+  local opts = type(dtype) == "table" and dtype or { dtype = dtype }
+  dtype = opts.dtype
   local dt = fsdp._dtype(dtype)
+  local dev = device_opt(opts, "fsdp.tensor")
   if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
   local dims, flat = {}, {}
   if type(data) == "number" then
@@ -384,7 +405,7 @@ function fsdp.tensor(data, dtype)
   local n, arr = shape(dims)
   local vals = ffi.new("double[?]", math.max(#flat, 1))
   for i = 1, #flat do vals[i - 1] = flat[i] end
-  return (wrap(C.fsdp_from_doubles(n, arr, dt, vals)))
+  return (placed(wrap(C.fsdp_from_doubles(n, arr, dt, vals)), dev))
 end
 
 -- creation functions accept a shape table or sizes, then an optional options table {dtype=}
@@ -396,23 +417,6 @@ local function split_opts(...)
   end
   if type(args[#args]) == "string" then opts = { dtype = table.remove(args) } end
   return args, opts
-end
-
--- the device a creation function makes its tensor on: opts.device, else the default device
--- (fsdp.set_default_device; "cpu" to begin with)
-local default_device = 0
-local function device_opt(opts, op)
-  if opts.device == nil then return default_device end
-  return fsdp._device(opts.device, op, 3)
-end
-function fsdp.set_default_device(device)
-  default_device = fsdp._device(device, "set_default_device", 2)
-end
-function fsdp.get_default_device() return default_device == 0 and "cpu" or "cuda" end
--- a tensor made on the CPU (values drawn or filled there) moved to the device asked for
-local function placed(t, dev)
-  if dev == 0 then return t end
-  return (fsdp._wrap(C.fsdp_to_device(t.p, dev)))
 end
 
 function fsdp.empty(...)
@@ -532,7 +536,7 @@ function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 -- communication (fsdp/comm.lua, loaded on first use): fsdp.init/rank/world_size/barrier and
 -- the collectives; fsdp.comm holds the rest (set_timeout, finalize, ...)
 for _, k in ipairs { "init", "rank", "world_size", "barrier", "all_reduce", "broadcast", "all_gather",
-                     "reduce_scatter", "comm_stats" } do
+                     "reduce_scatter", "comm_stats", "comm_device_plane" } do
   fsdp[k] = function(...) local f = require("fsdp.comm")[k]; fsdp[k] = f; return f(...) end
 end
 

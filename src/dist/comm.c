@@ -46,6 +46,9 @@ struct fsdp_work {
   const void* in_ptr;
   size_t count;  // per kind: bytes per rank, floats per rank, floats, bytes
   int algo;      // reduce-scatter algorithm
+  // on a device data plane (meta.plane != 0): the device's table and the collective's events
+  const fsdp_backend* dev;
+  void *ready, *finished_ev;  // recorded on the compute stream at submit / on the plane's stream
   double timeout;
   fsdp_comm_meta meta;
   int done, status, finished, orphaned;
@@ -59,6 +62,10 @@ static struct {
   pthread_t thread;
   int initialized, mpi_finalized, atexit_registered;
   const fsdp_comm_backend* be;
+  const fsdp_comm_plane* plane;  // the device data plane, once chosen (see plane_for)
+  int plane_mode;                // FSDP_DEVICE_COMM: -1 not read yet, 0 host, else FSDP_PLANE_* (or 3: auto)
+  int plane_queued;              // its init is queued (the comm thread starts it in order)
+  int plane_up;                  // started (comm thread only)
   int rank, size;
   fsdp_work *head, *tail;
   int64_t seq;
@@ -82,7 +89,9 @@ static struct {
     .timeout = 300.0,
 };
 
-static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "shutdown"};
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                   "barrier",    "shutdown",       "plane start"};
+static const char* plane_names[] = {"the host", "nccl", "the stand-in communicator"};
 static const char* op_names[] = {"sum", "avg", "max"};
 
 // ---- the "self" backend: one rank, collectives are copies -----------------------------------
@@ -149,6 +158,61 @@ static const fsdp_comm_backend* load_mpi_backend(void) {
   return NULL;
 }
 
+// ---- the device data plane ----------------------------------------------------------------------
+// FSDP_NCCL_LIB, else libfsdp_nccl.so next to this libfsdp.so, else the default search path
+static const fsdp_comm_plane* load_nccl_plane(void) {
+  char tried[2048];
+  void* h = fsdp_dlopen_backend("FSDP_NCCL_LIB", "libfsdp_nccl.so", RTLD_NOW | RTLD_GLOBAL, tried, sizeof tried);
+  CHECK_NULL(h, "cannot load the nccl plane (%s); libfsdp_nccl.so is built by `make` where NCCL is installed",
+             tried);
+  fsdp_comm_plane_getter get = (fsdp_comm_plane_getter)dlsym(h, "fsdp_comm_nccl_plane");
+  const fsdp_comm_plane* p = get ? get() : NULL;
+  CHECK_NULL(p && p->abi == FSDP_COMM_ABI,
+             "libfsdp_nccl.so was built for another libfsdp (plane ABI %d, expected %d); rebuild with make",
+             p ? p->abi : -1, FSDP_COMM_ABI);
+  return p;
+}
+
+// How a collective on a device tensor moves (meta.plane): 0 staged through host memory on the
+// host backend, else on the device data plane. FSDP_DEVICE_COMM says which: "host"; "nccl";
+// "standin" (the test double of NCCL, with the test double of a GPU); "auto" or unset: nccl on a
+// real GPU when libfsdp_nccl.so loads and this node's ranks have a GPU each (NCCL refuses two
+// ranks on one GPU), else the host. -1 with the error set when the asked-for plane cannot be had.
+static int plane_for(int device, const char* op, const char* tag) {
+  if (device == FSDP_CPU) return 0;
+  if (g.plane_mode < 0) {
+    const char* m = getenv("FSDP_DEVICE_COMM");
+    if (!m || !*m || strcmp(m, "auto") == 0) g.plane_mode = 3;
+    else if (strcmp(m, "host") == 0) g.plane_mode = 0;
+    else if (strcmp(m, "nccl") == 0) g.plane_mode = FSDP_PLANE_NCCL;
+    else if (strcmp(m, "standin") == 0) g.plane_mode = FSDP_PLANE_STANDIN;
+    else CHECK_INT(0, "%s '%s': FSDP_DEVICE_COMM must be auto, host, nccl or standin, got '%s'", op, tag, m);
+  }
+  if (g.plane) return g.plane->id;
+  int double_gpu = strcmp(fsdp_backend_for(device)->name, "testdev") == 0;
+  if (g.plane_mode == 3) {
+    const char* local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = getenv("LOCAL_WORLD_SIZE");
+    int ranks_here = local && atoi(local) > 0 ? atoi(local) : 1;
+    g.plane = double_gpu || ranks_here > fsdp_cuda_device_count() ? NULL : load_nccl_plane();
+    if (!g.plane) fsdp_clear_error();
+    g.plane_mode = g.plane ? FSDP_PLANE_NCCL : 0;
+  } else if (g.plane_mode == FSDP_PLANE_STANDIN) {
+    g.plane = fsdp_comm_standin_plane();
+    CHECK_INT(g.plane, "%s '%s': FSDP_DEVICE_COMM=standin is the test double of NCCL: it needs the test double of a GPU "
+              "(fsdp._testdev_install())", op, tag);
+  } else if (g.plane_mode == FSDP_PLANE_NCCL) {
+    CHECK_INT(!double_gpu, "%s '%s': FSDP_DEVICE_COMM=nccl needs a real GPU, not the test double of one", op, tag);
+    g.plane = load_nccl_plane();
+    if (!g.plane) {
+      char msg[FSDP_COMM_ERRLEN];
+      snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+      CHECK_INT(0, "%s '%s': FSDP_DEVICE_COMM=nccl: %s", op, tag, msg);
+    }
+  }
+  return g.plane ? g.plane->id : 0;
+}
+
 // ---- the collective check (runs on rank 0, see fsdp_comm_backend.agree) -------------------------
 // "all_gather(tag 'x', 4096 bytes)", adding op/root/dtype/seq only where `other` differs
 static int same_shape(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
@@ -166,7 +230,7 @@ static size_t shape_str(char* buf, size_t n, const fsdp_comm_meta* m) {
 }
 
 static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_comm_meta* o) {
-  int k = m->kind >= 0 && m->kind <= FSDP_COLL_FINALIZE ? m->kind : FSDP_COLL_FINALIZE;
+  int k = m->kind >= 0 && m->kind <= FSDP_COLL_PLANE_INIT ? m->kind : FSDP_COLL_FINALIZE;
   if (k == FSDP_COLL_FINALIZE) {
     snprintf(buf, n, "shutdown (its script ended or failed)");
     return;
@@ -182,19 +246,23 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
     len += snprintf(buf + len, n - len, ", op %s", op_names[m->arg >= 0 && m->arg <= 2 ? m->arg : 0]);
   if (m->arg != o->arg && k == FSDP_COLL_BROADCAST) len += snprintf(buf + len, n - len, ", root %d", m->arg);
   if (m->dtype != o->dtype) len += snprintf(buf + len, n - len, ", %s", fsdp_dtype_name(m->dtype));
+  if (m->plane != o->plane)
+    len += snprintf(buf + len, n - len, ", %s tensors through %s", fsdp_device_name(m->device),
+                    plane_names[m->plane >= 0 && m->plane <= 2 ? m->plane : 0]);
   len += snprintf(buf + len, n - len, ")");
   if (m->seq != o->seq) snprintf(buf + len, n - len, " as its collective #%lld", (long long)m->seq);
 }
 
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
   return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes || a->seq != b->seq ||
-         strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 || !same_shape(a, b);
+         a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 ||
+         !same_shape(a, b);
 }
 
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
                    fsdp_comm_verdict* v) {
   const fsdp_comm_meta* m0 = &all[0];
-  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_FINALIZE ? m0->kind : FSDP_COLL_FINALIZE;
+  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_PLANE_INIT ? m0->kind : FSDP_COLL_FINALIZE;
   v->status = 0;
   v->msg[0] = 0;
   if (timed_out) {
@@ -266,15 +334,34 @@ static void run_work(fsdp_work* w) {
   if (g.stall_seq == w->meta.seq && g.stall_rank == g.rank) raise(SIGSTOP);  // test hook, see init
   char err[FSDP_COMM_ERRLEN] = "";
   int rc = 0;
+  const fsdp_comm_plane* p = w->meta.plane ? g.plane : NULL;
   switch (w->kind) {
-    case FSDP_COLL_ALL_GATHER: rc = be->all_gather(w->out_ptr, w->in_ptr, w->count, err); break;
-    case FSDP_COLL_REDUCE_SCATTER:
-      rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, err);
+    case FSDP_COLL_ALL_GATHER:
+      rc = p ? p->all_gather(w->out_ptr, w->in_ptr, w->count, w->ready, w->finished_ev, err)
+             : be->all_gather(w->out_ptr, w->in_ptr, w->count, err);
       break;
-    case FSDP_COLL_ALL_REDUCE: rc = be->all_reduce(w->out_ptr, w->count, w->arg, err); break;
-    case FSDP_COLL_BROADCAST: rc = be->broadcast(w->out_ptr, w->count, w->arg, err); break;
+    case FSDP_COLL_REDUCE_SCATTER:
+      rc = p ? p->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
+             : be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, err);
+      break;
+    case FSDP_COLL_ALL_REDUCE:
+      rc = p ? p->all_reduce(w->out_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
+             : be->all_reduce(w->out_ptr, w->count, w->arg, err);
+      break;
+    case FSDP_COLL_BROADCAST:
+      rc = p ? p->broadcast(w->out_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
+             : be->broadcast(w->out_ptr, w->count, w->arg, err);
+      break;
     case FSDP_COLL_BARRIER: break;  // agreeing was the barrier: nobody passes before all arrived
-    case FSDP_COLL_FINALIZE: be->finalize(); break;
+    case FSDP_COLL_PLANE_INIT:
+      rc = g.plane->init(be, fsdp_backend_for(w->meta.device), g.rank, g.size, w->timeout, err);
+      g.plane_up = rc == 0;
+      break;
+    case FSDP_COLL_FINALIZE:
+      if (g.plane_up) g.plane->finalize(0);
+      g.plane_up = 0;
+      be->finalize();
+      break;
   }
   if (rc) {
     // the backend's message, cut where it would not fit beside the kind, tag and number
@@ -302,7 +389,25 @@ static void* comm_thread(void* arg) {
 
   for (;;) {
     pthread_mutex_lock(&g.mu);
-    while (!g.head) pthread_cond_wait(&g.cv_queue, &g.mu);
+    while (!g.head) {
+      if (!g.plane_up || !g.plane->in_flight()) {
+        pthread_cond_wait(&g.cv_queue, &g.mu);
+        continue;
+      }
+      // device collectives in flight: look at them every 20 ms (a rank that stopped after agreeing
+      // leaves them waiting on the device; the plane aborts them after the timeout)
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 20 * 1000000L;
+      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&g.cv_queue, &g.mu, &ts);
+      if (g.head || g.broken) continue;
+      pthread_mutex_unlock(&g.mu);
+      char perr[FSDP_COMM_ERRLEN] = "";
+      beat();
+      if (g.plane->progress(g.timeout, perr) != 0) set_broken(perr);
+      pthread_mutex_lock(&g.mu);
+    }
     fsdp_work* w = g.head;
     g.head = w->next;
     if (!g.head) g.tail = NULL;
@@ -313,9 +418,13 @@ static void* comm_thread(void* arg) {
     beat();
     int last = w->kind == FSDP_COLL_FINALIZE;
 
+    if (last && g.plane_up) {  // (finalize normally ended the plane; not when broken before)
+      g.plane->finalize(1);
+      g.plane_up = 0;
+    }
     pthread_mutex_lock(&g.mu);
     w->done = 1;
-    if (w->orphaned) free(w);  // its waiter gave up (see wait_done); its tensor refs are leaked
+    if (w->orphaned) free(w);  // its waiter gave up (see wait_done), or nobody waits (plane start)
     pthread_cond_broadcast(&g.cv_done);
     pthread_mutex_unlock(&g.mu);
     if (last) return NULL;  // finalize is the last item: nothing may be queued after it
@@ -402,6 +511,9 @@ int fsdp_comm_init(const char* backend) {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 
   g.be = be;
+  g.plane = NULL;
+  g.plane_mode = -1;
+  g.plane_queued = g.plane_up = 0;
   g.init_done = 0;
   g.broken = 0;
   g.seq = 0;
@@ -433,6 +545,7 @@ int fsdp_comm_is_initialized(void) { return g.initialized; }
 int fsdp_comm_rank(void) { return g.initialized ? g.rank : 0; }
 int fsdp_comm_world_size(void) { return g.initialized ? g.size : 1; }
 const char* fsdp_comm_backend_name(void) { return g.initialized ? g.be->name : ""; }
+const char* fsdp_comm_device_plane(void) { return g.plane ? g.plane->name : g.plane_mode == 0 ? "host" : ""; }
 
 static fsdp_work* work_new(int kind, int arg, const char* tag) {
   fsdp_work* w = calloc(1, sizeof *w);
@@ -462,6 +575,12 @@ static int work_finish(fsdp_work* w) {
   if (w->finished) return 0;
   w->finished = 1;
   int rc = 0;
+  // on a plane: the compute stream's later work (the copy back, reuse of the buffers' memory
+  // after the releases below) waits for the collective; the host does not
+  if (w->status == 0 && w->finished_ev) w->dev->stream_wait(NULL, w->finished_ev);
+  if (w->ready) w->dev->event_free(w->ready);
+  if (w->finished_ev) w->dev->event_free(w->finished_ev);
+  w->ready = w->finished_ev = NULL;
   if (w->status == 0 && w->copy_back) rc = fsdp_copy_strided(w->copy_back, w->out);
   if (w->out) fsdp_tensor_release(w->out);
   if (w->in) fsdp_tensor_release(w->in);
@@ -478,7 +597,35 @@ static void work_discard(fsdp_work* w) {
 
 // numbers, counts and queues a filled work item; NULL (and the item freed) when broken
 static fsdp_work* submit(fsdp_work* w, int64_t payload) {
+  fsdp_work* start = NULL;  // the plane's start, queued before its first collective
+  if (w->meta.plane) {
+    w->dev = fsdp_backend_for(w->meta.device);
+    w->ready = w->dev->event_new();
+    w->finished_ev = w->dev->event_new();
+    if (!g.plane_queued) start = work_new(FSDP_COLL_PLANE_INIT, 0, g.plane->name);
+    if (!w->ready || !w->finished_ev || (!g.plane_queued && !start)) {
+      fsdp_errorf("%s '%s': cannot create its device events", kind_names[w->kind], w->meta.tag);
+      free(start);
+      work_discard(w);
+      return NULL;
+    }
+    w->dev->event_record(w->ready, NULL);  // the inputs (and any staging copy) are written
+  }
+  if (start) {
+    start->meta.device = w->meta.device;
+    start->meta.plane = w->meta.plane;
+    start->orphaned = 1;  // nobody waits for it: the comm thread frees it
+    g.plane_queued = 1;
+  }
   pthread_mutex_lock(&g.mu);
+  if (start && !g.broken) {
+    start->meta.seq = ++g.seq;
+    if (g.tail) g.tail->next = start;
+    else g.head = start;
+    g.tail = start;
+  } else if (start) {
+    free(start);
+  }
   if (g.broken) {
     char msg[FSDP_COMM_ERRLEN];
     snprintf(msg, sizeof msg, "%s", g.broken_msg);
@@ -587,18 +734,30 @@ static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) 
   return 0;
 }
 
-// The backends move host memory. A tensor on a device (a GPU's, with collectives over MPI: ranks
-// sharing one GPU) is staged through the host: its bytes are copied to a host buffer on the
-// caller's thread before the collective, and the result copied back at wait, so the comm thread
-// never touches device memory.
+// The host backends move host memory. A tensor on a device without a data plane (a GPU's, with
+// collectives over MPI: ranks sharing one GPU) is staged through the host: its bytes are copied
+// to a host buffer on the caller's thread before the collective, and the result copied back at
+// wait, so the comm thread never touches device memory. With a plane (meta.plane) the buffers are
+// contiguous memory of the device, and the same copies (device to device) happen on its stream.
 
-// a contiguous host version of t (new ref: t itself when it is one); no autograd involved
-static fsdp_tensor* contig(fsdp_tensor* t) {
-  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) {
+// which device's memory the collective reads and writes, and how it moves; -1 with the error set
+static int route(fsdp_work* w, const fsdp_tensor* t) {
+  int plane = plane_for(fsdp_device_of(t), kind_names[w->kind], w->meta.tag);
+  if (plane < 0) return -1;
+  w->meta.device = (int16_t)fsdp_device_of(t);
+  w->meta.plane = (int16_t)plane;
+  return 0;
+}
+static int work_device(const fsdp_work* w) { return w->meta.plane ? w->meta.device : FSDP_CPU; }
+
+// a contiguous version of t in the memory of `device` (new ref: t itself when it is one); no
+// autograd involved
+static fsdp_tensor* contig(fsdp_tensor* t, int device) {
+  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == device) {
     fsdp_tensor_retain(t);
     return t;
   }
-  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);
+  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, device);
   if (!c) return NULL;
   if (fsdp_copy_strided(c, t) != 0) {
     fsdp_tensor_release(c);
@@ -607,15 +766,16 @@ static fsdp_tensor* contig(fsdp_tensor* t) {
   return c;
 }
 
-// the destination the backend writes: t itself when contiguous host memory, else a host temp
-// copied back at wait
+// the destination the backend writes: t itself when contiguous memory where the collective moves
+// data, else a temp there, copied back at wait
 static int set_dest(fsdp_work* w, fsdp_tensor* t, int copy_in) {
   fsdp_bump_version(t);
-  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) {
+  int device = work_device(w);
+  if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == device) {
     fsdp_tensor_retain(t);
     w->out = t;
   } else {
-    w->out = copy_in ? contig(t) : fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);
+    w->out = copy_in ? contig(t, device) : fsdp_new(t->ndim, t->shape, t->dtype, device);
     if (!w->out) return -1;
     fsdp_tensor_retain(t);
     w->copy_back = t;
@@ -625,7 +785,7 @@ static int set_dest(fsdp_work* w, fsdp_tensor* t, int copy_in) {
 }
 
 static int set_src(fsdp_work* w, fsdp_tensor* t) {
-  w->in = contig(t);
+  w->in = contig(t, work_device(w));
   if (!w->in) return -1;
   w->in_ptr = fsdp_ptr(w->in);
   return 0;
@@ -660,7 +820,7 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
   if (!w) return NULL;
   set_contract(w, in);
   w->count = bytes;
-  if (set_src(w, in) || set_dest(w, out, 0)) {
+  if (route(w, out) || set_src(w, in) || set_dest(w, out, 0)) {
     work_discard(w);
     return NULL;
   }
@@ -680,7 +840,7 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, co
   if (!w) return NULL;
   set_contract(w, out);
   w->count = (size_t)n;
-  if (set_src(w, in) || set_dest(w, out, 0)) {
+  if (route(w, in) || set_src(w, in) || set_dest(w, out, 0)) {
     work_discard(w);
     return NULL;
   }
@@ -695,7 +855,7 @@ fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int reduce, const char* tag) {
   if (!w) return NULL;
   set_contract(w, t);
   w->count = (size_t)fsdp_tensor_numel(t);
-  if (set_dest(w, t, 1)) {
+  if (route(w, t) || set_dest(w, t, 1)) {
     work_discard(w);
     return NULL;
   }
@@ -711,7 +871,7 @@ fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag) {
   if (!w) return NULL;
   set_contract(w, t);
   w->count = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
-  if (set_dest(w, t, 1)) {
+  if (route(w, t) || set_dest(w, t, 1)) {
     work_discard(w);
     return NULL;
   }

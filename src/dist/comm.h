@@ -17,10 +17,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FSDP_COMM_ABI 3
+#define FSDP_COMM_ABI 4
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
-#define FSDP_COLL_FINALIZE 5  // internal kind: the agreement made before MPI_Finalize
+#define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
+#define FSDP_COLL_PLANE_INIT 6  // internal kind: the ranks start a device data plane (comm_plane)
 
 // The record every rank contributes before a collective; all ranks must agree on it.
 #define FSDP_COMM_MAX_DIMS 8  // FSDP_MAX_DIMS of fsdp.h (comm.c checks that they agree)
@@ -35,7 +36,8 @@ typedef struct fsdp_comm_meta {
   // the shape every rank must pass (the tensor of broadcast and all_reduce, each rank's piece of
   // all_gather and reduce_scatter, the checked tensor of a shape agreement); ndim -1: none
   int32_t ndim;
-  int32_t pad;
+  int16_t device;  // where the payload lives (fsdp_device; ranks may differ where the plane is 0)
+  int16_t plane;   // how it moves: 0 through host memory on this backend, else the device data plane's id
   int64_t shape[FSDP_COMM_MAX_DIMS];
 } fsdp_comm_meta;  // 200 bytes, sent as raw bytes
 
@@ -71,6 +73,43 @@ typedef struct fsdp_comm_backend {
   int (*broadcast)(void* buf, size_t bytes, int root, char* err);
   int (*barrier)(char* err);
 } fsdp_comm_backend;
+
+// ---- device data planes: collectives on device memory, queued on the device's streams ------------
+// A plane moves device tensors without staging them through the host: NCCL (libfsdp_nccl.so), or
+// the stand-in communicator (backend/testdev/standin.c, a test double of NCCL over the host
+// backend, with completions delayed at random). The host backend stays the control plane: the
+// ranks agree on every collective through it first, in order, and a plane starts (init) at a
+// collective all ranks agreed on. Every entry runs on the communication thread and never waits
+// for the device: a collective is queued on the plane's stream for its kind (all_gather and
+// broadcast on the gather stream, reduce_scatter and all_reduce on the reduce stream), which
+// first waits for `ready` (recorded on the compute stream after the inputs were written) and
+// records `done` after the data moved; the compute stream waits for `done` at fsdp_work_wait.
+#define FSDP_PLANE_NCCL 1
+#define FSDP_PLANE_STANDIN 2
+typedef struct fsdp_comm_plane {
+  int abi;  // FSDP_COMM_ABI
+  int id;   // FSDP_PLANE_*
+  const char* name;
+  // host: the control plane (NCCL's unique id travels by its broadcast); dev: the device's table
+  int (*init)(const fsdp_comm_backend* host, const struct fsdp_backend* dev, int rank, int size, double timeout_s,
+              char* err);
+  void (*finalize)(int broken);  // broken: abort whatever is in flight instead of finishing it
+  int (*all_gather)(void* out, const void* in, size_t bytes, void* ready, void* done, char* err);
+  int (*reduce_scatter)(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err);
+  int (*all_reduce)(float* buf, size_t n, int op, void* ready, void* done, char* err);
+  int (*broadcast)(void* buf, size_t bytes, int root, void* ready, void* done, char* err);
+  // polled on the communication thread while collectives are in flight: 0, or -1 with err when
+  // the oldest has not finished within timeout_s (a rank stopped after agreeing); the plane has
+  // then aborted its communicators, so no stream waits forever
+  int (*progress)(double timeout_s, char* err);
+  int (*in_flight)(void);  // collectives queued and not finished yet
+} fsdp_comm_plane;
+
+// exported by libfsdp_nccl.so; the stand-in's is in libfsdp.so (NULL until the test double of a
+// GPU is installed)
+typedef const fsdp_comm_plane* (*fsdp_comm_plane_getter)(void);
+const fsdp_comm_plane* fsdp_comm_nccl_plane(void);
+const fsdp_comm_plane* fsdp_comm_standin_plane(void);
 
 // exported by libfsdp_mpi.so
 typedef const fsdp_comm_backend* (*fsdp_comm_backend_getter)(void);

@@ -4,6 +4,13 @@
 local fsdp = require "fsdp"
 local ffi = require "ffi"
 
+-- FSDP_VALUES_DEVICE=cuda: every tensor on the cuda device (the test double of one without a GPU),
+-- so each collective moves device memory the way FSDP_DEVICE_COMM says
+local DEVICE = os.getenv("FSDP_VALUES_DEVICE")
+if DEVICE == "cuda" then
+  if not fsdp.cuda.is_available() then fsdp._testdev_install() end
+  fsdp.set_default_device("cuda")
+end
 local r, N = fsdp.rank(), fsdp.world_size()
 local expect_backend = arg[1] or (N > 1 and "mpi" or "self")
 assert(fsdp.comm.backend() == expect_backend, "backend " .. fsdp.comm.backend() .. ", expected " .. expect_backend)

@@ -20,7 +20,8 @@
 -- Rank 0 prints one line per case:
 --   CASE <name> ws=<N> loss=<max diff> grad=<..> param=<..> aux=<..> PASS|FAIL
 -- and any rank prints "DETAIL <name> rank <r>: <why>" for each failed check, then
---   SUMMARY ws=<N> cases=<n> failed=<n> max_loss=.. max_grad=.. max_param=.. (f32 cases) ...
+--   SUMMARY ws=<N> cases=<n> failed=<n> max_loss=.. max_grad=.. max_param=.. (f32 cases) ... plane=<how
+--   device tensors moved: fsdp.comm_device_plane(); FSDP_DEVICE_COMM picks it>
 -- The exit status is 1 when a case failed.
 --
 -- Tolerances (|diff| <= atol + rtol * |reference|, elementwise):
@@ -754,9 +755,9 @@ for _, c in ipairs(cases) do
   if selected[c.name] then run_case(c) end
 end
 if R == 0 then
-  print(("SUMMARY ws=%d cases=%d failed=%d f32: max_loss=%.2e max_grad=%.2e max_param=%.2e bf16: max_loss=%.2e max_grad=%.2e max_param=%.2e cpu=%.1fs")
+  print(("SUMMARY ws=%d cases=%d failed=%d f32: max_loss=%.2e max_grad=%.2e max_param=%.2e bf16: max_loss=%.2e max_grad=%.2e max_param=%.2e cpu=%.1fs plane=%s")
     :format(N, summary.cases, summary.failed, summary.f32.loss, summary.f32.grad, summary.f32.param,
-      summary.bf16.loss, summary.bf16.grad, summary.bf16.param, os.clock() - t0))
+      summary.bf16.loss, summary.bf16.grad, summary.bf16.param, os.clock() - t0, fsdp.comm_device_plane()))
   if #failed_names > 0 then print("FAILED " .. table.concat(failed_names, " ")) end
 end
 io.stdout:flush()

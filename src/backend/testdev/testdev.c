@@ -18,6 +18,7 @@
  * over a sorted free list.
  */
 #include "core/core.h"
+#include "backend/testdev/testdev.h"
 
 #include <execinfo.h>
 #include <pthread.h>
@@ -131,15 +132,159 @@ static int td_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kin
   return 0;
 }
 
-// ---- ordering: work runs as it is issued ---------------------------------------------------------------
-static char td_token;
+// ---- ordering: streams and events ------------------------------------------------------------------
+// Kernels and copies run as they are issued, on the caller's thread: that is the compute stream
+// (a NULL stream), and an event recorded on it completes at once. A stream made by stream_new is a
+// worker thread running its queue in order -- the streams of the communication planes (the stand-
+// in communicator below runs on them). An event counts its records and completions: a wait for it
+// waits for the last record made before the wait was issued, as cudaStreamWaitEvent does. A wait
+// issued on the compute stream blocks the caller until then: the compute stream's later work
+// (kernels, copies) runs after it, on the host.
+typedef struct td_event {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t recorded, completed;
+  int refs;  // its owner's (until event_free) and one per queued op: freed with pending work, as CUDA allows
+} td_event;
+typedef struct td_op {
+  int kind;  // 0: complete `ev` up to `gen`, 1: wait until `ev` completed `gen`, 2: run fn(arg)
+  td_event* ev;
+  uint64_t gen;
+  void (*fn)(void*);
+  void* arg;
+  struct td_op* next;
+} td_op;
+typedef struct td_stream {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  td_op *head, *tail;
+  int quit;
+} td_stream;
+
+static void td_event_unref(td_event* e) {
+  pthread_mutex_lock(&e->mu);
+  int last = --e->refs == 0;
+  pthread_mutex_unlock(&e->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+}
+static void td_event_complete(td_event* e, uint64_t gen) {
+  pthread_mutex_lock(&e->mu);
+  if (gen > e->completed) e->completed = gen;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+static void td_event_await(td_event* e, uint64_t gen) {
+  pthread_mutex_lock(&e->mu);
+  while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void* td_stream_main(void* arg) {
+  td_stream* s = arg;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->head && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+    td_op* op = s->head;
+    if (!op) {  // quit, and the queue is drained
+      pthread_mutex_unlock(&s->mu);
+      return NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (op->kind == 0) td_event_complete(op->ev, op->gen);
+    else if (op->kind == 1) td_event_await(op->ev, op->gen);
+    else op->fn(op->arg);
+    if (op->ev) td_event_unref(op->ev);
+    pthread_mutex_lock(&s->mu);  // dequeued only once run: the queue's tail stays valid meanwhile
+    s->head = op->next;
+    if (!s->head) s->tail = NULL;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    free(op);
+  }
+}
+static void td_stream_push(td_stream* s, td_op op) {
+  td_op* o = malloc(sizeof *o);
+  if (!o) abort();  // (a test double: no recovery from out of memory here)
+  *o = op;
+  o->next = NULL;
+  if (o->ev) {
+    pthread_mutex_lock(&o->ev->mu);
+    o->ev->refs++;
+    pthread_mutex_unlock(&o->ev->mu);
+  }
+  pthread_mutex_lock(&s->mu);
+  if (s->tail) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
 static int td_synchronize(void) { return td_wait(); }
-static void* td_stream_new(void) { return &td_token; }
-static void td_stream_free(void* s) { (void)s; }
-static void* td_event_new(void) { return &td_token; }
-static void td_event_free(void* e) { (void)e; }
-static void td_event_record(void* e, void* s) { (void)e, (void)s; }
-static void td_stream_wait(void* s, void* e) { (void)s, (void)e; }
+static void* td_stream_new(void) {
+  td_stream* s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  if (pthread_create(&s->thread, NULL, td_stream_main, s) != 0) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+static void td_stream_free(void* stream) {  // runs what is queued, then ends the thread
+  td_stream* s = stream;
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->quit = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+static void* td_event_new(void) {
+  td_event* e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  e->refs = 1;
+  return e;
+}
+static void td_event_free(void* event) {
+  if (event) td_event_unref(event);
+}
+static void td_event_record(void* event, void* stream) {
+  td_event* e = event;
+  pthread_mutex_lock(&e->mu);
+  uint64_t gen = ++e->recorded;
+  pthread_mutex_unlock(&e->mu);
+  if (stream) td_stream_push(stream, (td_op){.kind = 0, .ev = e, .gen = gen});
+  else td_event_complete(e, gen);  // the compute stream's work so far is done
+}
+static void td_stream_wait(void* stream, void* event) {
+  td_event* e = event;
+  pthread_mutex_lock(&e->mu);
+  uint64_t gen = e->recorded;
+  pthread_mutex_unlock(&e->mu);
+  if (stream) td_stream_push(stream, (td_op){.kind = 1, .ev = e, .gen = gen});
+  else td_event_await(e, gen);
+}
+// for the stand-in communicator (testdev.h)
+void fsdp_testdev_launch(void* stream, void (*fn)(void*), void* arg) {
+  td_stream_push(stream, (td_op){.kind = 2, .fn = fn, .arg = arg});
+}
+void fsdp_testdev_move(void* dst, const void* src, size_t nbytes) {
+  td_open();
+  if (nbytes) memcpy(dst, src, nbytes);
+  td_close();
+}
+void fsdp_testdev_poison(void* p, size_t nbytes) { td_memset(p, 0xff, nbytes); }
 
 // ---- kernels: the CPU's, with the arena open -----------------------------------------------------------
 // V: an entry returning nothing; R: one returning a value (the status or result)
@@ -333,10 +478,11 @@ static void td_fault(int sig, siginfo_t* si, void* ctx) {
 }
 
 int64_t fsdp_testdev_syncs(void) { return atomic_load(&g_syncs); }
+static int g_installed;
+int fsdp_testdev_installed(void) { return g_installed; }
 
 int fsdp_testdev_install(void) {
-  static int installed;
-  if (installed) return 0;
+  if (g_installed) return 0;
   const char* mib = getenv("FSDP_TESTDEV_MIB");
   g_arena_size = (size_t)(mib && atoi(mib) > 0 ? atoi(mib) : 1024) << 20;
   void* a = mmap(NULL, g_arena_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -351,6 +497,6 @@ int fsdp_testdev_install(void) {
   sa.sa_flags = SA_SIGINFO;
   sigaction(SIGSEGV, &sa, NULL);
   if (fsdp_backend_register(FSDP_CUDA, &td_backend)) return -1;
-  installed = 1;
+  g_installed = 1;
   return 0;
 }
