@@ -17,6 +17,7 @@
 # elsewhere than Debian's packages.
 
 CC      ?= cc
+COMMA   := ,
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH) -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-qual -Wmissing-prototypes
@@ -41,7 +42,7 @@ EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 # BUILD: where objects and C tests go (make memcheck builds its own copy in build-memcheck)
 BUILD ?= build
 # src/ is layered (README, "Layout"; make layers checks it): core, backend/cpu, ops, dist, io
-SRCS := $(filter-out src/dist/comm_mpi.c,$(wildcard src/*/*.c src/*/*/*.c))
+SRCS := $(filter-out src/dist/comm_mpi.c src/dist/comm_nccl.c,$(wildcard src/*/*.c src/*/*/*.c))
 OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
 HDRS := $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 LUAJIT ?= luajit
@@ -106,6 +107,19 @@ $(BUILD)/backend/cuda/%.o: src/backend/cuda/%.cu $(CUDA_HDRS) | $(BUILD)
 $(BUILD)/backend/cuda/optim.o: NVCC_FLAGS += -fmad=false
 libfsdp_cuda.so: $(CUDA_OBJS)
 	$(NVCC) -shared -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
+
+# the NCCL device data plane: its own library, loaded by comm.c for GPU tensors; built where
+# nccl.h is (the CUDA toolkit's or a system one). It links libnccl.so.2 only (the driver is
+# opened at run time), so it loads -- and bootstraps -- on a machine without a GPU.
+NCCL_H ?= $(firstword $(wildcard /usr/include/nccl.h $(dir $(NVCC))../include/nccl.h /usr/local/cuda/include/nccl.h))
+ifneq ($(NCCL_H),)
+NCCL_INC := $(abspath $(dir $(NCCL_H)))/
+NCCL_LIBDIR := $(firstword $(wildcard $(NCCL_INC)../lib64/libnccl.so $(NCCL_INC)../lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so))
+all: libfsdp_nccl.so
+endif
+libfsdp_nccl.so: src/dist/comm_nccl.c src/dist/comm.h | $(BUILD)
+	$(CC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -isystem $(NCCL_INC) -shared -o $@ src/dist/comm_nccl.c \
+	  $(if $(NCCL_LIBDIR),-L$(dir $(NCCL_LIBDIR)) -Wl$(COMMA)-rpath$(COMMA)$(dir $(NCCL_LIBDIR))) -lnccl -ldl
 
 # the FFI section as a Lua string, for ffi.cdef
 lua/fsdp/cdef.lua: src/fsdp.h
@@ -219,6 +233,7 @@ install: all
 	cp libfsdp.so $(DESTDIR)$(LIBDIR)/
 	if [ -f libfsdp_mpi.so ]; then cp libfsdp_mpi.so $(DESTDIR)$(LIBDIR)/; fi
 	if [ -f libfsdp_cuda.so ]; then cp libfsdp_cuda.so $(DESTDIR)$(LIBDIR)/; fi
+	if [ -f libfsdp_nccl.so ]; then cp libfsdp_nccl.so $(DESTDIR)$(LIBDIR)/; fi
 	cp bin/fsdprun bin/fsdp-consolidate $(DESTDIR)$(BINDIR)/
 	sed 's|^installed=.*|installed="$(EXAMPLESDIR)"|' bin/fsdp-examples-dir > $(DESTDIR)$(BINDIR)/fsdp-examples-dir
 	chmod 755 $(DESTDIR)$(BINDIR)/fsdp-examples-dir
@@ -226,6 +241,6 @@ install: all
 	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so lua/fsdp/cdef.lua
 
 .PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo install clean

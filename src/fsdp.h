@@ -102,6 +102,8 @@ int fsdp_cuda_is_available(void);
 const char* fsdp_cuda_why_not(void);
 // the devices the driver sees (0 without one); device 0's name ("" when not available)
 int fsdp_cuda_device_count(void);
+// the GPU this process computes on (0-based): FSDP_CUDA_DEVICE, else the local rank modulo the count
+int fsdp_cuda_current_device(void);
 const char* fsdp_cuda_device_name(void);
 // the versions the backend runs on ("runtime 13000, driver 13000, cuBLASLt 130100, ...")
 const char* fsdp_cuda_versions(void);
@@ -342,6 +344,9 @@ const char* fsdp_comm_backend_name(void);
 // how device tensors move: "nccl", "standin" (the test double of NCCL), or "host" (staged through
 // host memory on the backend above); "" before the first collective on a device tensor
 const char* fsdp_comm_device_plane(void);
+// tests and diagnostics: the ranks bootstrap the plane "nccl" (or "standin") alone, without a
+// device: digest (17 bytes) gets the hex digest of the ids rank 0 made, the same on every rank
+int fsdp_comm_plane_bootstrap(const char* plane, char* digest);
 int fsdp_comm_finalize(void);
 // out (N * in.numel, same dtype) = concatenation of every rank's `in`
 fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag);

@@ -122,6 +122,39 @@ describe("fsdprun", function()
     end)
   end
 
+  -- NCCL's unique ids need no GPU: the bootstrap of the nccl plane runs here for real
+  it("bootstraps NCCL over MPI: rank 0's ids reach every rank, a new job gets new ones", function()
+    if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
+    local lib = io.open(root .. "/libfsdp_nccl.so", "rb")
+    if not lib then pending("libfsdp_nccl.so not built (no nccl.h)") return end
+    lib:close()
+    local seen = {}
+    for run = 1, 2 do
+      local rc, out = sh(("%s -n 2 %scomm_nccl_boot.lua"):format(fsdprun, scripts))
+      assert.equal(0, rc, out)
+      local d0, d1 = out:match("rank 0 digest (%x+)"), out:match("rank 1 digest (%x+)")
+      assert.truthy(d0 and #d0 == 16, out)
+      assert.equal(d0, d1, "the ranks hold different ids:\n" .. out)
+      assert.truthy(out:find("rank 0 after: ok", 1, true) and out:find("rank 1 after: ok", 1, true), out)
+      seen[run] = d0
+    end
+    assert.are_not.equal(seen[1], seen[2], "two jobs got the same NCCL ids")
+  end)
+
+  it("refuses the nccl plane on the test double of a GPU, and picks the host for it by default", function()
+    if fsdp.cuda.is_available() then pending("a real GPU: the test double is for machines without one") return end
+    local prog = [[
+      fsdp._testdev_install()
+      local ok, err = pcall(fsdp.all_reduce, fsdp.ones({ 2 }, { device = "cuda" }), "sum", { tag = "g" })
+      print(ok and "ok " .. fsdp.comm_device_plane() or "error " .. err)]]
+    local _, out = H.lua(prog, "FSDP_DEVICE_COMM=nccl")
+    assert.truthy(out:find("all_reduce 'g': FSDP_DEVICE_COMM=nccl needs a real GPU, not the test double of one", 1, true), out)
+    _, out = H.lua(prog)
+    assert.truthy(out:find("ok host", 1, true), out)
+    _, out = H.lua(prog, "FSDP_DEVICE_COMM=bogus")
+    assert.truthy(out:find("FSDP_DEVICE_COMM must be auto, host, nccl or standin, got 'bogus'", 1, true), out)
+  end)
+
   it("refuses ranks that move device tensors in different ways, naming both", function()
     if not mpi then pending("no mpirun or libfsdp_mpi.so") return end
     if fsdp.cuda.is_available() then pending("a real GPU: the test double is for machines without one") return end

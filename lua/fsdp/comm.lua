@@ -50,6 +50,14 @@ function comm.backend() init_once(); return ffi.string(C.fsdp_comm_backend_name(
 -- how device (GPU) tensors move between ranks: "nccl", "host" (staged through host memory on the
 -- backend), "standin" (the tests' double of NCCL); "" until the first collective on one
 function comm.comm_device_plane() return ffi.string(C.fsdp_comm_device_plane()) end
+-- the bootstrap of a device data plane alone ("nccl", "standin"), no device needed: every rank
+-- returns the hex digest of the ids rank 0 made (the same on every rank)
+function comm.plane_bootstrap(plane)
+  init_once()
+  local d = ffi.new("char[17]")
+  check(C.fsdp_comm_plane_bootstrap(plane, d))
+  return ffi.string(d)
+end
 function comm.is_initialized() return C.fsdp_comm_is_initialized() ~= 0 end
 function comm.barrier() init_once(); check(C.fsdp_barrier()) end
 function comm.finalize() check(C.fsdp_comm_finalize()) end

@@ -49,6 +49,8 @@ struct fsdp_work {
   // on a device data plane (meta.plane != 0): the device's table and the collective's events
   const fsdp_backend* dev;
   void *ready, *finished_ev;  // recorded on the compute stream at submit / on the plane's stream
+  const fsdp_comm_plane* boot;  // FSDP_COLL_PLANE_BOOT: the plane to bootstrap, and its ids' digest
+  char digest[17];
   double timeout;
   fsdp_comm_meta meta;
   int done, status, finished, orphaned;
@@ -89,8 +91,8 @@ static struct {
     .timeout = 300.0,
 };
 
-static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                   "barrier",    "shutdown",       "plane start"};
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce",     "broadcast",
+                                   "barrier",    "shutdown",       "plane start", "plane bootstrap"};
 static const char* plane_names[] = {"the host", "nccl", "the stand-in communicator"};
 static const char* op_names[] = {"sum", "avg", "max"};
 
@@ -230,7 +232,7 @@ static size_t shape_str(char* buf, size_t n, const fsdp_comm_meta* m) {
 }
 
 static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_comm_meta* o) {
-  int k = m->kind >= 0 && m->kind <= FSDP_COLL_PLANE_INIT ? m->kind : FSDP_COLL_FINALIZE;
+  int k = m->kind >= 0 && m->kind <= FSDP_COLL_PLANE_BOOT ? m->kind : FSDP_COLL_FINALIZE;
   if (k == FSDP_COLL_FINALIZE) {
     snprintf(buf, n, "shutdown (its script ended or failed)");
     return;
@@ -262,7 +264,7 @@ static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
                    fsdp_comm_verdict* v) {
   const fsdp_comm_meta* m0 = &all[0];
-  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_PLANE_INIT ? m0->kind : FSDP_COLL_FINALIZE;
+  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_PLANE_BOOT ? m0->kind : FSDP_COLL_FINALIZE;
   v->status = 0;
   v->msg[0] = 0;
   if (timed_out) {
@@ -354,9 +356,12 @@ static void run_work(fsdp_work* w) {
       break;
     case FSDP_COLL_BARRIER: break;  // agreeing was the barrier: nobody passes before all arrived
     case FSDP_COLL_PLANE_INIT:
-      rc = g.plane->init(be, fsdp_backend_for(w->meta.device), g.rank, g.size, w->timeout, err);
+      rc = g.plane->init(be, fsdp_backend_for(w->meta.device),
+                         w->meta.device == FSDP_CUDA ? fsdp_cuda_current_device() : 0, g.rank, g.size, w->timeout,
+                         err);
       g.plane_up = rc == 0;
       break;
+    case FSDP_COLL_PLANE_BOOT: rc = w->boot->bootstrap(be, g.rank, g.size, w->digest, err); break;
     case FSDP_COLL_FINALIZE:
       if (g.plane_up) g.plane->finalize(0);
       g.plane_up = 0;
@@ -598,7 +603,7 @@ static void work_discard(fsdp_work* w) {
 // numbers, counts and queues a filled work item; NULL (and the item freed) when broken
 static fsdp_work* submit(fsdp_work* w, int64_t payload) {
   fsdp_work* start = NULL;  // the plane's start, queued before its first collective
-  if (w->meta.plane) {
+  if (w->meta.plane && w->kind < FSDP_NCOLL) {
     w->dev = fsdp_backend_for(w->meta.device);
     w->ready = w->dev->event_new();
     w->finished_ev = w->dev->event_new();
@@ -892,6 +897,32 @@ fsdp_work* fsdp_comm_agree_shape(const fsdp_tensor* t, const char* tag) {
   if (!w) return NULL;
   set_contract(w, t);
   return submit(w, 0);
+}
+
+// the bootstrap of a device data plane alone (no device needed): every rank gets the digest of
+// the connection ids rank 0 made (tests, diagnostics: "can these ranks bootstrap NCCL?")
+int fsdp_comm_plane_bootstrap(const char* plane, char* digest) {
+  CHECK_INT(plane, "plane bootstrap: NULL plane name");
+  if (ensure_init("plane bootstrap", plane)) return -1;
+  const fsdp_comm_plane* p = NULL;
+  if (strcmp(plane, "nccl") == 0) p = load_nccl_plane();
+  else if (strcmp(plane, "standin") == 0) p = fsdp_comm_standin_plane();
+  else CHECK_INT(0, "plane bootstrap: unknown plane '%s' (use \"nccl\" or \"standin\")", plane);
+  if (!p) {
+    if (strcmp(plane, "standin") == 0) CHECK_INT(0, "plane bootstrap: the stand-in needs fsdp._testdev_install()");
+    char msg[FSDP_COMM_ERRLEN];
+    snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+    CHECK_INT(0, "plane bootstrap: %s", msg);
+  }
+  fsdp_work* w = work_new(FSDP_COLL_PLANE_BOOT, 0, plane);
+  if (!w) return -1;
+  w->boot = p;
+  w->meta.plane = (int16_t)p->id;
+  if (!submit(w, 0)) return -1;
+  int rc = fsdp_work_wait(w);
+  if (rc == 0) snprintf(digest, 17, "%s", w->digest);
+  fsdp_work_free(w);
+  return rc;
 }
 
 int fsdp_barrier(void) {

@@ -17,11 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct fsdp_backend;  // core/backend.h: a device's table (for the device data planes)
+
 #define FSDP_COMM_ABI 4
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
 #define FSDP_COLL_PLANE_INIT 6  // internal kind: the ranks start a device data plane (comm_plane)
+#define FSDP_COLL_PLANE_BOOT 7  // internal kind: the ranks bootstrap one only (fsdp_comm_plane_bootstrap)
 
 // The record every rank contributes before a collective; all ranks must agree on it.
 #define FSDP_COMM_MAX_DIMS 8  // FSDP_MAX_DIMS of fsdp.h (comm.c checks that they agree)
@@ -90,9 +93,13 @@ typedef struct fsdp_comm_plane {
   int abi;  // FSDP_COMM_ABI
   int id;   // FSDP_PLANE_*
   const char* name;
-  // host: the control plane (NCCL's unique id travels by its broadcast); dev: the device's table
-  int (*init)(const fsdp_comm_backend* host, const struct fsdp_backend* dev, int rank, int size, double timeout_s,
-              char* err);
+  // host: the control plane (NCCL's unique id travels by its broadcast); dev: the device's table,
+  // device_index: which of its GPUs this process uses. Bootstraps (below), then connects.
+  int (*init)(const fsdp_comm_backend* host, const struct fsdp_backend* dev, int device_index, int rank, int size,
+              double timeout_s, char* err);
+  // the bootstrap alone, needing no device: rank 0 makes the plane's connection ids, the host
+  // backend broadcasts them; id_digest (17 bytes) gets their hex digest, equal on every rank
+  int (*bootstrap)(const fsdp_comm_backend* host, int rank, int size, char* id_digest, char* err);
   void (*finalize)(int broken);  // broken: abort whatever is in flight instead of finishing it
   int (*all_gather)(void* out, const void* in, size_t bytes, void* ready, void* done, char* err);
   int (*reduce_scatter)(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err);

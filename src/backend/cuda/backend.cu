@@ -119,8 +119,9 @@ static const fsdp_backend cuda_backend = {
 };
 
 // ---- the library's entry points -----------------------------------------------------------------
-static int cuda_init(const fsdp_cuda_host* host, char* err, size_t err_len) {
+static int cuda_init(const fsdp_cuda_host* host, int index, char* err, size_t err_len) {
   g_host = host;
+  g_device = index;
   cudaError_t e = cudaSetDevice(g_device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&fsdp_cuda_stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaDeviceGetDefaultMemPool(&g_pool, g_device);

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define FSDP_CUDA_ABI 2
+#define FSDP_CUDA_ABI 3
 
 // libfsdp.so's side: how the CUDA library reports an error (the text becomes fsdp_last_error()),
 // and a failed device-side check (core's fsdp_check_report: the op's message with the bad value)
@@ -30,9 +30,9 @@ typedef struct fsdp_cuda_host {
 typedef struct fsdp_cuda_library {
   int abi;
   const fsdp_backend* table;  // the device table; complete without a GPU (CI checks it)
-  // sets up device 0: the compute stream, the memory pool, cuBLASLt; 0 ok, else -1 with the
-  // reason in err (err_len bytes)
-  int (*init)(const fsdp_cuda_host* host, char* err, size_t err_len);
+  // sets up device `index`: the compute stream, the memory pool, cuBLASLt; 0 ok, else -1 with
+  // the reason in err (err_len bytes)
+  int (*init)(const fsdp_cuda_host* host, int index, char* err, size_t err_len);
   // the device's name, memory in bytes (free and total), after init
   void (*device_info)(char* name, size_t name_len, size_t* free_bytes, size_t* total_bytes);
   // the versions it runs on ("runtime 13000, driver 13000, cuBLASLt 130100"), without a GPU too

@@ -21,7 +21,7 @@ typedef int (*cu_count_fn)(int*);
 typedef int (*cu_version_fn)(int*);
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_available, g_count, g_driver_version;
+static int g_available, g_count, g_driver_version, g_index;
 static char g_why[1024], g_name[256], g_versions[256];
 static const fsdp_cuda_library* g_lib;
 
@@ -80,9 +80,23 @@ static void probe(void) {
     snprintf(g_why, sizeof g_why, "no CUDA device (the driver sees none)");
     return;
   }
+  // this process's GPU: FSDP_CUDA_DEVICE, else the launcher's local rank (one GPU per rank on a
+  // node, as torchrun's LOCAL_RANK), round robin when ranks outnumber GPUs, else the first
+  const char* pick = getenv("FSDP_CUDA_DEVICE");
+  const char* local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (!local) local = getenv("LOCAL_RANK");
+  if (pick && *pick) {
+    g_index = atoi(pick);
+    if (g_index < 0 || g_index >= g_count) {
+      snprintf(g_why, sizeof g_why, "FSDP_CUDA_DEVICE=%s is not a device (the driver sees %d)", pick, g_count);
+      return;
+    }
+  } else {
+    g_index = local && atoi(local) > 0 ? atoi(local) % g_count : 0;
+  }
   const fsdp_cuda_library* lib = load_library(g_why, sizeof g_why);
   if (!lib) return;
-  if (lib->init(&g_host, g_why, sizeof g_why)) return;
+  if (lib->init(&g_host, g_index, g_why, sizeof g_why)) return;
   if (fsdp_backend_register(FSDP_CUDA, lib->table)) {
     snprintf(g_why, sizeof g_why, "%s", fsdp_last_error());
     return;
@@ -105,6 +119,10 @@ const char* fsdp_cuda_why_not(void) {
 int fsdp_cuda_device_count(void) {
   pthread_once(&g_once, probe);
   return g_count;
+}
+int fsdp_cuda_current_device(void) {
+  pthread_once(&g_once, probe);
+  return g_index;
 }
 const char* fsdp_cuda_device_name(void) {
   pthread_once(&g_once, probe);

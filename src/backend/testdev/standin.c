@@ -137,9 +137,15 @@ static int finish(int stream, sd_coll* c, int rc, void* done) {
   return 0;
 }
 
-static int sd_init(const fsdp_comm_backend* host, const fsdp_backend* dev, int rank, int size, double timeout_s,
-                   char* err) {
-  (void)timeout_s;
+static int sd_bootstrap(const fsdp_comm_backend* host, int rank, int size, char* digest, char* err) {
+  (void)host, (void)rank, (void)size, (void)err;  // nothing to connect: it rides on the host backend
+  snprintf(digest, 17, "%016x", 0);
+  return 0;
+}
+
+static int sd_init(const fsdp_comm_backend* host, const fsdp_backend* dev, int device_index, int rank, int size,
+                   double timeout_s, char* err) {
+  (void)timeout_s, (void)device_index;
   S.host = host;
   S.dev = dev;
   S.rank = rank;
@@ -202,8 +208,8 @@ static int sd_progress(double timeout_s, char* err) {
 static int sd_in_flight(void) { return atomic_load(&S.in_flight); }
 
 static const fsdp_comm_plane standin_plane = {
-    FSDP_COMM_ABI,     FSDP_PLANE_STANDIN, "standin",    sd_init,     sd_finalize, sd_all_gather,
-    sd_reduce_scatter, sd_all_reduce,      sd_broadcast, sd_progress, sd_in_flight,
+    FSDP_COMM_ABI, FSDP_PLANE_STANDIN, "standin",     sd_init,       sd_bootstrap, sd_finalize,
+    sd_all_gather, sd_reduce_scatter,  sd_all_reduce, sd_broadcast, sd_progress,  sd_in_flight,
 };
 
 const fsdp_comm_plane* fsdp_comm_standin_plane(void) { return fsdp_testdev_installed() ? &standin_plane : NULL; }
