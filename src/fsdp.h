@@ -392,6 +392,8 @@ typedef struct fsdp_unit_options {
   int forward_prefetch;       // gather the next unit during this unit's forward
   int backward_prefetch;      // gather the next unit during this unit's backward (default on)
   int sync_module_states;     // broadcast rank 0's values when parameters are first sharded
+  int offload;                // CPU offload: shards, gradient pieces and so the optimizer step on
+                              // the CPU; the unit gathers onto its parameters' device to compute
 } fsdp_unit_options;
 
 fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts);

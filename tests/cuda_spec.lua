@@ -130,6 +130,11 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
       assert.equal("cuda", z.device)
       assert.equal("cuda", l.weight.device)
       assert.equal("cuda", fsdp.zeros_like(z).device)
+      local v = fsdp.tensor({ 1, 2, 3 })  -- as torch.tensor: on the default device too
+      assert.equal("cuda", v.device)
+      assert.same({ 1, 2, 3 }, v:tolist())
+      assert.equal("cpu", fsdp.tensor({ 1 }, { device = "cpu" }).device)
+      assert.equal("int64", fsdp.tensor({ 1 }, { dtype = "int64" }).dtype)
     end)
     fsdp.set_default_device("cpu")
     assert(ok, err)
@@ -218,6 +223,28 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
     local got, got_sd = run("cuda")
     same_numbers(want, got, "losses")
     for k, v in pairs(want_sd) do same_numbers(v, got_sd[k], k) end
+  end)
+
+  -- CPU offload: the matrix (tests/scripts/fsdp_matrix.lua, offload/* cases on the device) checks
+  -- training against the reference; here, what a user gets wrong
+  it("refuses CPU offload for parameters already on the cpu, and half an offload, saying why", function()
+    H.assert_error(function() fsdp.wrap(nn.Linear(3, 2), { offload = true }) end,
+      "fsdp.wrap 'Linear': offload keeps the shards on the CPU while the unit computes on a GPU, but its parameters "
+      .. "are on the cpu; move the model to the GPU first")
+    H.assert_error(function() fsdp.wrap(nn.Linear(3, 2):to("cuda"), { offload = { params = true } }) end,
+      "fsdp.wrap: offload = {params, grads, optimizer} go together")
+    H.assert_error(function() fsdp.wrap(nn.Linear(3, 2):to("cuda"), { offload = { param = true } }) end,
+      "fsdp.wrap: unknown offload part \"param\" (params, grads, optimizer)")
+    H.assert_error(function() fsdp.wrap(nn.Linear(3, 2):to("cuda"), { offload = "yes" }) end,
+      "fsdp.wrap: offload must be true/false or {params = true, grads = true, optimizer = true}")
+    -- and goes on: an offloaded unit trains, its pieces on the cpu
+    local m = fsdp.wrap(nn.Linear(3, 2):to("cuda"), { offload = true })
+    local loss = m(fsdp.ones(4, 3, { device = "cuda" })):sum()
+    loss:backward()
+    assert.equal("cuda", loss.device)
+    assert.equal("cpu", m.weight.device)
+    assert.equal("cpu", m.weight.grad.device)
+    assert.same({ 4, 4, 4, 4, 4, 4 }, m.weight.grad:tolist())
   end)
 
   it("saves and loads checkpoints of models there: plain and sharded (FSDP), into models there", function()

@@ -8,7 +8,8 @@
 #            Python alone (no dpkg, no package manager); the CUDA libraries come from PyTorch's wheels
 #   load     fsdp.cuda.is_available(), why_not(), the device, the versions
 #   specs    tests/cuda_spec.lua on the real device, then every op case CUDA against the CPU
-#            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv
+#            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv,
+#            the FSDP matrix on the GPU, and every collective on GPU tensors through NCCL (one rank)
 #   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
 #   demo     examples/train.lua --device cuda (make demo's job on one GPU rank), its accuracies
 #   ours     our GPT-2 124M on this GPU (bench/gpu_gpt.lua): FSDP mixed precision and plain bf16
@@ -100,6 +101,7 @@ PYEOF
   # itself, ./libfsdp.so, comes first: a dry run on a development machine tests that one)
   mkdir -p "'"$ROOT"'/fsdp/lib" "'"$ROOT"'/fsdp/lua/fsdp"
   cp "'"$KIT"'/lib/libfsdp.so" "'"$KIT"'/lib/libfsdp_cuda.so" "'"$ROOT"'/fsdp/lib/"
+  cp "'"$KIT"'/lib/libfsdp_nccl.so" "'"$ROOT"'/fsdp/lib/" 2>/dev/null || echo "(no libfsdp_nccl.so in the kit)"
   cp "'"$KIT"'/lib/cdef.lua" "'"$ROOT"'/fsdp/lua/fsdp/cdef.lua"
   # the CUDA libraries libfsdp_cuda.so links (cuBLASLt 13, cuDNN 9): PyTorch'"'"'s wheels, else the system
   libdirs=$('"$PY"' -c "
@@ -120,7 +122,7 @@ print(\":\".join(seen))")
   cat "'"$OUT"'/env.sh"
   . "'"$OUT"'/env.sh"
   luajit -v
-  ldd "'"$ROOT"'/fsdp/lib/libfsdp.so" "'"$ROOT"'/fsdp/lib/libfsdp_cuda.so" | grep -E "not found|=>" || true
+  ldd "'"$ROOT"'/fsdp/lib/"libfsdp*.so | grep -E "not found|=>" || true
 '
 [ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
 
@@ -157,6 +159,11 @@ stage specs 150 '
   # the FSDP matrix with the wrapped side on the GPU (one rank: no MPI on this machine)
   FSDP_MATRIX_DEVICE=cuda luajit tests/scripts/fsdp_matrix.lua > "'"$OUT"'/matrix.txt" 2>&1
   echo "fsdp matrix on the GPU: exit $?"; grep -E "^(SUMMARY|FAILED|DETAIL)" "'"$OUT"'/matrix.txt" | head -20
+  # every collective on GPU tensors through the NCCL plane (one rank: real NCCL kernels, one
+  # communicator per stream), against the closed forms of tests/scripts/comm_values.lua
+  FSDP_VALUES_DEVICE=cuda FSDP_DEVICE_COMM=nccl timeout 60 luajit tests/scripts/comm_values.lua self \
+    > "'"$OUT"'/nccl_values.txt" 2>&1
+  echo "collectives through NCCL on the GPU: exit $?"; tail -n 5 "'"$OUT"'/nccl_values.txt"
 '
 if [ -f "$OUT/ops_report.tsv" ]; then
   # the largest errors per dtype, and the five worst cases (columns: backend, case, dtype, output

@@ -4,7 +4,7 @@
 # ignored by git; about 50 MB, carried to the GPU machine with the working tree):
 #   debs/   Debian's .deb files of LuaJIT, OpenBLAS, oneDNN and their libraries, and busted with its
 #           Lua modules (gpu_check.sh unpacks them with Python: no dpkg needed there)
-#   lib/    libfsdp.so and libfsdp_cuda.so built from this working tree for any x86-64-v3 CPU
+#   lib/    libfsdp.so, libfsdp_cuda.so and libfsdp_nccl.so built from this working tree for any x86-64-v3 CPU
 #           (AVX2; oneDNN and the CPU kernels still pick AVX-512 at run time where it is), and the
 #           generated lua/fsdp/cdef.lua
 #   data/   Fashion-MNIST (the demo's data set)
@@ -21,8 +21,8 @@ kit="$(cd "$kit" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work"
-make -C "$work" -j2 DEPS=skip ARCH=-march=x86-64-v3 libfsdp.so libfsdp_cuda.so lua/fsdp/cdef.lua >/dev/null
-cp "$work/libfsdp.so" "$work/libfsdp_cuda.so" "$work/lua/fsdp/cdef.lua" "$kit/lib/"
+make -C "$work" -j2 DEPS=skip ARCH=-march=x86-64-v3 libfsdp.so libfsdp_cuda.so libfsdp_nccl.so lua/fsdp/cdef.lua >/dev/null
+cp "$work/libfsdp.so" "$work/libfsdp_cuda.so" "$work/libfsdp_nccl.so" "$work/lua/fsdp/cdef.lua" "$kit/lib/"
 
 # the packages (apt-get download as root warns that it cannot drop to _apt: harmless)
 pkgs=(luajit libluajit-5.1-2 libluajit-5.1-common libopenblas0-pthread libdnnl2 libgfortran5 libquadmath0

@@ -65,6 +65,27 @@ local function unit_options(opts)
   o.forward_prefetch = opts.forward_prefetch and 1 or 0
   o.backward_prefetch = opts.backward_prefetch == false and 0 or 1
   o.sync_module_states = opts.sync_module_states == false and 0 or 1
+  -- CPU offload, FSDP's single switch (CPUOffload(offload_params=True), FSDP2's CPUOffloadPolicy):
+  -- the shards live on the CPU, so their gradient pieces and the optimizer's step (which works on
+  -- the pieces) do too. The table form names the three parts; they go together.
+  local off = opts.offload
+  if type(off) == "table" then
+    local on = 0
+    for _, k in ipairs { "params", "grads", "optimizer" } do on = on + (off[k] and 1 or 0) end
+    for k in pairs(off) do
+      if k ~= "params" and k ~= "grads" and k ~= "optimizer" then
+        error(("fsdp.wrap: unknown offload part %q (params, grads, optimizer)"):format(tostring(k)), 3)
+      end
+    end
+    if on ~= 0 and on ~= 3 then
+      error("fsdp.wrap: offload = {params, grads, optimizer} go together: a parameter's piece on the CPU has its "
+        .. "gradient and optimizer state there too (use offload = true)", 3)
+    end
+    off = on == 3
+  elseif off ~= nil and type(off) ~= "boolean" then
+    error("fsdp.wrap: offload must be true/false or {params = true, grads = true, optimizer = true}", 3)
+  end
+  o.offload = off and 1 or 0
   return o
 end
 
@@ -76,7 +97,9 @@ end
 -- fsdp.wrap(module[, opts]) -> module (the same table, now an FSDP unit)
 --   opts: sharding = "full" | "grad_op" | "none", reshard_after_forward = bool,
 --         mixed_precision = {param = "bf16", reduce = "fp32"}, sync_module_states = true,
---         forward_prefetch = false, backward_prefetch = true
+--         forward_prefetch = false, backward_prefetch = true,
+--         offload = false (true: shards, gradient pieces and the optimizer step on the CPU; the
+--         unit computes on its parameters' GPU)
 function W.wrap(module, opts)
   opts = opts or {}
   if type(module) ~= "table" or not rawget(module, "_modules") then

@@ -88,7 +88,7 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   u->opts = *opts;
   u->W = opts->sharding == FSDP_NO_SHARD ? 1 : fsdp_comm_world_size();
   u->rank = u->W > 1 ? fsdp_comm_rank() : 0;
-  u->separate_full = u->W > 1 || opts->param_dtype != FSDP_F32;
+  u->separate_full = u->W > 1 || opts->param_dtype != FSDP_F32 || opts->offload;
   u->sync_grads = 1;
   u->order_index = -1;
   u->pass = -1;
@@ -157,6 +157,10 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
               fsdp_device_name(fsdp_device_of(ts[0])));
     for (int j = 0; j < i; j++) CHECK_INT(ts[j] != t, "fsdp.wrap '%s': parameter '%s' is listed twice", u->path, nm);
   }
+  CHECK_INT(!u->opts.offload || n == 0 || fsdp_device_of(ts[0]) != FSDP_CPU,
+            "fsdp.wrap '%s': offload keeps the shards on the CPU while the unit computes on a GPU, but its "
+            "parameters are on the cpu; move the model to the GPU first (model:to(\"cuda\"))",
+            u->path);
   // take every parameter home: ours and those another unit owns become standalone first
   if (release_all(u)) return -1;
   if (n > 0) u->device = fsdp_device_of(ts[0]);  // (a unit without parameters keeps its default)

@@ -10,13 +10,25 @@ static const int64_t ONE = 1;
 // shards and gradient pieces are float32 (the master copy); their element size
 #define F32_SIZE fsdp_dtype_size(FSDP_F32)
 
-// dst[0..n) <- src[0..n) between storages, converting dtypes (contiguous runs)
-static void copy_run(fsdp_storage* dst, int ddt, int64_t doff, fsdp_storage* src, int sdt, int64_t soff, int64_t n) {
-  if (n <= 0) return;
+// dst[0..n) <- src[0..n) between storages, converting dtypes (contiguous runs); across devices
+// (CPU offload: host shards, device buffers) through core's copy. 0, or -1 with the error set
+static int copy_run(fsdp_storage* dst, int ddt, int64_t doff, fsdp_storage* src, int sdt, int64_t soff, int64_t n) {
+  if (n <= 0) return 0;
+  if (dst->device != src->device) {
+    fsdp_tensor* d = fsdp_view_storage(dst, ddt, 1, &n, doff);
+    fsdp_tensor* s = fsdp_view_storage(src, sdt, 1, &n, soff);
+    int rc = d && s ? fsdp_copy_strided(d, s) : -1;
+    fsdp_tensor_release(d);
+    fsdp_tensor_release(s);
+    return rc;
+  }
   const fsdp_elem_kernels* k = fsdp_backend_for(dst->device)->elem;
   k->copy_strided((char*)dst->data + doff * (int64_t)fsdp_dtype_size(ddt), ddt,
                   (char*)src->data + soff * (int64_t)fsdp_dtype_size(sdt), sdt, 1, &n, &ONE);
+  return 0;
 }
+// where the unit's shards and gradient pieces live: its parameters' device, or the CPU under offload
+static int shard_device(const fsdp_unit* u) { return u->opts.offload ? FSDP_CPU : u->device; }
 static void zero_run(fsdp_storage* s, int dt, int64_t off, int64_t n) {
   if (n <= 0) return;
   fsdp_backend_for(s->device)->elem->fill((char*)s->data + off * (int64_t)fsdp_dtype_size(dt), dt, n, 0.0);
@@ -92,7 +104,7 @@ int fsdp_shard_layout(fsdp_unit* u) {
   }
   for (int k = 0; k < 2; k++) {
     unit_group* g = &u->g[k];
-    g->shard = fsdp_storage_new((size_t)g->shard_numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
+    g->shard = fsdp_storage_new((size_t)g->shard_numel * F32_SIZE, shard_device(u), FSDP_MEM_PARAMS);
     if (!g->shard) return -1;
     if (u->separate_full) {
       g->full = fsdp_storage_new_empty((size_t)g->full_numel * F32_SIZE, u->device, FSDP_MEM_PARAMS);
@@ -110,10 +122,11 @@ int fsdp_shard_layout(fsdp_unit* u) {
       copy_run(dst, FSDP_F32, p->shard_off, old[old_group[i]].shard, FSDP_F32, old_off[i], p->chunk);
     } else {  // standalone: cut this rank's piece out of the full values
       fsdp_tensor* full = fsdp_as_contig(p->t);
-      if (!full) return -1;
-      copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len);
-      zero_run(dst, FSDP_F32, p->shard_off + p->len, p->chunk - p->len);
+      int rc = full ? copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len)
+                    : -1;
       fsdp_tensor_release(full);
+      if (rc) return -1;
+      zero_run(dst, FSDP_F32, p->shard_off + p->len, p->chunk - p->len);
       p->t->owner = u;
     }
     p->t->owner_index = i;
@@ -169,8 +182,8 @@ int fsdp_shard_gather_start(fsdp_unit* u, int dtype) {
     int64_t S = g->shard_numel, WS = S * u->W;
     if (dtype == FSDP_F32) {
       g->gather_send = fsdp_view_storage(g->shard, FSDP_F32, 1, &S, 0);
-    } else {  // mixed precision: gather in the low-precision dtype
-      g->gather_send = fsdp_new_cat(1, &S, dtype, u->device, FSDP_MEM_COMM);
+    } else {  // mixed precision: gather in the low-precision dtype (cast where the shard is)
+      g->gather_send = fsdp_new_cat(1, &S, dtype, shard_device(u), FSDP_MEM_COMM);
       if (g->gather_send) copy_run(g->gather_send->storage, dtype, 0, g->shard, FSDP_F32, 0, S);
     }
     g->gather_recv = fsdp_new_cat(1, &WS, dtype, u->device, FSDP_MEM_COMM);
@@ -209,7 +222,7 @@ int fsdp_shard_gather_finish(fsdp_unit* u, int dtype) {
       return -1;
     }
     if (u->W == 1) {  // the shard is the group's full layout
-      copy_run(g->full, dtype, 0, g->shard, FSDP_F32, 0, g->full_numel);
+      if (copy_run(g->full, dtype, 0, g->shard, FSDP_F32, 0, g->full_numel)) return -1;
       continue;
     }
     // copy-out: rank r's chunk of parameter p lands at p's full offset + r * chunk
@@ -243,8 +256,9 @@ int fsdp_shard_reshard(fsdp_unit* u, int writeback) {
   if (u->gathered && writeback)
     for (int i = 0; i < u->n; i++) {
       unit_param* p = &u->p[i];
-      copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, u->full_dtype, p->full_off + p->start,
-               p->len);
+      if (copy_run(u->g[p->group].shard, FSDP_F32, p->shard_off, u->g[p->group].full, u->full_dtype,
+                   p->full_off + p->start, p->len))
+        return -1;
     }
   for (int k = 0; k < 2; k++) fsdp_storage_drop_data(u->g[k].full);
   u->gathered = 0;
@@ -254,12 +268,14 @@ int fsdp_shard_reshard(fsdp_unit* u, int writeback) {
 
 // ---- gradient reduction -------------------------------------------------------------------------------
 // Copies the trainable parameters' full gradients into a rank-major buffer, releases them and
-// issues the reduce-scatter (all-reduce for NO_SHARD) that averages over ranks.
+// issues the reduce-scatter (all-reduce for NO_SHARD) that averages over ranks. Under offload the
+// pieces land in host memory: the reduce-scatter's result crosses to it (comm.c), a replicated
+// unit's all-reduced buffer is copied there at finish.
 int fsdp_shard_reduce_start(fsdp_unit* u) {
   unit_group* g = &u->g[0];
   int64_t S = g->shard_numel, WS = S * u->W;
   int world = fsdp_comm_world_size();
-  int direct = u->W == 1;  // the reduced result lands in the send buffer itself
+  int direct = u->W == 1 && !u->opts.offload;  // the reduced result lands in the send buffer itself
   u->reduce_send = fsdp_new_cat(1, &WS, FSDP_F32, u->device, direct ? FSDP_MEM_GRADS : FSDP_MEM_COMM);
   if (!u->reduce_send) return -1;
   fsdp_storage* send = u->reduce_send->storage;
@@ -286,10 +302,13 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
     u->reduce = world > 1 ? fsdp_all_reduce(u->reduce_recv, FSDP_REDUCE_AVG, u->path) : NULL;
     if (world > 1 && !u->reduce) return -1;
   } else {
-    u->reduce_recv = fsdp_new_cat(1, &S, FSDP_F32, u->device, FSDP_MEM_GRADS);
+    u->reduce_recv = fsdp_new_cat(1, &S, FSDP_F32, shard_device(u), FSDP_MEM_GRADS);
     if (!u->reduce_recv) return -1;
-    u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
-    if (!u->reduce) return -1;
+    if (u->W == 1)  // offloaded and replicated: averaged in place on the device, copied at finish
+      u->reduce = world > 1 ? fsdp_all_reduce(u->reduce_send, FSDP_REDUCE_AVG, u->path) : NULL;
+    else
+      u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
+    if (!u->reduce && (u->W > 1 || world > 1)) return -1;
   }
   u->reduced_pending = 1;
   return 0;
@@ -302,6 +321,7 @@ int fsdp_shard_reduce_finish(fsdp_unit* u) {
   int rc = u->reduce ? fsdp_work_wait(u->reduce) : 0;
   if (u->reduce) fsdp_work_free(u->reduce);
   u->reduce = NULL;
+  if (!rc && u->W == 1 && u->reduce_send) rc = fsdp_copy_strided(u->reduce_recv, u->reduce_send);  // (offload)
   fsdp_tensor_release(u->reduce_send);
   u->reduce_send = NULL;
   u->reduced_pending = 0;

@@ -87,7 +87,7 @@ local fsdp_fns = {
 }
 -- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
 local comm_fns = { init = true, rank = true, world_size = true, barrier = true, all_reduce = true, broadcast = true,
-  all_gather = true, reduce_scatter = true, comm_stats = true, save = true, load = true }
+  all_gather = true, reduce_scatter = true, comm_stats = true, comm_device_plane = true, save = true, load = true }
 
 local F_fns = {
   linear = { { "T", "input", x23 }, { "T", "weight", function() return fsdp.randn(4, 3) end },

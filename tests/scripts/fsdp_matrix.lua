@@ -283,6 +283,8 @@ local function run_case(c)
   local ctx = { case = c, fail = fail, comm = {}, results = results, N = N, R = R }
 
   local ok, err = pcall(function()
+    collectgarbage(); collectgarbage()
+    ctx.mem0 = DEVICE and fsdp.memory_stats(DEVICE)  -- (earlier cases' units keep theirs)
     local ref, fs = make_side(c, spec, true), make_side(c, spec, false)
     ctx.ref, ctx.fs = ref, fs
     if c.freeze then c.freeze(ref.model); c.freeze(fs.model) end
@@ -638,6 +640,51 @@ case { name = "conv/freeze=trunk,blocks,bf16", model = "conv", wrap = P.conv.blo
 case { name = "transformer/blocks,sharding=none,bf16", model = "transformer", wrap = P.transformer.blocks, tol = "bf16",
   opts = { sharding = "none", mixed_precision = { param = "bf16" } }, check = differs_from("transformer/blocks,sharding=none"),
   needs = "transformer/blocks,sharding=none" }
+
+-- CPU offload (with the wrapped side on a device): the units compute there, but between steps
+-- every parameter piece, its gradient and the optimizer's state are on the CPU, and the device
+-- holds none of their bytes (the gathered parameters and the full gradients are gone)
+local function check_offload(extra)
+  return function(ctx)
+    for _, p in ipairs(ctx.fs.model:parameters()) do
+      if p.device ~= "cpu" or (p.grad and p.grad.device ~= "cpu") then
+        ctx.fail(("a parameter piece of shape %s is on %s, its gradient on %s: offload keeps both on the cpu")
+          :format(table.concat(p:shape(), "x"), p.device, p.grad and p.grad.device or "-"))
+        break
+      end
+    end
+    collectgarbage(); collectgarbage()
+    local m = fsdp.memory_stats(DEVICE)
+    for _, cat in ipairs { "params", "grads", "optimizer" } do
+      -- (earlier cases' tensors may be freed meanwhile: only more bytes than before is a failure)
+      local held = m[cat].current - ctx.mem0[cat].current
+      if held > 0 then ctx.fail(("%d bytes of %s on %s between steps"):format(held, cat, DEVICE)) end
+    end
+    if extra then extra(ctx) end
+  end
+end
+if DEVICE then
+  case { name = "offload/nested,children", model = "nested", wrap = P.nested.children, opts = { offload = true },
+    check = check_offload(check_comm("full")) }
+  case { name = "offload/nested,children+adam", model = "nested", wrap = P.nested.children, optim = "adam", steps = 4,
+    opts = { offload = { params = true, grads = true, optimizer = true } }, check = check_offload() }
+  case { name = "offload/conv,freeze=trunk,blocks", model = "conv", wrap = P.conv.blocks,
+    freeze = function(m) freeze(m, "trunk") end, opts = { offload = true }, check = check_offload() }
+  case { name = "offload/transformer,blocks,sharding=none", model = "transformer", wrap = P.transformer.blocks,
+    opts = { offload = true, sharding = "none" }, check = check_offload(check_comm("none")) }
+  case { name = "offload/transformer,blocks,bf16", model = "transformer", wrap = P.transformer.blocks, tol = "bf16",
+    opts = { offload = true, mixed_precision = { param = "bf16" } }, check = check_offload() }
+  case { name = "offload/misc,clip_grad_norm", model = "nested", wrap = P.nested.children, opts = { offload = true },
+    check = check_offload(),
+    step = function(S, k)
+      local x, y = S.batch(k)
+      local loss = S.spec.loss(S.model(x), y)
+      S.opt:zero_grad(); loss:backward()
+      local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
+      S.opt:step()
+      return loss:item(), { norm }
+    end }
+end
 
 -- (e) state dicts, clipping, summon_full_params
 case { name = "misc/state_dict-names", model = "transformer", wrap = P.transformer.blocks, steps = 1,
