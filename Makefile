@@ -1,5 +1,6 @@
 # fsdp -- build libfsdp.so, run tests, benchmarks and the demo.
-#   make            build libfsdp.so, libfsdp_mpi.so (where mpicc exists) and lua/fsdp/cdef.lua
+#   make            build libfsdp.so, libfsdp_mpi.so (where mpicc exists), libfsdp_cuda.so (where nvcc
+#                   is), libfsdp_nccl.so (where nccl.h is) and lua/fsdp/cdef.lua
 #   make test       C unit tests + busted specs (what .ci/run calls); installs missing packages first
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
 #   make bench      benchmarks against PyTorch (python3-torch, and PyPI's torch after make bench-deps)
@@ -156,7 +157,7 @@ lint:
 	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS)) src tests/c bench/comm_bench.c
 	bash tools/check_realloc.sh src tests/c bench
 
-FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
+FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c src/dist/comm_nccl.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
 format:
 	clang-format -i $(FORMAT_FILES)
 format-check:

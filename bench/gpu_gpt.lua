@@ -3,8 +3,11 @@
 -- vocab 50304, the LM head tied to the token embedding, no head bias) trained with AdamW, printing
 -- one JSON line: tokens/s, MFU as (6 N + 6 L d T) FLOPs per token against the GPU's bf16 peak, and
 -- the device's peak bytes per category.
---   luajit bench/gpu_gpt.lua [--mode fsdp|bf16|fp32] [--batch 8] [--steps 10] [--device cuda]
---                            [--tiny] [--peak-tflops 989]
+--   luajit bench/gpu_gpt.lua [--mode fsdp|bf16|fp32] [--config gpt2|1b] [--batch 8] [--steps 10]
+--                            [--device cuda] [--offload] [--tiny] [--peak-tflops 989]
+-- --config 1b: 24 blocks, d 2048, 16 heads (1.3 B parameters), issue 16's larger configuration.
+-- --offload (with --mode fsdp): CPU offload, the shards, gradient pieces and AdamW's step on the
+-- CPU (FSDP2's CPUOffloadPolicy; bench/torch_gpt2.py --offload).
 -- --mode fsdp (default): every block and the root an FSDP unit with mixed precision (float32
 -- master weights, bfloat16 compute, float32 reduce), one rank: PyTorch's FSDP2 with
 -- MixedPrecisionPolicy, and close to its autocast eager run. bf16: the model itself in bfloat16.
@@ -18,9 +21,11 @@ local models = require "models"
 local U = require "util"
 local nn, F = fsdp.nn, fsdp.nn.functional
 
-local opts = { mode = "fsdp", batch = 8, steps = 10, device = "cuda", ["peak-tflops"] = 989 }
-U.parse_args("bench/gpu_gpt.lua", opts, "[--mode fsdp|bf16|fp32] [--batch B] [--steps S] [--device cuda|cpu] [--tiny] "
-  .. "[--peak-tflops T]", { ["--tiny"] = function(o) o.tiny = true end })
+local opts = { mode = "fsdp", config = "gpt2", batch = 8, steps = 10, device = "cuda", ["peak-tflops"] = 989 }
+U.parse_args("bench/gpu_gpt.lua", opts, "[--mode fsdp|bf16|fp32] [--config gpt2|1b] [--batch B] [--steps S] "
+  .. "[--device cuda|cpu] [--offload] [--tiny] [--peak-tflops T]",
+  { ["--tiny"] = function(o) o.tiny = true end, ["--offload"] = function(o) o.offload = true end })
+if opts.offload and opts.mode ~= "fsdp" then error("gpu_gpt.lua: --offload needs --mode fsdp", 0) end
 opts.peak = opts["peak-tflops"]
 if opts.device == "cuda" then
   local there = false
@@ -28,7 +33,10 @@ if opts.device == "cuda" then
   if not there then error("gpu_gpt.lua: CUDA is not available here: " .. fsdp.cuda.why_not(), 0) end
 end
 
-local c = opts.tiny and { L = 2, d = 64, h = 4, T = 64, V = 512 } or { L = 12, d = 768, h = 12, T = 1024, V = 50304 }
+local configs = { gpt2 = { L = 12, d = 768, h = 12, T = 1024, V = 50304, name = "gpt2-124M" },
+  ["1b"] = { L = 24, d = 2048, h = 16, T = 1024, V = 50304, name = "gpt-1.3B" } }
+local c = opts.tiny and { L = 2, d = 64, h = 4, T = 64, V = 512, name = "tiny" } or configs[opts.config]
+if not c then error(("gpu_gpt.lua: unknown --config %s (gpt2, 1b)"):format(tostring(opts.config)), 0) end
 fsdp.manual_seed(0)
 local model = models.Transformer(c.V, c.d, c.h, c.L, c.T)
 model.head = nn.Linear(c.d, c.V, { bias = false })
@@ -49,7 +57,7 @@ else
   model:to(opts.device)
 end
 if opts.mode == "fsdp" then
-  local mp = { mixed_precision = { param = "bf16", reduce = "fp32" } }
+  local mp = { mixed_precision = { param = "bf16", reduce = "fp32" }, offload = opts.offload }
   for _, b in ipairs(model.blocks:children()) do fsdp.wrap(b, mp) end
   model = fsdp.wrap(model, mp)
 end
@@ -80,10 +88,10 @@ local tflops = tok_s * (6 * n_params + 6 * c.L * c.d * T) / 1e12
 local mem = fsdp.memory_stats(opts.device)
 local peak = 0
 for _, v in pairs(mem) do peak = peak + v.peak end
-print(("{\"model\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"T\": %d, \"ms_per_step\": %.2f, "
+print(("{\"model\": \"%s\", \"mode\": \"%s%s\", \"device\": \"%s\", \"batch\": %d, \"T\": %d, \"ms_per_step\": %.2f, "
   .. "\"tokens_per_s\": %d, \"model_tflops\": %.1f, \"mfu_vs_peak\": %.3f, \"params\": %d, \"loss\": %.3f, "
   .. "\"peak_bytes_summed\": %d, \"peak_params\": %d, \"peak_grads\": %d, \"peak_optimizer\": %d, "
   .. "\"peak_activations\": %d, \"gpu\": \"%s\"}")
-  :format(opts.tiny and "tiny" or "gpt2-124M", opts.mode, opts.device, B, T, dt * 1e3, math.floor(tok_s), tflops,
+  :format(c.name, opts.mode, opts.offload and "+offload" or "", opts.device, B, T, dt * 1e3, math.floor(tok_s), tflops,
     tflops / opts.peak, n_params, loss:item(), peak, mem.params.peak, mem.grads.peak, mem.optimizer.peak,
     mem.activations.peak, opts.device == "cuda" and fsdp.cuda.get_device_name() or "-"))

@@ -7,7 +7,8 @@ one process: what PyTorch FSDP costs on top of eager.
 
 MFU counts (6 N + 6 L d T) FLOPs per token, N the parameters without the position embedding
 (issue 15's formula; PaLM's counts 12 L d T for attention, so this reads lower).
-  python3 bench/torch_gpt2.py [--batch 8] [--steps 10] [--fsdp2] [--peak-tflops 989]
+  python3 bench/torch_gpt2.py [--config gpt2|1b] [--batch 8] [--steps 10] [--fsdp2 [--offload] [--no-eager]]
+                              [--peak-tflops 989]
 """
 import argparse, json, math, os, time
 
@@ -67,17 +68,23 @@ def gemm_tflops(n=8192, reps=20):
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
+CONFIGS = {"gpt2": dict(L=12, d=768, h=12, name="gpt2-124M"), "1b": dict(L=24, d=2048, h=16, name="gpt-1.3B")}
+
+
 def run(args, fsdp2, gemm):
     torch.manual_seed(0)
-    L, d, T, V = 12, 768, 1024, 50304
-    model = GPT(L, d, 12, T, V).cuda()
+    c = CONFIGS[args.config]
+    L, d, T, V = c["L"], c["d"], 1024, 50304
+    model = GPT(L, d, c["h"], T, V).cuda()
     if fsdp2:
-        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy, OffloadPolicy
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        off = CPUOffloadPolicy() if args.offload else OffloadPolicy()
         for b in model.blocks:
-            fully_shard(b, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+            fully_shard(b, mp_policy=mp, offload_policy=off)
+        fully_shard(model, mp_policy=mp, offload_policy=off)
+    # (offloaded parameters live on the CPU: the fused CUDA kernel does not apply there)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=not (fsdp2 and args.offload))
     n_params = sum(p.numel() for p in model.parameters()) - T * d
     idx = torch.randint(0, V, (args.batch, T), device="cuda")
     tgt = torch.randint(0, V, (args.batch, T), device="cuda")
@@ -106,7 +113,8 @@ def run(args, fsdp2, gemm):
     flops_tok = 6 * n_params + 6 * L * d * T
     achieved = tok_s * flops_tok / 1e12
     return {
-        "model": "gpt2-124M", "mode": "fsdp2 (1 GPU)" if fsdp2 else "eager", "batch": args.batch, "T": T,
+        "model": c["name"], "mode": ("fsdp2 (1 GPU)" + (" +offload" if args.offload else "")) if fsdp2 else "eager",
+        "batch": args.batch, "T": T,
         "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s), "model_tflops": round(achieved, 1),
         "mfu_vs_peak": round(achieved / args.peak_tflops, 3), "mfu_vs_gemm": round(achieved / gemm, 3),
         "gemm_tflops_bf16_8192": round(gemm, 1), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
@@ -120,11 +128,15 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--fsdp2", action="store_true")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="gpt2")
+    ap.add_argument("--offload", action="store_true", help="FSDP2 with CPUOffloadPolicy (the eager run stays on the GPU)")
+    ap.add_argument("--no-eager", action="store_true", help="only the FSDP2 run")
     ap.add_argument("--peak-tflops", type=float, default=989.0)  # H100/H200 SXM dense bf16
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     gemm = gemm_tflops()
-    print(json.dumps(run(args, False, gemm)), flush=True)
+    if not args.no_eager:
+        print(json.dumps(run(args, False, gemm)), flush=True)
     if args.fsdp2:
         import torch.distributed as dist
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -12,9 +12,11 @@
 #            the FSDP matrix on the GPU, and every collective on GPU tensors through NCCL (one rank)
 #   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
 #   demo     examples/train.lua --device cuda (make demo's job on one GPU rank), its accuracies
-#   ours     our GPT-2 124M on this GPU (bench/gpu_gpt.lua): FSDP mixed precision and plain bf16
-#   torch    PyTorch's, eager and FSDP2 (bench/torch_gpt2.py): the targets (tokens/s, MFU, memory)
-# The stage limits add up to 590 s; a run with everything working takes far less.
+#   ours     our GPT-2 124M on this GPU (bench/gpu_gpt.lua): FSDP mixed precision and plain bf16;
+#            the 1.3 B configuration under FSDP, and with CPU offload
+#   torch    PyTorch's, eager and FSDP2 (bench/torch_gpt2.py): the targets (tokens/s, MFU, memory),
+#            the same two 1.3 B runs under FSDP2 (CPUOffloadPolicy for the second)
+# The stage limits add up to 560 s; a run with everything working takes far less.
 # The GPU machine has PyTorch but no LuaJIT; nothing here needs a package manager or the network.
 #   OUT=/path bash tools/gpu_check.sh          (the device tool sets OUT)
 set -uo pipefail
@@ -44,7 +46,7 @@ stage() {
 }
 
 # ---- env ------------------------------------------------------------------------------------------------
-stage env 30 '
+stage env 20 '
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv || true
   nvidia-smi || true
   echo "== host"; uname -a; (ldd --version | head -1) || true; (lscpu | grep -E "Model name|^CPU\(s\)") || true
@@ -127,7 +129,7 @@ print(\":\".join(seen))")
 [ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
 
 # ---- load -----------------------------------------------------------------------------------------------
-stage load 20 '
+stage load 15 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   luajit -e "
 package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path
@@ -144,7 +146,7 @@ fsdp.cuda.synchronize()"
 '
 
 # ---- specs: the CUDA spec and every op case against the CPU ------------------------------------------------
-stage specs 150 '
+stage specs 130 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   B="'"$ROOT"'/usr/bin/busted"
   rm -f "'"$OUT"'/ops_report.tsv"
@@ -176,7 +178,7 @@ if [ -f "$OUT/ops_report.tsv" ]; then
 fi
 
 # ---- sanitize -------------------------------------------------------------------------------------------
-stage sanitize 45 '
+stage sanitize 30 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
@@ -184,17 +186,21 @@ stage sanitize 45 '
 '
 
 # ---- demo: the main job on the GPU (one rank), its accuracies against make demo's -------------------------------
-stage demo 120 '
+stage demo 80 '
   . "'"$OUT"'/env.sh"; cd /tmp
   FSDP_STDOUT_TTY=0 luajit "'"$repo"'/examples/train.lua" --device cuda --data "'"$KIT"'/data" --ckpt /tmp/fsdp-gpu-demo
 '
 
 # ---- ours and torch: GPT-2 124M on this GPU (the targets) -------------------------------------------------------
-stage ours 90 '
+stage ours 120 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   luajit bench/gpu_gpt.lua --mode fsdp --batch 8 --steps 5
   luajit bench/gpu_gpt.lua --mode bf16 --batch 8 --steps 5
+  luajit bench/gpu_gpt.lua --mode fsdp --config 1b --batch 4 --steps 3
+  luajit bench/gpu_gpt.lua --mode fsdp --config 1b --batch 4 --steps 2 --offload
 '
-stage torch 90 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2"
+stage torch 120 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2
+  $PY bench/torch_gpt2.py --config 1b --batch 4 --steps 3 --fsdp2 --no-eager
+  $PY bench/torch_gpt2.py --config 1b --batch 4 --steps 2 --fsdp2 --no-eager --offload"
 
 say "done in $(($(date +%s) - t_start))s; results in $OUT"

@@ -101,11 +101,11 @@ for _, file in ipairs(lua_low) do
 end
 
 -- objects: who defines each global symbol, and who needs it
--- (the object of every source of libfsdp.so; comm_mpi.c is a library of its own, see the Makefile)
+-- (the object of every source of libfsdp.so; comm_mpi.c and comm_nccl.c are libraries of their own, see the Makefile)
 local defined_in, needs = {}, {}
 local objects = 0
 for _, src in ipairs(sources) do
-  if src:match("%.c$") and src ~= "src/dist/comm_mpi.c" then
+  if src:match("%.c$") and src ~= "src/dist/comm_mpi.c" and src ~= "src/dist/comm_nccl.c" then
     local obj = build .. "/" .. src:gsub("^src/", ""):gsub("%.c$", ".o")
     local f = io.open(obj, "rb")
     if not f then

@@ -343,6 +343,8 @@ fsdp.cuda = {
   -- "" when available, else the reason ("no NVIDIA driver (...)", "no CUDA device (...)", ...)
   why_not = function() return ffi.string(C.fsdp_cuda_why_not()) end,
   device_count = function() return tonumber(C.fsdp_cuda_device_count()) end,
+  -- this process's GPU, 0-based (FSDP_CUDA_DEVICE, else the local rank modulo the GPUs)
+  current_device = function() return tonumber(C.fsdp_cuda_current_device()) end,
   get_device_name = function() return ffi.string(C.fsdp_cuda_device_name()) end,
   versions = function() return ffi.string(C.fsdp_cuda_versions()) end,
   -- waits for the GPU's queued work; a failed kernel raises here

@@ -45,6 +45,14 @@ typedef struct fsdp_backend {
   void (*event_free)(void* event);
   void (*event_record)(void* event, void* stream);  // event completes when stream's work so far has
   void (*stream_wait)(void* stream, void* event);   // stream's later work waits for event
+  // work queued on a stream (NULL: the compute stream), the host waiting for none of it: a copy
+  // (0, or -1 with the error set when it cannot be queued), a memset, and a host function run
+  // when the stream gets there (cudaLaunchHostFunc); the stand-in communicator is built of these
+  int (*copy_async)(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind, void* stream);
+  void (*memset_async)(void* p, int byte, size_t nbytes, void* stream);
+  void (*launch_host)(void* stream, void (*fn)(void*), void* arg);
+  // which of the machine's devices of this kind this process uses (0-based), and how many it has
+  void (*ordinal)(int* index, int* count);
   // kernels
   const fsdp_elem_kernels* elem;
   const fsdp_linalg_kernels* linalg;

@@ -48,7 +48,7 @@ struct fsdp_work {
   int algo;      // reduce-scatter algorithm
   // on a device data plane (meta.plane != 0): the device's table and the collective's events
   const fsdp_backend* dev;
-  void *ready, *finished_ev;  // recorded on the compute stream at submit / on the plane's stream
+  void *ready, *finished_ev;    // recorded on the compute stream at submit / on the plane's stream
   const fsdp_comm_plane* boot;  // FSDP_COLL_PLANE_BOOT: the plane to bootstrap, and its ids' digest
   char digest[17];
   double timeout;
@@ -91,7 +91,7 @@ static struct {
     .timeout = 300.0,
 };
 
-static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce",     "broadcast",
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce",  "broadcast",
                                    "barrier",    "shutdown",       "plane start", "plane bootstrap"};
 static const char* plane_names[] = {"the host", "nccl", "the stand-in communicator"};
 static const char* op_names[] = {"sum", "avg", "max"};
@@ -165,8 +165,7 @@ static const fsdp_comm_backend* load_mpi_backend(void) {
 static const fsdp_comm_plane* load_nccl_plane(void) {
   char tried[2048];
   void* h = fsdp_dlopen_backend("FSDP_NCCL_LIB", "libfsdp_nccl.so", RTLD_NOW | RTLD_GLOBAL, tried, sizeof tried);
-  CHECK_NULL(h, "cannot load the nccl plane (%s); libfsdp_nccl.so is built by `make` where NCCL is installed",
-             tried);
+  CHECK_NULL(h, "cannot load the nccl plane (%s); libfsdp_nccl.so is built by `make` where NCCL is installed", tried);
   fsdp_comm_plane_getter get = (fsdp_comm_plane_getter)dlsym(h, "fsdp_comm_nccl_plane");
   const fsdp_comm_plane* p = get ? get() : NULL;
   CHECK_NULL(p && p->abi == FSDP_COMM_ABI,
@@ -195,14 +194,13 @@ static int plane_for(int device, const char* op, const char* tag) {
   if (g.plane_mode == 3) {
     const char* local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!local) local = getenv("LOCAL_WORLD_SIZE");
-    int ranks_here = local && atoi(local) > 0 ? atoi(local) : 1;
-    g.plane = double_gpu || ranks_here > fsdp_cuda_device_count() ? NULL : load_nccl_plane();
+    int ranks_here = local && atoi(local) > 0 ? atoi(local) : 1, index = 0, count = 0;
+    fsdp_backend_for(device)->ordinal(&index, &count);
+    g.plane = double_gpu || ranks_here > count ? NULL : load_nccl_plane();
     if (!g.plane) fsdp_clear_error();
     g.plane_mode = g.plane ? FSDP_PLANE_NCCL : 0;
   } else if (g.plane_mode == FSDP_PLANE_STANDIN) {
     g.plane = fsdp_comm_standin_plane();
-    CHECK_INT(g.plane, "%s '%s': FSDP_DEVICE_COMM=standin is the test double of NCCL: it needs the test double of a GPU "
-              "(fsdp._testdev_install())", op, tag);
   } else if (g.plane_mode == FSDP_PLANE_NCCL) {
     CHECK_INT(!double_gpu, "%s '%s': FSDP_DEVICE_COMM=nccl needs a real GPU, not the test double of one", op, tag);
     g.plane = load_nccl_plane();
@@ -257,8 +255,7 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
 
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
   return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes || a->seq != b->seq ||
-         a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 ||
-         !same_shape(a, b);
+         a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 || !same_shape(a, b);
 }
 
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
@@ -355,12 +352,14 @@ static void run_work(fsdp_work* w) {
              : be->broadcast(w->out_ptr, w->count, w->arg, err);
       break;
     case FSDP_COLL_BARRIER: break;  // agreeing was the barrier: nobody passes before all arrived
-    case FSDP_COLL_PLANE_INIT:
-      rc = g.plane->init(be, fsdp_backend_for(w->meta.device),
-                         w->meta.device == FSDP_CUDA ? fsdp_cuda_current_device() : 0, g.rank, g.size, w->timeout,
-                         err);
+    case FSDP_COLL_PLANE_INIT: {
+      const fsdp_backend* dev = fsdp_backend_for(w->meta.device);
+      int index = 0, count = 0;
+      dev->ordinal(&index, &count);
+      rc = g.plane->init(be, dev, index, g.rank, g.size, w->timeout, err);
       g.plane_up = rc == 0;
       break;
+    }
     case FSDP_COLL_PLANE_BOOT: rc = w->boot->bootstrap(be, g.rank, g.size, w->digest, err); break;
     case FSDP_COLL_FINALIZE:
       if (g.plane_up) g.plane->finalize(0);
@@ -909,7 +908,6 @@ int fsdp_comm_plane_bootstrap(const char* plane, char* digest) {
   else if (strcmp(plane, "standin") == 0) p = fsdp_comm_standin_plane();
   else CHECK_INT(0, "plane bootstrap: unknown plane '%s' (use \"nccl\" or \"standin\")", plane);
   if (!p) {
-    if (strcmp(plane, "standin") == 0) CHECK_INT(0, "plane bootstrap: the stand-in needs fsdp._testdev_install()");
     char msg[FSDP_COMM_ERRLEN];
     snprintf(msg, sizeof msg, "%s", fsdp_last_error());
     CHECK_INT(0, "plane bootstrap: %s", msg);

@@ -79,8 +79,8 @@ typedef struct fsdp_comm_backend {
 
 // ---- device data planes: collectives on device memory, queued on the device's streams ------------
 // A plane moves device tensors without staging them through the host: NCCL (libfsdp_nccl.so), or
-// the stand-in communicator (backend/testdev/standin.c, a test double of NCCL over the host
-// backend, with completions delayed at random). The host backend stays the control plane: the
+// the stand-in communicator (comm_standin.c, a test double of NCCL over the host backend, with
+// completions delayed at random). The host backend stays the control plane: the
 // ranks agree on every collective through it first, in order, and a plane starts (init) at a
 // collective all ranks agreed on. Every entry runs on the communication thread and never waits
 // for the device: a collective is queued on the plane's stream for its kind (all_gather and
@@ -112,8 +112,7 @@ typedef struct fsdp_comm_plane {
   int (*in_flight)(void);  // collectives queued and not finished yet
 } fsdp_comm_plane;
 
-// exported by libfsdp_nccl.so; the stand-in's is in libfsdp.so (NULL until the test double of a
-// GPU is installed)
+// exported by libfsdp_nccl.so; the stand-in's (comm_standin.c) is in libfsdp.so
 typedef const fsdp_comm_plane* (*fsdp_comm_plane_getter)(void);
 const fsdp_comm_plane* fsdp_comm_nccl_plane(void);
 const fsdp_comm_plane* fsdp_comm_standin_plane(void);

@@ -122,8 +122,8 @@ int fsdp_shard_layout(fsdp_unit* u) {
       copy_run(dst, FSDP_F32, p->shard_off, old[old_group[i]].shard, FSDP_F32, old_off[i], p->chunk);
     } else {  // standalone: cut this rank's piece out of the full values
       fsdp_tensor* full = fsdp_as_contig(p->t);
-      int rc = full ? copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len)
-                    : -1;
+      int rc =
+          full ? copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len) : -1;
       fsdp_tensor_release(full);
       if (rc) return -1;
       zero_run(dst, FSDP_F32, p->shard_off + p->len, p->chunk - p->len);
@@ -306,8 +306,7 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
     if (!u->reduce_recv) return -1;
     if (u->W == 1)  // offloaded and replicated: averaged in place on the device, copied at finish
       u->reduce = world > 1 ? fsdp_all_reduce(u->reduce_send, FSDP_REDUCE_AVG, u->path) : NULL;
-    else
-      u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
+    else u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
     if (!u->reduce && (u->W > 1 || world > 1)) return -1;
   }
   u->reduced_pending = 1;

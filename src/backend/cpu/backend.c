@@ -38,6 +38,22 @@ static void cpu_stream_wait(void* stream, void* event) {
   (void)stream;
   (void)event;
 }
+static int cpu_copy_async(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind, void* stream) {
+  (void)stream;
+  return cpu_copy(dst, src, nbytes, kind);
+}
+static void cpu_memset_async(void* p, int byte, size_t nbytes, void* stream) {
+  (void)stream;
+  memset(p, byte, nbytes);
+}
+static void cpu_launch_host(void* stream, void (*fn)(void*), void* arg) {
+  (void)stream;
+  fn(arg);
+}
+static void cpu_ordinal(int* index, int* count) {
+  *index = 0;
+  *count = 1;
+}
 
 static const fsdp_backend cpu_backend = {
     .name = "cpu",
@@ -53,6 +69,10 @@ static const fsdp_backend cpu_backend = {
     .event_free = cpu_event_free,
     .event_record = cpu_event_record,
     .stream_wait = cpu_stream_wait,
+    .copy_async = cpu_copy_async,
+    .memset_async = cpu_memset_async,
+    .launch_host = cpu_launch_host,
+    .ordinal = cpu_ordinal,
     .elem = &fsdp_cpu_elem_kernels,
     .linalg = &fsdp_cpu_linalg_kernels,
     .nn = &fsdp_cpu_nn_kernels,

@@ -98,6 +98,25 @@ static void cuda_stream_wait(void* stream, void* event) {
   if (e != cudaSuccess) fsdp_cuda_fail("stream_wait", e);
 }
 
+static int cuda_copy_async(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind, void* stream) {
+  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+                                         cudaMemcpyHostToHost};
+  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, kinds[kind], stream ? (cudaStream_t)stream : fsdp_cuda_stream);
+  return e == cudaSuccess ? 0 : fsdp_cuda_fail("copy_async", e);
+}
+static void cuda_memset_async(void* p, int byte, size_t nbytes, void* stream) {
+  cudaError_t e = cudaMemsetAsync(p, byte, nbytes, stream ? (cudaStream_t)stream : fsdp_cuda_stream);
+  if (e != cudaSuccess) fsdp_cuda_fail("memset_async", e);
+}
+static void cuda_launch_host(void* stream, void (*fn)(void*), void* arg) {
+  cudaError_t e = cudaLaunchHostFunc(stream ? (cudaStream_t)stream : fsdp_cuda_stream, fn, arg);
+  if (e != cudaSuccess) fsdp_cuda_fail("launch_host", e);
+}
+static void cuda_ordinal(int* index, int* count) {
+  *index = g_device;
+  if (cudaGetDeviceCount(count) != cudaSuccess) *count = 1;
+}
+
 static const fsdp_backend cuda_backend = {
     "cuda",
     1,  // async: work runs behind the host
@@ -112,6 +131,10 @@ static const fsdp_backend cuda_backend = {
     cuda_event_free,
     cuda_event_record,
     cuda_stream_wait,
+    cuda_copy_async,
+    cuda_memset_async,
+    cuda_launch_host,
+    cuda_ordinal,
     &fsdp_cuda_elem_kernels,
     &fsdp_cuda_linalg_kernels,
     &fsdp_cuda_nn_kernels,

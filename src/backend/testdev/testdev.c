@@ -12,13 +12,15 @@
  * It is async (fsdp_backend.async), as a GPU: an index or target check that fails records its
  * deferred check id and the bad value; from then on its kernels are skipped (a GPU's sticky error),
  * and the next wait on the device -- synchronize, a copy to the host -- reports it and clears it.
- * It counts those waits (fsdp_testdev_syncs), so a spec can prove a step never waits.
+ * It counts those waits (fsdp_testdev_syncs), so a spec can prove a step never waits. Its kernels
+ * run on the caller's thread (the compute stream); the streams made by stream_new are threads
+ * running their queues in order, with events between them as CUDA's (the stand-in communicator,
+ * dist/comm_standin.c, runs the collectives of a device data plane on them).
  *
  * The arena: FSDP_TESTDEV_MIB (default 1024) of address space, reserved, not committed; first-fit
  * over a sorted free list.
  */
 #include "core/core.h"
-#include "backend/testdev/testdev.h"
 
 #include <execinfo.h>
 #include <pthread.h>
@@ -275,16 +277,45 @@ static void td_stream_wait(void* stream, void* event) {
   if (stream) td_stream_push(stream, (td_op){.kind = 1, .ev = e, .gen = gen});
   else td_event_await(e, gen);
 }
-// for the stand-in communicator (testdev.h)
-void fsdp_testdev_launch(void* stream, void (*fn)(void*), void* arg) {
-  td_stream_push(stream, (td_op){.kind = 2, .fn = fn, .arg = arg});
-}
-void fsdp_testdev_move(void* dst, const void* src, size_t nbytes) {
+// work queued on a stream: a copy or memset there moves bytes as a DMA engine would (no wait on
+// the compute stream, no deferred check reported, no sync counted); on the compute stream it runs
+// at once, as its kernels do
+typedef struct {
+  void* dst;
+  const void* src;
+  size_t nbytes;
+  int byte;  // memset: the byte; copy: -1
+} td_move;
+static void td_move_run(void* arg) {
+  td_move* m = arg;
   td_open();
-  if (nbytes) memcpy(dst, src, nbytes);
+  if (m->byte >= 0) memset(m->dst, m->byte, m->nbytes);
+  else if (m->nbytes) memcpy(m->dst, m->src, m->nbytes);
   td_close();
+  free(m);
 }
-void fsdp_testdev_poison(void* p, size_t nbytes) { td_memset(p, 0xff, nbytes); }
+static void td_launch_host(void* stream, void (*fn)(void*), void* arg) {
+  if (stream) td_stream_push(stream, (td_op){.kind = 2, .fn = fn, .arg = arg});
+  else fn(arg);
+}
+static int td_queue_move(void* dst, const void* src, size_t nbytes, int byte, void* stream) {
+  td_move* m = malloc(sizeof *m);
+  CHECK_INT(m, "testdev: out of memory");
+  *m = (td_move){dst, src, nbytes, byte};
+  td_launch_host(stream, td_move_run, m);
+  return 0;
+}
+static int td_copy_async(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind, void* stream) {
+  (void)kind;
+  return td_queue_move(dst, src, nbytes, -1, stream);
+}
+static void td_memset_async(void* p, int byte, size_t nbytes, void* stream) {
+  td_queue_move(p, NULL, nbytes, byte & 0xff, stream);
+}
+static void td_ordinal(int* index, int* count) {
+  *index = 0;
+  *count = 1;
+}
 
 // ---- kernels: the CPU's, with the arena open -----------------------------------------------------------
 // V: an entry returning nothing; R: one returning a value (the status or result)
@@ -453,6 +484,10 @@ static const fsdp_backend td_backend = {
     .event_free = td_event_free,
     .event_record = td_event_record,
     .stream_wait = td_stream_wait,
+    .copy_async = td_copy_async,
+    .memset_async = td_memset_async,
+    .launch_host = td_launch_host,
+    .ordinal = td_ordinal,
     .elem = &td_elem,
     .linalg = &td_linalg,
     .nn = &td_nn,
@@ -479,7 +514,6 @@ static void td_fault(int sig, siginfo_t* si, void* ctx) {
 
 int64_t fsdp_testdev_syncs(void) { return atomic_load(&g_syncs); }
 static int g_installed;
-int fsdp_testdev_installed(void) { return g_installed; }
 
 int fsdp_testdev_install(void) {
   if (g_installed) return 0;

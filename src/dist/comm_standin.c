@@ -1,30 +1,34 @@
 /*
- * backend/testdev/standin.c -- the stand-in communicator: a TEST DOUBLE of NCCL, the device data
- * plane (dist/comm.h, fsdp_comm_plane) of the test double of a GPU. Chosen by
- * FSDP_DEVICE_COMM=standin once fsdp._testdev_install() ran; users never see it.
+ * dist/comm_standin.c -- the stand-in communicator: a TEST DOUBLE of NCCL, a device data plane
+ * (dist/comm.h, fsdp_comm_plane) chosen by FSDP_DEVICE_COMM=standin; the tests run it on the test
+ * double of a GPU (backend/testdev), whose streams are threads. Users never need it.
  *
  * It keeps NCCL's contract and nothing more, so code that leans on anything else breaks here:
- * each collective is queued on one of two streams of the double (one for gathers, one for
- * reductions, each a thread running its queue in order), starts only after its `ready` event,
- * and its result is there only once its `done` event completed. On the stream, the collective
- *   1. sleeps a random while (up to FSDP_STANDIN_DELAY_US, default 2000 microseconds), then reads
+ * each collective is queued on one of two streams (gathers, reductions), starts only after its
+ * `ready` event and has its result only once its `done` event completed. It is built only of what
+ * every device table offers (stream waits and events, copies, memsets and host functions queued
+ * on a stream). On the stream, the collective
+ *   1. sleeps a random while (up to FSDP_STANDIN_DELAY_US, default 2000 microseconds), then copies
  *      its input from device memory into a host buffer,
  *   2. poisons the output (0xFF bytes: NaN floats), as a collective in progress leaves it
  *      half-written -- a reader that did not wait sees NaN, never a stale but plausible value,
- * the communication thread moves the host buffers with the host backend (MPI, with its timeouts
- * and agreement: the control plane of the real NCCL plane too), and back on the stream the result
+ * the communication thread moves the host buffers with the host backend (MPI, with its timeouts:
+ * the control plane of the real NCCL plane too), and back on the stream the result
  *   3. arrives after another random sleep, and `done` completes.
  * So completions come late and out of order between the two streams and across ranks (each rank
  * draws its own delays, seeded by FSDP_STANDIN_SEED and its rank). The communication thread waits
  * for step 1 of its own collective (the host buffer must hold the input before MPI moves it);
- * that wait is the double's, the real plane never waits for the device.
+ * that wait is the double's: the real plane never waits for the device.
  */
-#include "core/core.h"
-#include "backend/testdev/testdev.h"
 #include "dist/comm.h"
+
+#include "core/backend.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 enum { GATHERS = 0, REDUCTIONS = 1 };
@@ -33,7 +37,7 @@ typedef struct sd_coll {
   void* dev_out;
   const void* dev_in;
   size_t in_bytes, out_bytes;
-  char *host_in, *host_out;
+  void *host_in, *host_out;
   unsigned delay_us[2];
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -60,41 +64,32 @@ static unsigned draw_delay(void) {  // xorshift64*, on the communication thread 
 
 static void sleep_us(unsigned us) {
   struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
+  while (nanosleep(&ts, &ts) != 0) {}
 }
 
-static void coll_free(sd_coll* c) {
+static void coll_free(void* arg) {  // (also the last host function of a collective's stream work)
+  sd_coll* c = arg;
   free(c->host_in);
   free(c->host_out);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
+  atomic_fetch_sub(&S.in_flight, 1);
 }
 
-// on the stream: steps 1 and 2
-static void capture(void* arg) {
+// host functions on the stream
+static void pause_start(void* arg) { sleep_us(((sd_coll*)arg)->delay_us[0]); }
+static void pause_result(void* arg) { sleep_us(((sd_coll*)arg)->delay_us[1]); }
+static void captured(void* arg) {
   sd_coll* c = arg;
-  sleep_us(c->delay_us[0]);
-  fsdp_testdev_move(c->host_in, c->dev_in, c->in_bytes);
-  fsdp_testdev_poison(c->dev_out, c->out_bytes);
   pthread_mutex_lock(&c->mu);
   c->captured = 1;
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
 
-// on the stream: step 3 (the stream records `done` right after)
-static void deliver(void* arg) {
-  sd_coll* c = arg;
-  sleep_us(c->delay_us[1]);
-  fsdp_testdev_move(c->dev_out, c->host_out, c->out_bytes);
-  coll_free(c);
-  atomic_fetch_sub(&S.in_flight, 1);
-}
-
 // queues steps 1-2 on the kind's stream and waits for them (the stream waits only for `ready`,
-// recorded on the compute stream, which the double runs on the host: it has completed)
+// recorded on the compute stream, which the GPU double runs on the host: it has completed)
 static sd_coll* begin(int stream, void* out, const void* in, size_t in_bytes, size_t out_bytes, void* ready,
                       char* err) {
   sd_coll* c = calloc(1, sizeof *c);
@@ -116,11 +111,20 @@ static sd_coll* begin(int stream, void* out, const void* in, size_t in_bytes, si
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   atomic_fetch_add(&S.in_flight, 1);
-  S.dev->stream_wait(S.streams[stream], ready);
-  fsdp_testdev_launch(S.streams[stream], capture, c);
+  void* s = S.streams[stream];
+  S.dev->stream_wait(s, ready);
+  S.dev->launch_host(s, pause_start, c);
+  int rc = S.dev->copy_async(c->host_in, in, in_bytes, FSDP_COPY_D2H, s);
+  S.dev->memset_async(out, 0xff, out_bytes, s);
+  S.dev->launch_host(s, captured, c);
   pthread_mutex_lock(&c->mu);
   while (!c->captured) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
+  if (rc) {
+    snprintf(err, FSDP_COMM_ERRLEN, "stand-in: cannot queue the copy of its input");
+    coll_free(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -129,12 +133,14 @@ static sd_coll* begin(int stream, void* out, const void* in, size_t in_bytes, si
 static int finish(int stream, sd_coll* c, int rc, void* done) {
   if (rc) {
     coll_free(c);
-    atomic_fetch_sub(&S.in_flight, 1);
     return -1;
   }
-  fsdp_testdev_launch(S.streams[stream], deliver, c);
-  S.dev->event_record(done, S.streams[stream]);
-  return 0;
+  void* s = S.streams[stream];
+  S.dev->launch_host(s, pause_result, c);
+  rc = S.dev->copy_async(c->dev_out, c->host_out, c->out_bytes, FSDP_COPY_H2D, s);
+  S.dev->launch_host(s, coll_free, c);
+  S.dev->event_record(done, s);
+  return rc;
 }
 
 static int sd_bootstrap(const fsdp_comm_backend* host, int rank, int size, char* digest, char* err) {
@@ -208,8 +214,8 @@ static int sd_progress(double timeout_s, char* err) {
 static int sd_in_flight(void) { return atomic_load(&S.in_flight); }
 
 static const fsdp_comm_plane standin_plane = {
-    FSDP_COMM_ABI, FSDP_PLANE_STANDIN, "standin",     sd_init,       sd_bootstrap, sd_finalize,
+    FSDP_COMM_ABI, FSDP_PLANE_STANDIN, "standin",     sd_init,      sd_bootstrap, sd_finalize,
     sd_all_gather, sd_reduce_scatter,  sd_all_reduce, sd_broadcast, sd_progress,  sd_in_flight,
 };
 
-const fsdp_comm_plane* fsdp_comm_standin_plane(void) { return fsdp_testdev_installed() ? &standin_plane : NULL; }
+const fsdp_comm_plane* fsdp_comm_standin_plane(void) { return &standin_plane; }
