@@ -190,11 +190,19 @@ asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 # The core from two threads at once under ThreadSanitizer (build-tsan/): tests/c/tsan_probe.c trains
 # two independent models in two threads and must match a single-thread run; any race is an error
 # (one thread per OpenMP and OpenBLAS pool: neither library is built for TSan)
-tsan-check: | deps-build
+# Then the threads of a device data plane: every collective on tensors of the GPU double through the
+# stand-in communicator (the communication thread, two stream threads and the caller), one rank.
+TSAN_LIB := $(shell $(CC) -print-file-name=libtsan.so)
+tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	mkdir -p build-tsan
 	$(CC) -O1 $(ARCH) -g -fsanitize=thread $(BASE_CFLAGS) $(BLAS_CFLAGS) -o build-tsan/tsan_probe tests/c/tsan_probe.c \
 	  $(SRCS) $(LDLIBS) -lpthread -ldl
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 build-tsan/tsan_probe
+	$(CC) -O1 $(ARCH) -g -fsanitize=thread $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared -o build-tsan/libfsdp.so $(SRCS) \
+	  -Wl,--version-script=$(BUILD)/libfsdp.map $(LDLIBS) -lpthread -ldl
+	TSAN_OPTIONS=halt_on_error=1:exitcode=66 LD_PRELOAD=$(TSAN_LIB) LUA_PATH='lua/?.lua;lua/?/init.lua;;' \
+	  LUA_CPATH='build-tsan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_VALUES_DEVICE=cuda \
+	  FSDP_DEVICE_COMM=standin $(LUAJIT) tests/scripts/comm_values.lua self
 
 # ---- benchmarks and the demo --------------------------------------------------------------------
 # ours against two PyTorch builds: Debian's (/usr/bin/python3, or PYTHON=) and a current one from

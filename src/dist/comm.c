@@ -742,7 +742,8 @@ static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) 
 // collectives over MPI: ranks sharing one GPU) is staged through the host: its bytes are copied
 // to a host buffer on the caller's thread before the collective, and the result copied back at
 // wait, so the comm thread never touches device memory. With a plane (meta.plane) the buffers are
-// contiguous memory of the device, and the same copies (device to device) happen on its stream.
+// contiguous memory of the device: the same copies (device to device, or across for CPU offload)
+// run on the compute stream, before submit records `ready`, and after wait's stream wait.
 
 // which device's memory the collective reads and writes, and how it moves; -1 with the error set
 static int route(fsdp_work* w, const fsdp_tensor* t) {
