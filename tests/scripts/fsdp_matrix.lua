@@ -116,6 +116,16 @@ local function ref_clip(model, max_norm)
   end
   return total
 end
+-- a step that clips the gradients to norm 0.05 (the wrapped side by fsdp.clip_grad_norm), the norm
+-- its aux value
+local function clip_step(S, k)
+  local x, y = S.batch(k)
+  local loss = S.spec.loss(S.model(x), y)
+  S.opt:zero_grad(); loss:backward()
+  local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
+  S.opt:step()
+  return loss:item(), { norm }
+end
 
 -- ---- expected collectives -------------------------------------------------------------------------------
 -- Computed independently of wrap.lua: each parameter belongs to the unit with the longest path
@@ -600,14 +610,7 @@ local function mixed_strategies(m, o)
 end
 case { name = "nested/mixed-strategies", model = "nested", wrap = mixed_strategies }
 case { name = "misc/clip_grad_norm,mixed-strategies", model = "nested", wrap = mixed_strategies,
-  step = function(S, k)
-    local x, y = S.batch(k)
-    local loss = S.spec.loss(S.model(x), y)
-    S.opt:zero_grad(); loss:backward()
-    local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
-    S.opt:step()
-    return loss:item(), { norm }
-  end }
+  step = clip_step }
 -- bf16 parameters: within bf16 tolerance of the f32 reference, and measurably different from f32 FSDP
 local function differs_from(base_name)
   return function(ctx)
@@ -676,14 +679,7 @@ if DEVICE then
     opts = { offload = true, mixed_precision = { param = "bf16" } }, check = check_offload() }
   case { name = "offload/misc,clip_grad_norm", model = "nested", wrap = P.nested.children, opts = { offload = true },
     check = check_offload(),
-    step = function(S, k)
-      local x, y = S.batch(k)
-      local loss = S.spec.loss(S.model(x), y)
-      S.opt:zero_grad(); loss:backward()
-      local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
-      S.opt:step()
-      return loss:item(), { norm }
-    end }
+    step = clip_step }
 end
 
 -- (e) state dicts, clipping, summon_full_params
@@ -714,14 +710,7 @@ case { name = "misc/load_state_dict-then-train", model = "nested", wrap = P.nest
   end }
 for _, sh in ipairs { "full", "none" } do
   case { name = "misc/clip_grad_norm,sharding=" .. sh, model = "nested", wrap = P.nested.children, opts = { sharding = sh },
-    step = function(S, k)
-      local x, y = S.batch(k)
-      local loss = S.spec.loss(S.model(x), y)
-      S.opt:zero_grad(); loss:backward()
-      local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
-      S.opt:step()
-      return loss:item(), { norm }
-    end }
+    step = clip_step }
 end
 case { name = "misc/summon_full_params", model = "nested", wrap = P.nested.nested3, steps = 3,
   before_step = function(S, k, ctx)
