@@ -424,6 +424,11 @@ int fsdp_param_full_shape(const fsdp_tensor* p, int64_t* shape);
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p);  // NULL for standalone tensors
 // 1 when every unit is idle and holds no gathered buffer beyond its policy
 int fsdp_units_all_idle(void);
+// between passes (no forward running, no backward): units left waiting for a backward that never
+// came -- a forward under grad whose output was dropped, or kept and not backpropagated -- go back
+// to IDLE, resharded, as the next forward would do. summon_full_params, state_dict and the sharded
+// checkpoints call it; a kept output can still be backpropagated later (its units gather again).
+int fsdp_units_settle(void);
 int fsdp_unit_world_size(const fsdp_unit* u);  // 1 for NO_SHARD
 
 // ---- build information ------------------------------------------------------------------------------

@@ -253,6 +253,7 @@ function M.save_sharded(dir, model, optimizer, extra)
   if dir == "" then dir = "/" end
   extra = check_extra(extra, what)
   local rank, world = fsdp.rank(), fsdp.world_size()
+  fsdp._check(C.fsdp_units_settle())  -- (a forward whose backward never came)
   local entries, by_name = model_entries(model, what)
 
   local tensors, layout = {}, {}
@@ -450,6 +451,7 @@ end
 -- by dir/latest (saved at any world size) and fills its own pieces; nothing changes on error
 function M.load_sharded(dir, model, optimizer)
   local what = "fsdp.load_sharded"
+  fsdp._check(C.fsdp_units_settle())
   local entries, by_name = model_entries(model, what)
   local ck = M.read(dir, what)
 

@@ -270,6 +270,7 @@ end
 function W.summon_full_params(m, fn, opts)
   local writeback = not (opts and opts.writeback == false)
   local us = W.units(m)
+  check(C.fsdp_units_settle())  -- (a forward whose backward never came)
   -- A unit whose layout world is 1 (world size 1, sharding "none") has no separate gathered
   -- buffer: the summoned parameters ARE the local ones, so without writeback the local values
   -- are saved here and restored afterwards (found by tests/scripts/fsdp_matrix.lua,
@@ -285,7 +286,15 @@ function W.summon_full_params(m, fn, opts)
   for _, u in ipairs(us) do check(C.fsdp_unit_unshard(u.c)) end
   local res = pack(pcall(fn))
   for _, u in ipairs(us) do check(C.fsdp_unit_reshard(u.c, writeback and 1 or 0)) end
-  if #saved > 0 then fsdp.no_grad(function() for _, e in ipairs(saved) do e[1]:copy_(e[2]) end end) end
+  -- (restored only where fn changed it: a copy bumps the parameter's version, and a graph built
+  -- before -- state_dict between forward and backward -- would refuse it as modified in place)
+  if #saved > 0 then
+    fsdp.no_grad(function()
+      for _, e in ipairs(saved) do
+        if (e[1] - e[2]):abs():max():item() ~= 0 then e[1]:copy_(e[2]) end
+      end
+    end)
+  end
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2, res.n)
 end

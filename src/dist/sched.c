@@ -515,6 +515,13 @@ int fsdp_unit_set_sync_grads(fsdp_unit* u, int sync) {
   u->sync_grads = sync != 0;
   return 0;
 }
+int fsdp_units_settle(void) {
+  if (g_depth > 0 || fsdp_is_backward_running()) return 0;
+  int rc = 0;
+  for (int i = 0; i < fsdp_n_units; i++)
+    if (fsdp_units[i]->state == FSDP_UNIT_FORWARD_DONE && finalize_unit(fsdp_units[i])) rc = -1;
+  return rc;
+}
 int fsdp_units_all_idle(void) {
   for (int i = 0; i < fsdp_n_units; i++) {
     fsdp_unit* u = fsdp_units[i];

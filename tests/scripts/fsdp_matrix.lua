@@ -542,6 +542,50 @@ case { name = "usage/no_grad-forward", model = "nested", wrap = P.nested.childre
     local out = fsdp.no_grad(function() return S.model(x) end)
     return { S.is_ref and S.slice(out) or out }
   end }
+-- forwards under grad whose backward never comes (a validation pass someone forgot to put under
+-- no_grad, a loss computed and skipped): the units wait in FORWARD_DONE, and the next call that
+-- needs them idle -- state_dict, summon_full_params, save_sharded, the next forward -- settles them
+local function sd_sum(sd)
+  local s, names = 0, {}
+  for k in pairs(sd) do names[#names + 1] = k end
+  table.sort(names)
+  for i, k in ipairs(names) do for _, v in ipairs(flat(sd[k])) do s = s + i * v end end
+  return s
+end
+case { name = "usage/validation-under-grad,state_dict", model = "nested", wrap = P.nested.children,
+  before_step = function(S, k)
+    local out = S.model(S.batch(300 + k))  -- dropped: never backpropagated
+    return { S.is_ref and S.slice(out) or out, sd_sum(S.model:state_dict()) }
+  end }
+case { name = "usage/kept-output,summon_full_params", model = "transformer", wrap = P.transformer.blocks,
+  before_step = function(S, k)
+    S.kept = S.model(S.batch(400 + k))  -- kept alive, never backpropagated
+    local w = 0
+    local function read() for _, p in ipairs(S.model:parameters()) do w = w + p:sum():item() end end
+    if S.is_ref then read() else S.model:summon_full_params(read, { writeback = false }) end
+    return { w }
+  end }
+case { name = "usage/dropped-forward,save_sharded", model = "conv", wrap = P.conv.blocks,
+  before_step = function(S, k, ctx)
+    S.model(S.batch(500 + k))
+    if S.is_ref then return end
+    local dir = ("/tmp/fsdp_matrix_drop_%d_%d"):format(os.time(), R)
+    if R == 0 then os.execute("rm -rf " .. dir) end
+    fsdp.barrier()
+    dir = dir:gsub("_%d+$", "_0")
+    fsdp.save_sharded(dir, S.model, S.opt)
+    fsdp.barrier()
+    if R == 0 then os.execute("rm -rf " .. dir) end
+  end }
+-- and a kept output backpropagated after state_dict settled its units: they gather again
+case { name = "usage/backward-after-state_dict", model = "nested", wrap = P.nested.nested3,
+  step = function(S, k)
+    local x, y = S.batch(k)
+    local loss = S.spec.loss(S.model(x), y)
+    local s = sd_sum(S.model:state_dict())
+    S.opt:zero_grad(); loss:backward(); S.opt:step()
+    return loss:item(), { s }
+  end }
 case { name = "usage/eval-between-steps", model = "conv", wrap = P.conv.blocks, steps = 4,
   before_step = function(S, k)
     if k == 1 then return end
