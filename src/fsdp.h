@@ -430,6 +430,9 @@ int fsdp_units_all_idle(void);
 // checkpoints call it; a kept output can still be backpropagated later (its units gather again).
 int fsdp_units_settle(void);
 int fsdp_unit_world_size(const fsdp_unit* u);  // 1 for NO_SHARD
+// what the last forward pass showed of u (fsdp.summary): 1 when u ran in it, then whether it was
+// that pass's root and whether its outputs will take it into backward; 0 before its first forward
+int fsdp_unit_last_pass(const fsdp_unit* u, int* is_root, int* in_backward);
 
 // ---- build information ------------------------------------------------------------------------------
 const char* fsdp_version(void);

@@ -560,7 +560,8 @@ setmetatable(fsdp, {
       local m = require "fsdp.nn.functional"; rawset(t, k, m); return m
     elseif k == "save" or k == "load" then
       return require("fsdp.io")[k]
-    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "unit_states" or k == "all_idle" then
+    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "unit_states" or k == "all_idle"
+      or k == "summary" then
       return require("fsdp.wrap")[k]
     elseif k == "save_sharded" or k == "load_sharded" then
       return require("fsdp.checkpoint")[k]

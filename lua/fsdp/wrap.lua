@@ -307,6 +307,142 @@ function W.has_units(m)
   return false
 end
 
+-- ---- the plan: fsdp.summary ----------------------------------------------------------------------------------------
+-- fsdp.summary(model[, {optimizer = opt, print = true}]) -> plan table (and prints it on rank 0)
+--   plan.units[i] = {path, module, parent (path or nil), sharding, world (its layout world),
+--     reshard_after_forward, param_dtype, params = {{name, shape, numel, local_numel, trainable}},
+--     elements = {full, this_rank, trainable, frozen}, bytes = {shards, gathered, grads, optimizer},
+--     step = {all_gather = {count, bytes}, reduce_scatter = ..., all_reduce = ...}}
+--   plan.step: the same counts summed: what one training step's collectives are (fsdp.comm_stats
+--   counts them the same way: payload bytes, the full gathered or reduced buffer)
+-- One step = forward, backward, gradient reduction. A unit gathers each of its two groups
+-- (trainable, frozen) in forward; again in backward when it was resharded after forward and its
+-- outputs take it into backward (known after a first forward: a frozen unit whose inputs need no
+-- gradient is left out); its trainable group is reduce-scattered (all-reduced for sharding "none"
+-- on several ranks). optimizer: its state tensors' bytes per unit, once its first step made them.
+local dtype_bytes = { float32 = 4, bfloat16 = 2, float16 = 2, int64 = 8 }
+local function human(b)
+  if b >= 2 ^ 30 then return ("%.2f GiB"):format(b / 2 ^ 30) end
+  if b >= 2 ^ 20 then return ("%.2f MiB"):format(b / 2 ^ 20) end
+  if b >= 2 ^ 10 then return ("%.1f KiB"):format(b / 2 ^ 10) end
+  return ("%d B"):format(b)
+end
+local KINDS = { "all_gather", "reduce_scatter", "all_reduce" }
+
+function W.summary(model, opts)
+  if type(model) ~= "table" or not rawget(model, "_modules") then
+    error("fsdp.summary: expected an nn.Module, got " .. type(model), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("fsdp.summary: options must be a table like {optimizer = opt}", 2) end
+  opts = opts or {}
+  local world = fsdp.world_size()
+  local numel, chunk, start, length = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]"),
+    ffi.new("int64_t[1]")
+  local is_root, in_bw = ffi.new("int[1]"), ffi.new("int[1]")
+  local shp = ffi.new("int64_t[8]")
+  local plan = { world_size = world, rank = fsdp.rank(), units = {}, step = {} }
+  for _, k in ipairs(KINDS) do plan.step[k] = { count = 0, bytes = 0 } end
+  for _, u in ipairs(W.units(model)) do
+    local o = u.opts
+    local Wu = C.fsdp_unit_world_size(u.c)
+    local pdt = (o.mixed_precision and o.mixed_precision.param) and fsdp._dtype_names[fsdp._dtype(o.mixed_precision.param)]
+      or "float32"
+    local ran = C.fsdp_unit_last_pass(u.c, is_root, in_bw) ~= 0
+    local root = ran and is_root[0] ~= 0 or (not ran and u.parent == nil)
+    local backward = not ran or in_bw[0] ~= 0
+    local sharding = o.sharding or "full"
+    local reshard = o.reshard_after_forward
+    if reshard == nil then reshard = shardings[sharding] == 0 and not root end
+    local e = { path = u.path, module = module_label(u.module), parent = u.parent and u.parent.path, sharding = sharding,
+      world = Wu, reshard_after_forward = reshard, param_dtype = pdt, params = {},
+      elements = { full = 0, this_rank = 0, trainable = 0, frozen = 0 },
+      bytes = { shards = 0, gathered = 0, grads = 0, optimizer = 0 }, step = {} }
+    for _, k in ipairs(KINDS) do e.step[k] = { count = 0, bytes = 0 } end
+    local S, F = { 0, 0 }, { 0, 0 }  -- per group (1 trainable, 2 frozen): shard and full elements
+    local ps = own_params(u.module)  -- (the unit's parameters, in its order)
+    for i = 0, C.fsdp_unit_num_params(u.c) - 1 do
+      check(C.fsdp_unit_param_layout(u.c, i, numel, chunk, start, length))
+      local t = ps[i + 1]
+      local nd = C.fsdp_param_full_shape(t.p, shp)
+      local shape = {}
+      for d = 0, nd - 1 do shape[d + 1] = tonumber(shp[d]) end
+      local g = t.requires_grad and 1 or 2
+      S[g] = S[g] + tonumber(chunk[0])
+      F[g] = F[g] + tonumber(numel[0])
+      e.params[#e.params + 1] = { name = u.param_names[i + 1], shape = shape, numel = tonumber(numel[0]),
+        local_numel = tonumber(length[0]), trainable = g == 1 }
+      e.elements.full = e.elements.full + tonumber(numel[0])
+      e.elements.this_rank = e.elements.this_rank + tonumber(length[0])
+      if g == 1 then e.elements.trainable = e.elements.trainable + tonumber(numel[0])
+      else e.elements.frozen = e.elements.frozen + tonumber(numel[0]) end
+      for _, v in pairs(opts.optimizer and opts.optimizer:state_of(t) or {}) do
+        if fsdp.is_tensor(v) then e.bytes.optimizer = e.bytes.optimizer + v:numel() * dtype_bytes[v.dtype] end
+      end
+    end
+    local es = dtype_bytes[pdt]
+    e.bytes.shards = (S[1] + S[2]) * 4
+    e.bytes.grads = S[1] * 4
+    e.bytes.gathered = (Wu > 1 or pdt ~= "float32") and (F[1] + F[2]) * es or 0
+    local function add(kind, bytes)
+      e.step[kind].count = e.step[kind].count + 1
+      e.step[kind].bytes = e.step[kind].bytes + bytes
+    end
+    if Wu > 1 then
+      for g = 1, 2 do
+        if F[g] > 0 then
+          add("all_gather", Wu * S[g] * es)
+          if reshard and backward then add("all_gather", Wu * S[g] * es) end
+        end
+      end
+      if F[1] > 0 then add("reduce_scatter", Wu * S[1] * 4) end
+    elseif world > 1 and F[1] > 0 then
+      add("all_reduce", S[1] * 4)
+    end
+    for _, k in ipairs(KINDS) do
+      plan.step[k].count = plan.step[k].count + e.step[k].count
+      plan.step[k].bytes = plan.step[k].bytes + e.step[k].bytes
+    end
+    plan.units[#plan.units + 1] = e
+  end
+  if opts.print ~= false and fsdp.rank() == 0 then
+    local lines = { ("FSDP plan of %s: %d unit(s), world size %d (per rank)"):format(module_label(model), #plan.units,
+      world) }
+    -- the unit tree, outer units first (plan.units keeps creation order: inner units first)
+    local kids, order, depth = {}, {}, {}
+    for _, e in ipairs(plan.units) do
+      local k = e.parent or false
+      kids[k] = kids[k] or {}
+      table.insert(kids[k], e)
+    end
+    local function visit(e, d)
+      order[#order + 1], depth[e] = e, d
+      for _, c in ipairs(kids[e.path] or {}) do visit(c, d + 1) end
+    end
+    for _, e in ipairs(kids[false] or {}) do visit(e, 0) end
+    for _, e in ipairs(order) do
+      local ind = ("  "):rep(depth[e] + 1)
+      lines[#lines + 1] = ("%sunit %s (%s): sharding %s over %d rank(s), %s, %sreshard after forward"):format(ind,
+        e.path == "" and "<root>" or e.path, e.module, e.sharding, e.world, e.param_dtype,
+        e.reshard_after_forward and "" or "no ")
+      lines[#lines + 1] = ("%s  params %d: %d elements (%d trainable, %d frozen), %d on this rank"):format(ind,
+        #e.params, e.elements.full, e.elements.trainable, e.elements.frozen, e.elements.this_rank)
+      lines[#lines + 1] = ("%s  bytes: shards %s, gathered %s while it computes, grads %s, optimizer %s"):format(ind,
+        human(e.bytes.shards), human(e.bytes.gathered), human(e.bytes.grads),
+        opts.optimizer and human(e.bytes.optimizer) or "(pass {optimizer = opt})")
+      local c = {}
+      for _, k in ipairs(KINDS) do
+        if e.step[k].count > 0 then c[#c + 1] = ("%s x%d (%s)"):format(k, e.step[k].count, human(e.step[k].bytes)) end
+      end
+      lines[#lines + 1] = ("%s  per step: %s"):format(ind, #c > 0 and table.concat(c, ", ") or "no collectives")
+    end
+    local c = {}
+    for _, k in ipairs(KINDS) do c[#c + 1] = ("%s x%d (%s)"):format(k, plan.step[k].count, human(plan.step[k].bytes)) end
+    lines[#lines + 1] = "  one training step: " .. table.concat(c, ", ")
+    print(table.concat(lines, "\n"))
+  end
+  return plan
+end
+
 -- ---- gradient clipping over the global norm ---------------------------------------------------------------------
 -- the parameter's gradient elements that this rank alone accounts for: sharded pieces count
 -- once per rank; replicated parameters (NO_SHARD units, unwrapped ones) count on every rank,

@@ -50,6 +50,11 @@ int fsdp_unit_state(const fsdp_unit* u) { return u->state; }
 int fsdp_unit_num_params(const fsdp_unit* u) { return u->n; }
 fsdp_tensor* fsdp_unit_param(fsdp_unit* u, int i) { return i >= 0 && i < u->n ? u->p[i].t : NULL; }
 int fsdp_unit_world_size(const fsdp_unit* u) { return u->W; }
+int fsdp_unit_last_pass(const fsdp_unit* u, int* is_root, int* in_backward) {
+  *is_root = u->is_root;
+  *in_backward = u->has_bw_node;
+  return u->order_index >= 0;
+}
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->owner; }
 
 int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {

@@ -441,15 +441,22 @@ end
 local cases = {}
 local function case(c) cases[#cases + 1] = c end
 
--- exact collective counts and bytes per step, against expected_comm
+-- exact collective counts and bytes per step, against expected_comm (this script's count) and
+-- against fsdp.summary's plan (the library's prediction, from the units after the last step)
 local function check_comm(sharding, opts)
   return function(ctx)
     if N == 1 then return end
     local e = expected_comm(ctx.ref.model, ctx.unit_paths, sharding, opts)
+    local plan = fsdp.summary(ctx.fs.model, { print = false }).step
+    plan.broadcast = { count = 0, bytes = 0 }
     for k, got in ipairs(ctx.comm) do
       for _, kind in ipairs { "all_gather", "reduce_scatter", "all_reduce", "broadcast" } do
         if got[kind].count ~= e[kind].count or got[kind].bytes ~= e[kind].bytes then
           ctx.fail(("step %d collectives: got %s, expected %s"):format(k, comm_str(got), comm_str(e)))
+          break
+        end
+        if got[kind].count ~= plan[kind].count or got[kind].bytes ~= plan[kind].bytes then
+          ctx.fail(("step %d collectives: got %s, fsdp.summary predicted %s"):format(k, comm_str(got), comm_str(plan)))
           break
         end
       end
