@@ -122,6 +122,15 @@ int64_t fsdp_testdev_syncs(void);
 // 0, or -1 with the error naming the missing entry or why the library does not load
 int fsdp_cuda_check_library(void);
 
+// ---- the timeline trace (core/trace.c; FSDP_TRACE=path starts it when the library loads) ----------
+enum { FSDP_TRACE_COMPUTE = 1, FSDP_TRACE_COMM = 2, FSDP_TRACE_BACKWARD = 3 };  // its tracks
+int fsdp_trace_start(const char* path);
+int fsdp_trace_stop(void);  // writes path (one rank) or path.rank<R>.json
+int fsdp_trace_enabled(void);
+double fsdp_trace_now(void);  // microseconds since the trace started
+// a slice on track `tid` from t0_us (fsdp_trace_now() when it began) to now; bytes -1: none
+void fsdp_trace_span(int tid, const char* name, double t0_us, int64_t bytes);
+
 // ---- memory ------------------------------------------------------------------------------
 // current and peak bytes per category (arrays of FSDP_MEM_NCAT) on the CPU, or on `device`
 void fsdp_memory_stats(int64_t* current, int64_t* peak);

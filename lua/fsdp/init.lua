@@ -535,6 +535,17 @@ function fsdp.memory_stats(device)
 end
 function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 
+-- the timeline trace (src/core/trace.c): Chrome/Perfetto trace-event JSON, one file per rank
+-- (path itself on one rank, else path.rank<R>.json); FSDP_TRACE=path records a whole run
+fsdp.trace = {
+  start = function(path)
+    if type(path) ~= "string" then error("fsdp.trace.start: path must be a string, got " .. type(path), 2) end
+    fsdp._check(C.fsdp_trace_start(path))
+  end,
+  stop = function() fsdp._check(C.fsdp_trace_stop()) end,
+  enabled = function() return C.fsdp_trace_enabled() ~= 0 end,
+}
+
 -- communication (fsdp/comm.lua, loaded on first use): fsdp.init/rank/world_size/barrier and
 -- the collectives; fsdp.comm holds the rest (set_timeout, finalize, ...)
 for _, k in ipairs { "init", "rank", "world_size", "barrier", "all_reduce", "broadcast", "all_gather",

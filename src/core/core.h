@@ -45,6 +45,10 @@ void fsdp_errorf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // makes the heap array *pv (type T**, *cap elements of `size` bytes) hold at least `need`
 // elements, doubling from 16; 0, or -1 with "<what>: out of memory" set (*pv and *cap unchanged)
 int fsdp_grow(void* pv, int* cap, int need, size_t size, const char* what);
+// the timeline trace (trace.c; the public part is in fsdp.h)
+void fsdp_trace_instant(int tid, const char* name, int64_t bytes);
+void fsdp_trace_async(int begin, int64_t id, const char* name);  // the backward track's slices
+void fsdp_trace_set_rank(int rank, int world);                   // names the file and the process
 
 // a shape as "(2, 3)" in a rotating static buffer (good for a few uses in one message)
 const char* fsdp_shape_s(const fsdp_tensor* t);

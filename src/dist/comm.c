@@ -51,6 +51,7 @@ struct fsdp_work {
   void *ready, *finished_ev;    // recorded on the compute stream at submit / on the plane's stream
   const fsdp_comm_plane* boot;  // FSDP_COLL_PLANE_BOOT: the plane to bootstrap, and its ids' digest
   char digest[17];
+  int traced_wait;  // its wait is on the trace (a handle is waited for at most once there)
   double timeout;
   fsdp_comm_meta meta;
   int done, status, finished, orphaned;
@@ -312,7 +313,24 @@ static void set_broken(const char* msg) {
   pthread_mutex_unlock(&g.mu);
 }
 
+static void run_work_traced(fsdp_work* w);
+
+// "all_gather 'blocks.0' #12": the trace's name of a collective
+static void trace_name(char* buf, size_t n, const char* prefix, const fsdp_work* w) {
+  snprintf(buf, n, "%s%s '%s' #%lld", prefix, kind_names[w->kind], w->meta.tag, (long long)w->meta.seq);
+}
+
 static void run_work(fsdp_work* w) {
+  double t0 = fsdp_trace_enabled() ? fsdp_trace_now() : 0;
+  run_work_traced(w);
+  if (fsdp_trace_enabled() && w->kind < FSDP_NCOLL) {
+    char name[160];
+    trace_name(name, sizeof name, "", w);
+    fsdp_trace_span(FSDP_TRACE_COMM, name, t0, w->meta.bytes);
+  }
+}
+
+static void run_work_traced(fsdp_work* w) {
   const fsdp_comm_backend* be = g.be;
   pthread_mutex_lock(&g.mu);
   int broken = g.broken;
@@ -538,6 +556,7 @@ int fsdp_comm_init(const char* backend) {
   g.owner = pthread_self();
   g.owner_tid = thread_id();
   g.initialized = 1;
+  fsdp_trace_set_rank(g.rank, g.size);
   if (!g.atexit_registered) {
     atexit(comm_atexit);
     g.atexit_registered = 1;
@@ -643,6 +662,11 @@ static fsdp_work* submit(fsdp_work* w, int64_t payload) {
   if (w->kind < FSDP_NCOLL) {
     g.counts[w->kind]++;
     g.bytes[w->kind] += payload;
+  }
+  if (fsdp_trace_enabled() && w->kind < FSDP_NCOLL) {
+    char name[160];
+    trace_name(name, sizeof name, "issue ", w);
+    fsdp_trace_instant(FSDP_TRACE_COMPUTE, name, payload);
   }
   if (g.tail) g.tail->next = w;
   else g.head = w;
@@ -936,8 +960,15 @@ int fsdp_barrier(void) {
 int fsdp_work_wait(fsdp_work* w) {
   CHECK_INT(w, "work wait: NULL work handle");
   if (check_owner("work wait", w->meta.tag)) return -1;
+  double t0 = fsdp_trace_enabled() ? fsdp_trace_now() : 0;
   if (wait_done(w) != 0) CHECK_INT(0, "%s", w->err);
   int rc = work_finish(w);
+  if (fsdp_trace_enabled() && !w->traced_wait && w->kind < FSDP_NCOLL) {
+    char name[160];
+    trace_name(name, sizeof name, "wait ", w);
+    fsdp_trace_span(FSDP_TRACE_COMPUTE, name, t0, -1);
+    w->traced_wait = 1;
+  }
   CHECK_INT(w->status == 0, "%s", w->err);
   return rc;
 }

@@ -248,10 +248,34 @@ static void prefetch(fsdp_unit* v) {
   if (fsdp_shard_gather_start(v, v->opts.param_dtype)) fsdp_clear_error();  // a failed prefetch is retried when needed
 }
 
+// the trace's slices of a unit: "forward <path>" on the compute track, "backward <path>" on the
+// backward track (from its gather for backward to its reduction's start, or to the end of
+// backward for a unit the catch-all finishes)
+static void trace_name(char* buf, size_t n, const char* what, const fsdp_unit* u) {
+  snprintf(buf, n, "%s %s", what, u->path);
+}
+static void trace_backward(fsdp_unit* u, int begin) {
+  if (!fsdp_trace_enabled() || u->trace_bw == begin) return;
+  char name[128];
+  trace_name(name, sizeof name, "backward", u);
+  int64_t id = 0;
+  for (int i = 0; i < fsdp_n_units; i++)
+    if (fsdp_units[i] == u) id = i + 1;
+  fsdp_trace_async(begin, id, name);
+  u->trace_bw = begin;
+}
+static void trace_forward_end(const fsdp_unit* u, const char* what) {
+  if (!fsdp_trace_enabled()) return;
+  char name[128];
+  trace_name(name, sizeof name, what, u);
+  fsdp_trace_span(FSDP_TRACE_COMPUTE, name, u->trace_t0, -1);
+}
+
 // returns a unit left over from an earlier pass to IDLE (its backward never came, or an error
 // stopped it); reductions already issued are completed and their gradients assigned
 static int finalize_unit(fsdp_unit* u) {
   int rc = 0;
+  trace_backward(u, 0);
   if (u->reduced_pending) rc = fsdp_shard_reduce_finish(u);
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
@@ -305,6 +329,7 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
   if (u->order_index < 0 && order_push(u)) return -1;
   u->is_root = g_depth == 0;
   g_depth++;
+  if (fsdp_trace_enabled()) u->trace_t0 = fsdp_trace_now();
   if (fsdp_shard_gather_finish(u, u->opts.param_dtype)) {
     g_depth--;
     return -1;
@@ -322,6 +347,7 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
 int fsdp_unit_post_forward(fsdp_unit* u) {
   CHECK_INT(u->state == FSDP_UNIT_FORWARD, "FSDP unit '%s': post_forward in state %s", u->path, state_names[u->state]);
   g_depth--;
+  trace_forward_end(u, "forward");
   if (!fsdp_is_grad_enabled()) {  // no backward will follow (no_grad / eval)
     u->state = FSDP_UNIT_IDLE;
     return fsdp_shard_reshard(u, 0);
@@ -331,7 +357,10 @@ int fsdp_unit_post_forward(fsdp_unit* u) {
 }
 
 int fsdp_unit_abort_forward(fsdp_unit* u) {
-  if (u->state == FSDP_UNIT_FORWARD) g_depth--;
+  if (u->state == FSDP_UNIT_FORWARD) {
+    g_depth--;
+    trace_forward_end(u, "forward (failed)");
+  }
   if (g_depth < 0) g_depth = 0;
   return finalize_unit(u);
 }
@@ -344,6 +373,7 @@ static int pre_backward(fsdp_unit* u) {
               "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward (was %s); "
               "change freezing only between steps",
               u->path, u->p[i].name, u->p[i].rg_at_forward ? "true" : "false");
+  if (u->state != FSDP_UNIT_BACKWARD_DONE) trace_backward(u, 1);
   if (fsdp_shard_gather_finish(u, u->opts.param_dtype)) return -1;
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;  // gathered again for a late node; nothing else to do
   for (int i = 0; i < u->n; i++) {
@@ -404,6 +434,7 @@ static int post_backward(fsdp_unit* u) {
     }
   }
   u->state = FSDP_UNIT_BACKWARD_DONE;
+  trace_backward(u, 0);
   if (fsdp_shard_reshard(u, 0)) return -1;
   return reap_reductions();
 }

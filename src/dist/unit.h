@@ -62,6 +62,8 @@ struct fsdp_unit {
   int sync_grads;   // 0 inside no_sync
   int order_index;  // position in the last forward order, -1 if not reached
   int has_bw_node;  // mark_output gave an output of this forward pass a pre-backward node
+  double trace_t0;  // when its forward began (fsdp_trace_now), for the trace's slice
+  int trace_bw;     // its backward slice is open on the trace
   // backward bookkeeping
   int64_t pass;         // backward pass the counters below belong to
   int expected, ready;  // trainable params that will get / got their gradient this pass

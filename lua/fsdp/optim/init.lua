@@ -153,6 +153,7 @@ end
 function Optimizer:step(closure)
   local loss
   if closure then loss = closure() end
+  local t0 = C.fsdp_trace_enabled() ~= 0 and C.fsdp_trace_now()
   local prev = C.fsdp_is_grad_enabled()
   C.fsdp_set_grad_enabled(0)
   local ok, err = pcall(function()
@@ -170,6 +171,7 @@ function Optimizer:step(closure)
     end
   end)
   C.fsdp_set_grad_enabled(prev)
+  if t0 then C.fsdp_trace_span(C.FSDP_TRACE_COMPUTE, "optimizer step", t0, -1) end
   if not ok then error(err, 0) end
   return loss
 end
