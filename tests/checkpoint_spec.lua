@@ -205,6 +205,33 @@ describe("sharded checkpoints in one process", function()
     assert.is_nil(io.open(("%s/ckpt-%d/rank-0-of-1.safetensors"):format(dir, gen)))
   end)
 
+  -- weight tying: one parameter under two names (core.tok.weight = core.head.weight); the sharded
+  -- checkpoint stores it once, the consolidated file holds both names, as PyTorch's state_dict
+  it("keeps every name of a tied parameter through fsdp-consolidate, and loads back strictly", function()
+    local models = dofile(H.scripts .. "fsdp_models.lua")
+    local m = models.tied.build()
+    fsdp.wrap(m.core.tok); fsdp.wrap(m.core.head); fsdp.wrap(m)
+    local o = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+    local x, y = models.tied.batch(1)
+    o:zero_grad(); models.tied.loss(m(x), y):backward(); o:step()
+    local tdir = base .. "/tied"
+    fsdp.save_sharded(tdir, m, o)
+    local out = base .. "/tied.safetensors"
+    require("fsdp.checkpoint").consolidate(tdir, out)
+    local sd = fsdp.load(out)
+    assert.truthy(sd["core.tok.weight"] and sd["core.head.weight"])
+    assert.same(sd["core.tok.weight"]:tolist(), sd["core.head.weight"]:tolist())
+    local want = m:state_dict()
+    assert.same(want["core.head.weight"]:tolist(), sd["core.head.weight"]:tolist())
+    local plain = models.tied.build()
+    local res = plain:load_state_dict(sd, true)
+    assert.same({}, res.missing_keys)
+    assert.same({}, res.unexpected_keys)
+    assert.equal(plain.core.tok.weight, plain.core.head.weight)  -- still one parameter
+    assert.same(want["core.tok.weight"]:tolist(), plain.core.head.weight:tolist())
+    os.execute("rm -rf '" .. tdir .. "' '" .. out .. "'")
+  end)
+
   it("refuses another model's checkpoint, naming the directory and the keys, and changes nothing", function()
     local m = K.wrap(K.build(1, true))
     local o = K.optimizer(m)

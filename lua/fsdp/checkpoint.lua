@@ -266,6 +266,19 @@ function M.save_sharded(dir, model, optimizer, extra)
     fingerprint = fingerprint(entries), layout = json_encode(layout, what),
     extra = json_encode(extra, what .. ": extra"),
   }
+  -- the other names of tied parameters (alias -> the name it is saved under), as PyTorch's
+  -- state_dict lists every name: fsdp-consolidate writes them all
+  local canonical, aliases = {}, {}
+  for _, e in ipairs(entries) do if e.kind == "param" then canonical[fsdp._key(e.t)] = e.name end end
+  for prefix, m in model:named_modules() do
+    for _, pname in ipairs(m._parameters.names) do
+      local t = m._parameters.values[pname]
+      local name = prefix == "" and pname or (prefix .. "." .. pname)
+      local c = t ~= nil and canonical[fsdp._key(t)]
+      if c and c ~= name then aliases[name] = c end
+    end
+  end
+  if next(aliases) then meta.aliases = json_encode(aliases, what .. ": aliases") end
   local rng = fsdp.get_rng_state()
   local parts = {}
   for i = 1, 4 do parts[i] = tostring(rng[i]):gsub("U?LL$", "") end
@@ -555,10 +568,20 @@ function M.consolidate(dir, out, opts)
     bytes = bytes + t:numel() * (t.dtype == "int64" and 8 or (t.dtype == "float32" and 4 or 2))
   end
   for _, e in ipairs(ck.entries) do add("model." .. e.name, e.name, e.shape) end
-  -- PyTorch names: strip the "model." prefix
+  -- PyTorch names: strip the "model." prefix; a tied parameter under each of its names
   local final = {}
   for _, k in ipairs(names) do final[k:sub(7)] = tensors[k]; shapes[k:sub(7)] = shapes[k] end
   for i, k in ipairs(names) do names[i] = k:sub(7) end
+  local aliases = ck.files[0].meta.aliases and json.decode(ck.files[0].meta.aliases, what .. ": aliases") or {}
+  local alias_names = {}
+  for a in pairs(aliases) do alias_names[#alias_names + 1] = a end
+  table.sort(alias_names)
+  for _, a in ipairs(alias_names) do
+    local c = aliases[a]
+    if not final[c] then error(("%s: alias %q names %q, which the checkpoint does not hold"):format(what, a, c), 0) end
+    final[a], shapes[a] = final[c], shapes[c]
+    names[#names + 1] = a
+  end
   local meta = { format = "fsdp-consolidated", source = ck.path, world_size = tostring(ck.world_size),
                  gen = tostring(ck.gen), extra = ck.files[0].meta.extra }
   if opts.with_optimizer then

@@ -15,6 +15,7 @@ local check, wrap_t = fsdp._check, fsdp._wrap
 local W = {}
 local all_units = {}  -- every unit, in creation order (the order collectives are issued in)
 
+
 local Unit = {}
 Unit.__index = Unit
 
@@ -28,21 +29,67 @@ local function path_in(root, m)
   for name, x in root:named_modules() do if x == m then return name end end
 end
 
--- the parameters of m's subtree that belong to no unit nested below m, in named_parameters order
+-- every place a parameter is held in m's subtree: key -> {t, names = {full names, in module
+-- order}}, and the keys in named_parameters order (a tied parameter is held by several modules)
+local function param_uses(m)
+  local uses, order = {}, {}
+  for prefix, mod in m:named_modules() do
+    local o = mod._parameters
+    for _, pname in ipairs(o.names) do
+      local t = o.values[pname]
+      if t ~= nil then
+        local key = fsdp._key(t)
+        local e = uses[key]
+        if not e then
+          e = { t = t, names = {} }
+          uses[key] = e
+          order[#order + 1] = key
+        end
+        e.names[#e.names + 1] = prefix == "" and pname or (prefix .. "." .. pname)
+      end
+    end
+  end
+  return uses, order
+end
+
+-- The parameters m's unit owns, in named_parameters order: each parameter goes to the innermost
+-- unit whose subtree holds all of its uses (a parameter tied between an embedding and an output
+-- projection in different units belongs to the unit around both, whose gathered copy both use).
+-- So a parameter of m's subtree is m's unless all its uses lie inside one unit nested below m,
+-- or a unit around m wrapped before m holds it outside m too.
 local function own_params(m)
-  local nested = {}
+  local nested = {}  -- prefixes of the outermost units below m
   for name, x in m:named_modules() do
     if name ~= "" and rawget(x, "_fsdp_unit") then nested[#nested + 1] = name .. "." end
   end
-  local ps, names, seen = {}, {}, {}
-  for name, p in m:named_parameters() do
-    local inside = false
-    for _, pre in ipairs(nested) do if name:sub(1, #pre) == pre then inside = true; break end end
-    local key = fsdp._key(p)
-    if not inside and not seen[key] then
-      seen[key] = true
-      ps[#ps + 1] = p
-      names[#names + 1] = name
+  local function unit_of(name)  -- the outermost nested unit holding this use, or "" (m itself)
+    local best = ""
+    for _, pre in ipairs(nested) do
+      if name:sub(1, #pre) == pre and (best == "" or #pre < #best) then best = pre end
+    end
+    return best
+  end
+  local outer = {}  -- uses held by enclosing units wrapped earlier, outside m
+  for _, v in ipairs(all_units) do
+    local at = v.module ~= m and path_in(v.module, m)
+    if at then
+      local vu = param_uses(v.module)
+      for key, e in pairs(vu) do
+        for _, n in ipairs(e.names) do
+          if n:sub(1, #at + 1) ~= at .. "." then outer[key] = true end
+        end
+      end
+    end
+  end
+  local uses, order = param_uses(m)
+  local ps, names = {}, {}
+  for _, key in ipairs(order) do
+    local e = uses[key]
+    local first, single = unit_of(e.names[1]), true
+    for i = 2, #e.names do single = single and unit_of(e.names[i]) == first end
+    if not (single and first ~= "") and not outer[key] then
+      ps[#ps + 1] = e.t
+      names[#names + 1] = e.names[1]
     end
   end
   return ps, names
@@ -124,7 +171,8 @@ function W.wrap(module, opts)
   local o = unit_options(opts)
   local c = C.fsdp_unit_new(module_label(module), o)
   if c == nil then fsdp._raise(2) end
-  local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module) }, Unit)
+  local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module),
+    tied = {} }, Unit)
   -- under mixed precision the gathered parameters are tensors of the param dtype, and so are the
   -- unit's float inputs (cast on the way in, as FSDP's MixedPrecision casts forward inputs)
   if o.param_dtype ~= C.FSDP_F32 then u.compute_dtype = o.param_dtype end  -- (a dtype number)
@@ -150,8 +198,24 @@ function W.wrap(module, opts)
   local arr = ffi.new("fsdp_tensor*[?]", math.max(#ps, 1))
   local carr = ffi.new("const char*[?]", math.max(#ps, 1))
   for i, p in ipairs(ps) do arr[i - 1] = p.p; carr[i - 1] = names[i] end
+  -- A parameter taken from a unit that is neither inside this one nor around it (a sibling) is
+  -- tied across units that no unit holds together yet: both units remember it, and their forward
+  -- refuses until a unit around both takes it (wrapping the root does)
+  for i, p in ipairs(ps) do
+    local from = C.fsdp_param_unit(p.p)
+    for _, v in ipairs(all_units) do
+      if v.c == from and not path_in(module, v.module) and not path_in(v.module, module) then
+        local msg = ("parameter '%s' of %s is also parameter '%s' of %s (unit '%s'), and no unit holds both modules; "
+          .. "wrap a module around both (the root: fsdp.wrap(model)) so that unit owns it"):format(names[i],
+          module_label(module), (param_uses(v.module)[fsdp._key(p)] or { names = { "?" } }).names[1],
+          module_label(v.module), v.path)
+        local e = { p = p, a = module, b = v.module, msg = msg }
+        u.tied[#u.tied + 1] = e
+        v.tied[#v.tied + 1] = e
+      end
+    end
+  end
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
-  u.param_names = names
   rawset(module, "_fsdp_unit", u)
   rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
   all_units[#all_units + 1] = u
@@ -211,7 +275,22 @@ local function cast_all(dtype, ...)
   return unpack(args, 1, args.n)
 end
 
+-- a tied parameter this unit shares with a sibling is settled once a unit around both owns it
+local function check_tied(u)
+  for i = #u.tied, 1, -1 do
+    local e = u.tied[i]
+    local owner = C.fsdp_param_unit(e.p.p)
+    local settled = false
+    for _, v in ipairs(all_units) do
+      if v.c == owner and path_in(v.module, e.a) and path_in(v.module, e.b) then settled = true end
+    end
+    if not settled then error(("FSDP unit '%s': %s"):format(u.path, e.msg), 0) end
+    table.remove(u.tied, i)
+  end
+end
+
 function Unit:run(module, inner, ...)
+  if #self.tied > 0 then check_tied(self) end
   check(C.fsdp_unit_pre_forward(self.c))
   self.forwarded = true
   local out = pack(pcall(inner, module, cast_all(self.compute_dtype, ...)))
@@ -359,7 +438,7 @@ function W.summary(model, opts)
       bytes = { shards = 0, gathered = 0, grads = 0, optimizer = 0 }, step = {} }
     for _, k in ipairs(KINDS) do e.step[k] = { count = 0, bytes = 0 } end
     local S, F = { 0, 0 }, { 0, 0 }  -- per group (1 trainable, 2 frozen): shard and full elements
-    local ps = own_params(u.module)  -- (the unit's parameters, in its order)
+    local ps, pnames = own_params(u.module)  -- (the unit's parameters, in its order)
     for i = 0, C.fsdp_unit_num_params(u.c) - 1 do
       check(C.fsdp_unit_param_layout(u.c, i, numel, chunk, start, length))
       local t = ps[i + 1]
@@ -369,7 +448,7 @@ function W.summary(model, opts)
       local g = t.requires_grad and 1 or 2
       S[g] = S[g] + tonumber(chunk[0])
       F[g] = F[g] + tonumber(numel[0])
-      e.params[#e.params + 1] = { name = u.param_names[i + 1], shape = shape, numel = tonumber(numel[0]),
+      e.params[#e.params + 1] = { name = pnames[i + 1], shape = shape, numel = tonumber(numel[0]),
         local_numel = tonumber(length[0]), trainable = g == 1 }
       e.elements.full = e.elements.full + tonumber(numel[0])
       e.elements.this_rank = e.elements.this_rank + tonumber(length[0])

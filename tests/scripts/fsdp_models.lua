@@ -119,4 +119,29 @@ M.twice = {
   batch = M.nested.batch, loss = M.nested.loss,
 }
 
+-- (5) weight tying, as GPT-2's: the output projection IS the token embedding (one parameter held
+--     by two modules, core.tok and core.head); names core.tok.weight (= core.head.weight),
+--     core.body.{0,2}.{weight,bias}, out.{weight,bias}
+local TiedCore = nn.Module:extend("TiedCore")
+function TiedCore:__init()
+  self.tok = nn.Embedding(VOCAB, D)
+  self.body = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, D), nn.Tanh())
+  self.head = nn.Linear(D, VOCAB, { bias = false })
+  self.head.weight = self.tok.weight
+end
+function TiedCore:forward(x) return self.head(self.body(self.tok(x))) end
+local Tied = nn.Module:extend("Tied")
+function Tied:__init()
+  self.core = TiedCore()
+  self.out = nn.Linear(VOCAB, VOCAB)
+end
+function Tied:forward(x) return self.out(self.core(x)) end
+M.tied = {
+  build = function()
+    fsdp.manual_seed(15)
+    return Tied()
+  end,
+  batch = M.transformer.batch, loss = M.transformer.loss,
+}
+
 return M
