@@ -36,6 +36,17 @@ describe("diverging ranks", function()
     assert.truthy(out:find("shutdown", 1, true), out)
   end)
 
+  for _, case in ipairs { "skip_backward", "skip_backward_none" } do
+    it_mpi(("a rank that skips a backward (%s): the error names the ranks, the steps and the unit"):format(case), function()
+      local out = run(case)
+      assert.truthy(out:find("collective mismatch", 1, true), out)
+      local want = case == "skip_backward" and "; rank 0 is in the backward of training step 2, rank 1 in the forward of "
+        .. "training step 3" or "; rank 0 is in the backward of training step 2, rank 1 in the backward of training step 3"
+      assert.truthy(out:find(want, 1, true), out)
+      assert.truthy(out:find("tag '", 1, true), out)  -- the unit
+    end)
+  end
+
   it_mpi("a rank that exits: every rank stops", function()
     local out = run("rank_exits")
     assert.is_nil(out:find("rank 0 finished", 1, true), out)

@@ -80,6 +80,8 @@ static struct {
   int init_done, init_status;
   char init_err[FSDP_COMM_ERRLEN];
   int64_t beat_ms;
+  int64_t step_fwd, step_bwd;  // fsdp_comm_set_step
+  int step_phase;
   int64_t stall_seq;  // test hook FSDP_COMM_STALL_AT=<rank>:<collective #>: that rank's comm
   int stall_rank;  // thread stops the process (SIGSTOP) right after agreeing (comm_stall_spec)  // monotonic milliseconds of the comm thread's last progress
   pthread_t owner;  // the thread that initialized the communicator: the only one that may use it
@@ -254,9 +256,24 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
   if (m->seq != o->seq) snprintf(buf + len, n - len, " as its collective #%lld", (long long)m->seq);
 }
 
+// "in the backward of training step 3" (of the meta's rank)
+static void step_str(char* buf, size_t n, const fsdp_comm_meta* m) {
+  if (m->phase == FSDP_PHASE_FORWARD) snprintf(buf, n, "in the forward of training step %lld", (long long)m->fwd);
+  else if (m->phase == FSDP_PHASE_BACKWARD)
+    snprintf(buf, n, "in the backward of training step %lld", (long long)m->fwd);
+  else if (m->fwd == 0) snprintf(buf, n, "before its first training step");
+  else
+    snprintf(buf, n, "after training step %lld (%lld backward%s done)", (long long)m->fwd, (long long)m->bwd,
+             m->bwd == 1 ? "" : "s");
+}
+static int step_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
+  return a->fwd != b->fwd || a->bwd != b->bwd || a->phase != b->phase;
+}
+
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
-  return a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes || a->seq != b->seq ||
-         a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 || !same_shape(a, b);
+  return step_differs(a, b) || a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes ||
+         a->seq != b->seq || a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 ||
+         !same_shape(a, b);
 }
 
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
@@ -285,12 +302,20 @@ static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int 
   }
   for (int r = 1; r < size; r++) {
     if (!meta_differs(m0, &all[r])) continue;
-    char a[256], b[256];
+    char a[256], b[256], sa[96] = "", sb[96] = "";
     describe(a, sizeof a, m0, &all[r]);
     describe(b, sizeof b, &all[r], m0);
     v->status = 1;
-    snprintf(v->msg, sizeof v->msg, "collective mismatch at #%lld: rank 0 called %s but rank %d called %s",
-             (long long)m0->seq, a, r, b);
+    size_t len = snprintf(v->msg, sizeof v->msg, "collective mismatch at #%lld: rank 0 called %s but rank %d called %s",
+                          (long long)m0->seq, a, r, b);
+    if (step_differs(m0, &all[r]) && len < sizeof v->msg) {
+      step_str(sa, sizeof sa, m0);
+      step_str(sb, sizeof sb, &all[r]);
+      snprintf(v->msg + len, sizeof v->msg - len,
+               "; rank 0 is %s, rank %d %s (the ranks are at different points of training: one skipped a step or a "
+               "backward, or ran a forward under grad the others did not)",
+               sa, r, sb);
+    }
     return;
   }
 }
@@ -581,6 +606,9 @@ static fsdp_work* work_new(int kind, int arg, const char* tag) {
   w->meta.arg = arg;
   w->meta.rank = g.rank;
   w->meta.ndim = -1;
+  w->meta.fwd = g.step_fwd;
+  w->meta.bwd = g.step_bwd;
+  w->meta.phase = g.step_phase;
   snprintf(w->meta.tag, sizeof w->meta.tag, "%s", tag ? tag : "");
   return w;
 }
@@ -1011,3 +1039,9 @@ void fsdp_comm_set_timeout(double seconds) {
 }
 
 void fsdp_comm_set_reduce_scatter_algo(int algo) { g.rs_algo = algo == 1; }
+
+void fsdp_comm_set_step(int64_t fwd, int64_t bwd, int phase) {
+  g.step_fwd = fwd;
+  g.step_bwd = bwd;
+  g.step_phase = phase;
+}

@@ -19,7 +19,7 @@
 
 struct fsdp_backend;  // core/backend.h: a device's table (for the device data planes)
 
-#define FSDP_COMM_ABI 4
+#define FSDP_COMM_ABI 5
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
@@ -42,7 +42,15 @@ typedef struct fsdp_comm_meta {
   int16_t device;  // where the payload lives (fsdp_device; ranks may differ where the plane is 0)
   int16_t plane;   // how it moves: 0 through host memory on this backend, else the device data plane's id
   int64_t shape[FSDP_COMM_MAX_DIMS];
-} fsdp_comm_meta;  // 200 bytes, sent as raw bytes
+  // where the rank is in training (fsdp_comm_set_step, from sched.c): training forwards begun,
+  // backward passes finished, and the phase (FSDP_PHASE_*); a rank that skipped a backward, or ran
+  // a forward under grad the others did not, differs here at its next collective
+  int64_t fwd, bwd;
+  int32_t phase;
+  int32_t pad2;
+} fsdp_comm_meta;  // 224 bytes, sent as raw bytes
+
+enum { FSDP_PHASE_BETWEEN = 0, FSDP_PHASE_FORWARD = 1, FSDP_PHASE_BACKWARD = 2 };
 
 // Rank 0's decision, sent to every rank: status 0 = go ahead, else msg says why not.
 typedef struct fsdp_comm_verdict {
@@ -127,5 +135,7 @@ const fsdp_comm_backend* fsdp_comm_mpi_backend(void);
 struct fsdp_tensor;
 struct fsdp_work;
 struct fsdp_work* fsdp_comm_agree_shape(const struct fsdp_tensor* t, const char* tag);
+// sched.c tells where training is; every collective issued after carries it
+void fsdp_comm_set_step(int64_t fwd, int64_t bwd, int phase);
 
 #endif

@@ -37,6 +37,13 @@ static int g_prev_order_n, g_prev_cap;
 static int g_installed;
 static void sched_install(void);
 static int64_t g_finished_pass = -1;
+// where training is, carried by every collective (dist/comm.h: a rank out of step is named there)
+static int64_t g_train_fwd, g_train_bwd;  // training forwards begun (grad enabled), backwards with units done
+static int g_phase;                       // FSDP_PHASE_*
+static void set_phase(int phase) {
+  g_phase = phase;
+  fsdp_comm_set_step(g_train_fwd, g_train_bwd, phase);
+}
 
 static const char* state_names[] = {"IDLE", "FORWARD", "FORWARD_DONE", "BACKWARD", "BACKWARD_DONE"};
 const char* fsdp_unit_state_name(int s) { return s >= 0 && s <= 4 ? state_names[s] : "?"; }
@@ -307,6 +314,10 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
     CHECK_INT(!fsdp_is_backward_running(), "FSDP unit '%s': forward inside backward is not supported", u->path);
     for (int i = 0; i < fsdp_n_units; i++)
       if (fsdp_units[i]->state != FSDP_UNIT_IDLE && finalize_unit(fsdp_units[i])) return -1;
+    if (fsdp_is_grad_enabled()) {
+      g_train_fwd++;
+      set_phase(FSDP_PHASE_FORWARD);
+    }
     fsdp_unit** t = g_prev_order;
     g_prev_order = g_order;
     g_order = t;  // this pass's order becomes "previous"
@@ -347,6 +358,7 @@ int fsdp_unit_pre_forward(fsdp_unit* u) {
 int fsdp_unit_post_forward(fsdp_unit* u) {
   CHECK_INT(u->state == FSDP_UNIT_FORWARD, "FSDP unit '%s': post_forward in state %s", u->path, state_names[u->state]);
   g_depth--;
+  if (g_depth == 0 && g_phase == FSDP_PHASE_FORWARD) set_phase(FSDP_PHASE_BETWEEN);
   trace_forward_end(u, "forward");
   if (!fsdp_is_grad_enabled()) {  // no backward will follow (no_grad / eval)
     u->state = FSDP_UNIT_IDLE;
@@ -359,6 +371,7 @@ int fsdp_unit_post_forward(fsdp_unit* u) {
 int fsdp_unit_abort_forward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_FORWARD) {
     g_depth--;
+    if (g_depth == 0 && g_phase == FSDP_PHASE_FORWARD) set_phase(FSDP_PHASE_BETWEEN);
     trace_forward_end(u, "forward (failed)");
   }
   if (g_depth < 0) g_depth = 0;
@@ -368,6 +381,7 @@ int fsdp_unit_abort_forward(fsdp_unit* u) {
 // ---- backward ------------------------------------------------------------------------------------------------
 static int pre_backward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_BACKWARD) return 0;
+  if (g_phase != FSDP_PHASE_BACKWARD) set_phase(FSDP_PHASE_BACKWARD);
   for (int i = 0; i < u->n; i++)
     CHECK_INT(u->p[i].t->requires_grad == u->p[i].rg_at_forward,
               "FSDP unit '%s': requires_grad of parameter '%s' changed between forward and backward (was %s); "
@@ -423,6 +437,7 @@ static int reap_reductions(void) {
 
 static int post_backward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;
+  if (g_phase != FSDP_PHASE_BACKWARD) set_phase(FSDP_PHASE_BACKWARD);
   int any = 0;
   for (int i = 0; i < u->n; i++) any |= u->p[i].group == 0 && (u->p[i].got_grad || u->p[i].grad_is_local);
   if (any) {
@@ -509,6 +524,10 @@ static int end_of_backward(void* ctx) {
     if (fsdp_units[i]->state != FSDP_UNIT_IDLE || fsdp_units[i]->reduced_pending)
       if (finalize_unit(fsdp_units[i]) && !rc) rc = -1;
   g_finished_pass = pass;
+  if (g_phase == FSDP_PHASE_BACKWARD) {  // (a backward no unit took part in counts for nothing)
+    g_train_bwd++;
+    set_phase(FSDP_PHASE_BETWEEN);
+  }
   return rc;
 }
 
@@ -524,6 +543,10 @@ static int listener(int ev, fsdp_node* node, fsdp_tensor* t, void* ctx) {
     for (int i = 0; i < fsdp_n_units; i++) finalize_unit(fsdp_units[i]);
     fsdp_set_error(msg);
     g_finished_pass = fsdp_autograd_pass();
+    if (g_phase == FSDP_PHASE_BACKWARD) {
+      g_train_bwd++;
+      set_phase(FSDP_PHASE_BETWEEN);
+    }
   }
   return 0;
 }
