@@ -15,7 +15,6 @@ local check, wrap_t = fsdp._check, fsdp._wrap
 local W = {}
 local all_units = {}  -- every unit, in creation order (the order collectives are issued in)
 
-
 local Unit = {}
 Unit.__index = Unit
 
