@@ -39,7 +39,8 @@ static struct {
   int atexit_done;
 } T = {.mu = PTHREAD_MUTEX_INITIALIZER, .world = 1};
 
-int fsdp_trace_enabled(void) { return __atomic_load_n(&T.on, __ATOMIC_RELAXED); }
+// (acquire: a thread that sees the trace on also sees the start time and path written before)
+int fsdp_trace_enabled(void) { return __atomic_load_n(&T.on, __ATOMIC_ACQUIRE); }
 
 static double mono_us(void) {
   struct timespec ts;
@@ -99,7 +100,7 @@ int fsdp_trace_start(const char* path) {
   snprintf(T.path, sizeof T.path, "%s", path);
   T.n = 0;
   T.t0 = mono_us();
-  __atomic_store_n(&T.on, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&T.on, 1, __ATOMIC_RELEASE);
   int reg = !T.atexit_done;
   T.atexit_done = 1;
   pthread_mutex_unlock(&T.mu);

@@ -401,6 +401,11 @@ static void run_work_traced(fsdp_work* w) {
       dev->ordinal(&index, &count);
       rc = g.plane->init(be, dev, index, g.rank, g.size, w->timeout, err);
       g.plane_up = rc == 0;
+      if (rc && g.plane->id == FSDP_PLANE_NCCL) {  // what to do about it
+        size_t len = strlen(err);
+        snprintf(err + len, FSDP_COMM_ERRLEN - len,
+                 " (FSDP_DEVICE_COMM=host moves GPU tensors through the host instead)");
+      }
       break;
     }
     case FSDP_COLL_PLANE_BOOT: rc = w->boot->bootstrap(be, g.rank, g.size, w->digest, err); break;
