@@ -156,6 +156,7 @@ local function model_entries(model, what)
   if type(model) ~= "table" or not rawget(model, "_modules") then
     error(("%s: expected an nn.Module, got a %s"):format(what, type(model)), 0)
   end
+  fsdp._check(C.fsdp_units_settle())  -- units a forward left waiting for a backward: to their pieces
   local entries, by_name = {}, {}
   local unit_maps = {}
   local numel, chunk, start, length = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
@@ -253,7 +254,6 @@ function M.save_sharded(dir, model, optimizer, extra)
   if dir == "" then dir = "/" end
   extra = check_extra(extra, what)
   local rank, world = fsdp.rank(), fsdp.world_size()
-  fsdp._check(C.fsdp_units_settle())  -- (a forward whose backward never came)
   local entries, by_name = model_entries(model, what)
 
   local tensors, layout = {}, {}
@@ -464,7 +464,6 @@ end
 -- by dir/latest (saved at any world size) and fills its own pieces; nothing changes on error
 function M.load_sharded(dir, model, optimizer)
   local what = "fsdp.load_sharded"
-  fsdp._check(C.fsdp_units_settle())
   local entries, by_name = model_entries(model, what)
   local ck = M.read(dir, what)
 

@@ -348,7 +348,7 @@ end
 function W.summon_full_params(m, fn, opts)
   local writeback = not (opts and opts.writeback == false)
   local us = W.units(m)
-  check(C.fsdp_units_settle())  -- (a forward whose backward never came)
+  check(C.fsdp_units_settle())  -- (a forward whose backward never came; checkpoint.lua's model_entries too)
   -- A unit whose layout world is 1 (world size 1, sharding "none") has no separate gathered
   -- buffer: the summoned parameters ARE the local ones, so without writeback the local values
   -- are saved here and restored afterwards (found by tests/scripts/fsdp_matrix.lua,
@@ -398,7 +398,7 @@ end
 -- outputs take it into backward (known after a first forward: a frozen unit whose inputs need no
 -- gradient is left out); its trainable group is reduce-scattered (all-reduced for sharding "none"
 -- on several ranks). optimizer: its state tensors' bytes per unit, once its first step made them.
-local dtype_bytes = { float32 = 4, bfloat16 = 2, float16 = 2, int64 = 8 }
+local function dtype_bytes(name) return tonumber(C.fsdp_dtype_size(fsdp._dtype(name))) end
 local function human(b)
   if b >= 2 ^ 30 then return ("%.2f GiB"):format(b / 2 ^ 30) end
   if b >= 2 ^ 20 then return ("%.2f MiB"):format(b / 2 ^ 20) end
@@ -454,10 +454,10 @@ function W.summary(model, opts)
       if g == 1 then e.elements.trainable = e.elements.trainable + tonumber(numel[0])
       else e.elements.frozen = e.elements.frozen + tonumber(numel[0]) end
       for _, v in pairs(opts.optimizer and opts.optimizer:state_of(t) or {}) do
-        if fsdp.is_tensor(v) then e.bytes.optimizer = e.bytes.optimizer + v:numel() * dtype_bytes[v.dtype] end
+        if fsdp.is_tensor(v) then e.bytes.optimizer = e.bytes.optimizer + v:numel() * dtype_bytes(v.dtype) end
       end
     end
-    local es = dtype_bytes[pdt]
+    local es = dtype_bytes(pdt)
     e.bytes.shards = (S[1] + S[2]) * 4
     e.bytes.grads = S[1] * 4
     e.bytes.gathered = (Wu > 1 or pdt ~= "float32") and (F[1] + F[2]) * es or 0

@@ -819,13 +819,7 @@ static fsdp_tensor* contig(fsdp_tensor* t, int device) {
     fsdp_tensor_retain(t);
     return t;
   }
-  fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, device);
-  if (!c) return NULL;
-  if (fsdp_copy_strided(c, t) != 0) {
-    fsdp_tensor_release(c);
-    return NULL;
-  }
-  return c;
+  return fsdp_copy_to_device(t, device);
 }
 
 // the destination the backend writes: t itself when contiguous memory where the collective moves

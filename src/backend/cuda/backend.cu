@@ -57,11 +57,13 @@ static int checks_passed(void) {
   return g_host->check_failed(h.id, h.value);
 }
 
+// fsdp_copy_kind -> CUDA's, in fsdp_copy_kind order
+static const cudaMemcpyKind copy_kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+                                            cudaMemcpyHostToHost};
+
 static int cuda_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind) {
   if (!nbytes) return 0;
-  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
-                                         cudaMemcpyHostToHost};
-  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, kinds[kind], fsdp_cuda_stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, copy_kinds[kind], fsdp_cuda_stream);
   // the host reads what arrives (D2H) or may reuse its buffer (H2D from pageable memory stages it
   // before returning, but pinned memory would not): both wait
   if (e == cudaSuccess && kind != FSDP_COPY_D2D) e = cudaStreamSynchronize(fsdp_cuda_stream);
@@ -99,9 +101,7 @@ static void cuda_stream_wait(void* stream, void* event) {
 }
 
 static int cuda_copy_async(void* dst, const void* src, size_t nbytes, fsdp_copy_kind kind, void* stream) {
-  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
-                                         cudaMemcpyHostToHost};
-  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, kinds[kind], stream ? (cudaStream_t)stream : fsdp_cuda_stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, copy_kinds[kind], stream ? (cudaStream_t)stream : fsdp_cuda_stream);
   return e == cudaSuccess ? 0 : fsdp_cuda_fail("copy_async", e);
 }
 static void cuda_memset_async(void* p, int byte, size_t nbytes, void* stream) {

@@ -516,14 +516,22 @@ static void cuda_avg_pool2d_backward(const fsdp_conv_geom* g, float* gx, const f
   FSDP_CUDA_LAUNCHED("avg_pool2d backward");
 }
 
-// adaptive: window i covers [floor(i H / OH), ceil((i + 1) H / OH))
+// adaptive: window i covers [floor(i H / OH), ceil((i + 1) H / OH)); output element w's plane
+// and window, for the forward and the backward kernel
+struct adaptive_window {
+  int64_t pl, h0, h1, w0, w1;
+};
+__device__ static adaptive_window adaptive_window_of(const fsdp_conv_geom& g, int64_t w) {
+  int64_t P = g.OH * g.OW, oh = (w % P) / g.OW, ow = w % g.OW;
+  return {w / P, oh * g.H / g.OH, ((oh + 1) * g.H + g.OH - 1) / g.OH, ow * g.W / g.OW,
+          ((ow + 1) * g.W + g.OW - 1) / g.OW};
+}
 __global__ static void adaptive_avg_k(fsdp_conv_geom g, float* y, const float* x) {
-  int64_t P = g.OH * g.OW, total = g.N * g.C * P;
+  int64_t total = g.N * g.C * g.OH * g.OW;
   for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < total; w += (int64_t)gridDim.x * blockDim.x) {
-    int64_t pl = w / P, oh = (w % P) / g.OW, ow = w % g.OW;
-    int64_t h0 = oh * g.H / g.OH, h1 = ((oh + 1) * g.H + g.OH - 1) / g.OH;
-    int64_t w0 = ow * g.W / g.OW, w1 = ((ow + 1) * g.W + g.OW - 1) / g.OW;
-    const float* xp = x + pl * g.H * g.W;
+    adaptive_window a = adaptive_window_of(g, w);
+    int64_t h0 = a.h0, h1 = a.h1, w0 = a.w0, w1 = a.w1;
+    const float* xp = x + a.pl * g.H * g.W;
     double s = 0.0;
     for (int64_t ih = h0; ih < h1; ih++)
       for (int64_t iw = w0; iw < w1; iw++) s += xp[ih * g.W + iw];
@@ -537,13 +545,12 @@ static void cuda_adaptive_avg_pool2d_forward(const fsdp_conv_geom* g, float* y, 
   FSDP_CUDA_LAUNCHED("adaptive_avg_pool2d");
 }
 __global__ static void adaptive_avg_bw_k(fsdp_conv_geom g, float* gx, const float* gy) {
-  int64_t P = g.OH * g.OW, total = g.N * g.C * P;
+  int64_t total = g.N * g.C * g.OH * g.OW;
   for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < total; w += (int64_t)gridDim.x * blockDim.x) {
-    int64_t pl = w / P, oh = (w % P) / g.OW, ow = w % g.OW;
-    int64_t h0 = oh * g.H / g.OH, h1 = ((oh + 1) * g.H + g.OH - 1) / g.OH;
-    int64_t w0 = ow * g.W / g.OW, w1 = ((ow + 1) * g.W + g.OW - 1) / g.OW;
+    adaptive_window a = adaptive_window_of(g, w);
+    int64_t h0 = a.h0, h1 = a.h1, w0 = a.w0, w1 = a.w1;
     float v = gy[w] / (float)((h1 - h0) * (w1 - w0));
-    float* gp = gx + pl * g.H * g.W;
+    float* gp = gx + a.pl * g.H * g.W;
     for (int64_t ih = h0; ih < h1; ih++)
       for (int64_t iw = w0; iw < w1; iw++) atomicAdd(gp + ih * g.W + iw, v);
   }
