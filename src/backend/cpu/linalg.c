@@ -141,9 +141,10 @@ static void choose_gemm(void) {
   }
   if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic() || !openblas_within_cap()) {
     g_gemm = onednn_gemm;  // under FSDP_CPU_ISA: oneDNN obeys the cap, OpenBLAS would not
-    g_gemm_name = forced                       ? "onednn (FSDP_GEMM)"
-                  : openblas_core_is_generic() ? "onednn (OpenBLAS runs a generic core)"
-                                               : "onednn (FSDP_CPU_ISA)";
+    // the user's own setting first: under a cap on a CPU OpenBLAS does not know, both hold
+    g_gemm_name = forced                   ? "onednn (FSDP_GEMM)"
+                  : !openblas_within_cap() ? "onednn (FSDP_CPU_ISA)"
+                                           : "onednn (OpenBLAS runs a generic core)";
     return;
   }
   // operands: three buffers (an operand shared by A and B would sit in cache for both), 64-byte
