@@ -46,7 +46,8 @@ typedef struct fsdp_gemm_bf16_args {
 } fsdp_gemm_bf16_args;
 
 // gemm_tiles' limits, for causal self-attention over T queries and T keys (query i sees keys j <= i),
-// per 4-row tile of C holding rows [m0, m1):
+// per row tile of C holding rows [m0, m1) (the tile's height is the kernel's choice: work past the
+// diagonal inside a tile reads P or dS where they are 0, or writes scores the causal softmax ignores):
 enum {
   FSDP_TILES_ALL = 0,      // the whole product
   FSDP_TILES_COLS_TO_ROW,  // columns j < m1 only, later columns set to 0 (scores q k^T, dP = dO v^T)

@@ -616,7 +616,7 @@ static bmats matrices_of(fsdp_tensor* t, int64_t B, int64_t* off) {
 
 // The products run through the linalg table's gemm_tiles, one GEMM per batch matrix. Causal
 // self-attention (causal, Tq == Tk) needs only the lower triangle of the (T, T) scores -- query i
-// sees keys j <= i -- and gemm_tiles' limits skip the rest in 4-row tiles: the score products stop
+// sees keys j <= i -- and gemm_tiles' limits skip the rest in row tiles: the score products stop
 // at the diagonal (and zero what lies past it), the products that read P or dS stop their sums there.
 // About half of the full work at large T.
 static int tile_limits(const fsdp_attn_geom* geo, int lim) {

@@ -411,6 +411,27 @@ static void micro_kernel16(int64_t k, const float* const a[MR], int64_t acs, con
   else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
 }
 
+// With AVX-512 one register holds a whole 16-wide panel row, so a 4-row tile would keep only 4
+// accumulators, too few to cover the FMA latency of two FMA units: attention's tiles are 8 rows
+// tall there (MR8), 8 accumulators of 16 lanes, twice the AVX2 kernel's work per instruction.
+#define MR8 8
+#define AVX512 __attribute__((target("avx512f")))
+// C (8, 16) = (accumulate ? C : 0) + A (8, k) @ Bp (k, 16), rows of A as in micro_kernel_nv
+static AVX512 void micro_kernel8x16_avx512(int64_t k, const float* const a[MR8], int64_t acs, const float* Bp, float* C,
+                                           int64_t ldc, int accumulate) {
+  __m512 c[MR8];
+  for (int r = 0; r < MR8; r++) c[r] = _mm512_setzero_ps();
+  for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
+    __m512 b = _mm512_loadu_ps(Bp);
+    for (int r = 0; r < MR8; r++) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][o]), b, c[r]);
+    Bp += 16;
+  }
+  for (int r = 0; r < MR8; r++) {
+    float* cr = C + r * ldc;
+    _mm512_storeu_ps(cr, accumulate ? _mm512_add_ps(c[r], _mm512_loadu_ps(cr)) : c[r]);
+  }
+}
+
 // C (M, N) = (accumulate ? C : 0) + A (M, K) @ B (K, N) from packed A and B
 static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
                         int accumulate) {
@@ -531,14 +552,14 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 // and head, so each is small: op(B) is packed once per product (alpha folded in) and stays in
 // L2, op(A) is read in place by the micro-kernel (rows or, transposed, columns: no packing). The
 // threads take whole products. limits[i] skips what causal self-attention (query i sees key j <= i;
-// T queries, T keys) knows to be zero, per 4-row tile of C holding rows [m0, m1):
+// T queries, T keys) knows to be zero, per tile of C holding rows [m0, m1) (4 rows, 8 with AVX-512):
 //   FSDP_TILES_COLS_TO_ROW  columns j < m1 only (scores q k^T, dP = dO v^T); the later columns are
 //                           set to 0
 //   FSDP_TILES_K_TO_ROW     k < m1 only (O = P v, dQ = dS k: P and dS are 0 past the diagonal)
 //   FSDP_TILES_K_FROM_ROW   k >= m0 only (dV = P^T dO, dK = dS^T q: P^T and dS^T are 0 before it)
 // Blocked for the caches as a Goto GEMM without packing A: per KC-deep slice of k and MC-tall block
 // of rows (A's block stays in L2), each 16-wide micro-panel of packed B (in L1) meets the block's
-// 4-row tiles. A tile's first slice overwrites it, the later ones add. Panels are 16 wide, not the
+// row tiles. A tile's first slice overwrites it, the later ones add. Panels are 16 wide, not the
 // convolutions' 24: heads are 64 wide and sequences multiples of 16, so no panel is partial, and the
 // causal diagonal wastes 16-wide steps instead of 24 (single-head products 1.2-1.4x faster).
 #define TILES_MC 128
@@ -547,21 +568,23 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 
 static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
   int64_t M = g->M, N = g->N, K = g->K, ldc = g->ldc;
-  if (K == 0) {  // an empty sum
+  int wide = fsdp_cpu_isa_level() >= FSDP_ISA_AVX512;
+  int64_t mr = wide ? MR8 : MR;  // the tile's height
+  if (K == 0) {                  // an empty sum
     for (int64_t i = 0; i < M; i++) memset(g->C + i * ldc, 0, N * sizeof(float));
     return;
   }
   pack_b(Bp, g->B, g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1, K, N, g->alpha, TILES_NR);  // op(B) (k, j)
   int64_t ars = g->ta ? 1 : g->lda, acs = g->ta ? g->lda : 1;  // op(A) (i, k) at A[i*ars + k*acs]
-  float edge[MR * TILES_NR];
+  float edge[MR8 * TILES_NR];
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     int64_t k1 = K - k0 < KC ? K : k0 + KC;
     for (int64_t mb = 0; mb < M; mb += TILES_MC) {
       int64_t mbe = M - mb < TILES_MC ? M : mb + TILES_MC;
       for (int64_t n0 = 0; n0 < N; n0 += TILES_NR) {
         int64_t nn = N - n0 < TILES_NR ? N - n0 : TILES_NR;
-        for (int64_t m0 = mb; m0 < mbe; m0 += MR) {
-          int64_t mm = mbe - m0 < MR ? mbe - m0 : MR, m1 = m0 + mm;
+        for (int64_t m0 = mb; m0 < mbe; m0 += mr) {
+          int64_t mm = mbe - m0 < mr ? mbe - m0 : mr, m1 = m0 + mm;
           if (limits == FSDP_TILES_COLS_TO_ROW && n0 >= m1) continue;
           int64_t klo = limits == FSDP_TILES_K_FROM_ROW ? (m0 < K ? m0 : K) : 0;
           int64_t khi = limits == FSDP_TILES_K_TO_ROW ? (m1 < K ? m1 : K) : K;
@@ -570,14 +593,16 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
           if (khi <= klo) continue;
           int acc = klo > (limits == FSDP_TILES_K_FROM_ROW ? m0 : 0);  // not the tile's first slice
           float* c = g->C + m0 * ldc + n0;
-          int full = mm == MR && nn == TILES_NR;
+          int full = mm == mr && nn == TILES_NR;
           if (!full)  // partial tile: through a full-size buffer
             for (int64_t r = 0; r < mm; r++)
               for (int64_t j = 0; j < nn; j++) edge[r * TILES_NR + j] = acc ? c[r * ldc + j] : 0.0f;
-          const float* a[MR];  // rows past M repeat the last one (their results are dropped)
-          for (int r = 0; r < MR; r++) a[r] = g->A + (m0 + (r < mm ? r : mm - 1)) * ars + klo * acs;
-          micro_kernel16(khi - klo, a, acs, Bp + n0 * K + klo * TILES_NR, full ? c : edge, full ? ldc : TILES_NR,
-                         full ? acc : 1);
+          const float* a[MR8];  // rows past M repeat the last one (their results are dropped)
+          for (int r = 0; r < mr; r++) a[r] = g->A + (m0 + (r < mm ? r : mm - 1)) * ars + klo * acs;
+          const float* bp = Bp + n0 * K + klo * TILES_NR;
+          if (wide)
+            micro_kernel8x16_avx512(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
+          else micro_kernel16(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
           if (!full)
             for (int64_t r = 0; r < mm; r++) memcpy(c + r * ldc, edge + r * TILES_NR, nn * sizeof(float));
         }
@@ -585,8 +610,8 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
     }
   }
   if (limits == FSDP_TILES_COLS_TO_ROW)  // columns no tile wrote
-    for (int64_t m0 = 0; m0 < M; m0 += MR) {
-      int64_t m1 = M - m0 < MR ? M : m0 + MR, from = round_up(m1, TILES_NR) < N ? round_up(m1, TILES_NR) : N;
+    for (int64_t m0 = 0; m0 < M; m0 += mr) {
+      int64_t m1 = M - m0 < mr ? M : m0 + mr, from = round_up(m1, TILES_NR) < N ? round_up(m1, TILES_NR) : N;
       for (int64_t i = m0; i < m1; i++) memset(g->C + i * ldc + from, 0, (N - from) * sizeof(float));
     }
 }
