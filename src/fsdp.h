@@ -428,8 +428,14 @@ int fsdp_unit_reshard(fsdp_unit* u, int writeback);
 int fsdp_unit_set_sync_grads(fsdp_unit* u, int sync);
 // layout of parameter i for checkpoints: global numel, chunk size, and this rank's piece
 int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length);
-// full (original) shape of a parameter owned by a unit, whatever form it is in; returns ndim
+// full (original) shape of a parameter owned by a unit, whatever form it is in (any other tensor:
+// its own shape); returns ndim. _ndim and _numel likewise
 int fsdp_param_full_shape(const fsdp_tensor* p, int64_t* shape);
+int fsdp_param_full_ndim(const fsdp_tensor* p);
+int64_t fsdp_param_full_numel(const fsdp_tensor* p);
+// 1 when p is a parameter in its piece form (sharded: this rank holds elements [start, start +
+// length) of its flattened full values), else 0
+int fsdp_param_piece(const fsdp_tensor* p, int64_t* start, int64_t* length);
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p);  // NULL for standalone tensors
 // 1 when every unit is idle and holds no gathered buffer beyond its policy
 int fsdp_units_all_idle(void);

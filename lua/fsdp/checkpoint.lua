@@ -187,9 +187,10 @@ local function model_entries(model, what)
       e.numel, e.chunk, e.start, e.length = tonumber(numel[0]), tonumber(chunk[0]), tonumber(start[0]), tonumber(length[0])
       e.unit = ffi.string(C.fsdp_unit_path(u))
     end
-    if p:numel() ~= e.length then
+    local held = tonumber(C.fsdp_tensor_numel(p.p))
+    if held ~= e.length then
       error(("%s: parameter %q of FSDP unit '%s' is gathered (%d elements, its local piece has %d); call it between "
-        .. "steps, outside forward/backward and summon_full_params"):format(what, name, e.unit or "?", p:numel(), e.length), 0)
+        .. "steps, outside forward/backward and summon_full_params"):format(what, name, e.unit or "?", held, e.length), 0)
     end
     entries[#entries + 1] = e
     by_name[name] = e
@@ -524,7 +525,7 @@ function M.load_sharded(dir, model, optimizer)
           local s = {}
           for k, v in pairs(st.scalars or {}) do s[k] = v end
           for _, k in ipairs(st.tensors or {}) do
-            s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length, what):reshape(p:shape())
+            s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length, what):reshape(fsdp._held_shape(p))
           end
           opt_sd.state[idx] = s
         end

@@ -122,7 +122,7 @@ function comm.all_gather(out, inp, opts)
     opts, inp = inp, out
     need_tensor("all_gather", "input", inp)
     init_once()
-    local shape = inp:shape()
+    local shape = fsdp._held_shape(inp)
     if #shape == 0 then shape = { 1 } end
     shape[1] = shape[1] * C.fsdp_comm_world_size()
     out = fsdp.empty(shape, { dtype = inp.dtype })

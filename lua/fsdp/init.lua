@@ -286,6 +286,16 @@ function fsdp._shape(...)
   return n, arr
 end
 
+-- a tensor's shape as its data is laid out here (what ops work on). The public x:shape(), size, dim
+-- and numel answer a sharded FSDP parameter's full shape instead, as FSDP2's parameters do; its
+-- layout is this rank's 1-D piece (x:to_local())
+function fsdp._held_shape(t)
+  local p = t.p
+  local s = {}
+  for i = 0, C.fsdp_tensor_ndim(p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_size(p, i)) end
+  return s
+end
+
 -- ---- devices -------------------------------------------------------------------------------------
 -- device names users pass; fsdp.backends() lists those whose backend is loaded and usable
 fsdp._devices = { cpu = 0, cuda = 1 }
@@ -443,7 +453,7 @@ function fsdp.ones(...)
 end
 local function full_like(t, v, op)
   fsdp._t(t, op, "input")
-  local n, arr = shape(t:shape())
+  local n, arr = shape(fsdp._held_shape(t))
   return (wrap(C.fsdp_full(n, arr, v, C.fsdp_tensor_dtype(t.p), C.fsdp_tensor_device(t.p))))
 end
 function fsdp.zeros_like(t) return full_like(t, 0, "zeros_like") end
@@ -495,7 +505,7 @@ function fsdp.cat(list, dim)
     end
   end
   dim = dim or 1
-  local nd = n > 0 and list[1]:dim() or 1
+  local nd = n > 0 and C.fsdp_tensor_ndim(list[1].p) or 1
   return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd, "cat"))))
 end
 

@@ -126,25 +126,51 @@ end
 -- ---- shape and data -----------------------------------------------------------------------------
 -- Every method checks its tensor arguments with T (fsdp._t): `x.numel()` for `x:numel()`, or a
 -- table where a tensor belongs, is a Lua error naming the method and the argument.
+-- dim, numel, shape and size answer the tensor's logical shape: a sharded FSDP parameter's full
+-- shape (as FSDP2's parameters do, so code written for the unwrapped model -- weight decay for
+-- p:dim() >= 2, parameter counts -- keeps working), while ops work on what the tensor holds: this
+-- rank's 1-D piece (x:to_local()). Methods here that pass dims or shapes on to ops use the held
+-- ones (held_ndim, fsdp._held_shape).
+local full_shape = ffi.new("int64_t[?]", 16)  -- FSDP_MAX_DIMS
+local piece_start, piece_len = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+local function held_ndim(p)
+  local n = C.fsdp_tensor_ndim(p)
+  return n
+end
 function methods.dim(t)
-  local n = C.fsdp_tensor_ndim(T(t, "dim"))
+  local n = C.fsdp_param_full_ndim(T(t, "dim"))
   return n
 end
 function methods.numel(t)
-  local n = tonumber(C.fsdp_tensor_numel(T(t, "numel")))
+  local n = tonumber(C.fsdp_param_full_numel(T(t, "numel")))
   return n
 end
 function methods.shape(t)
   local p = T(t, "shape")
   local s = {}
-  for i = 0, C.fsdp_tensor_ndim(p) - 1 do s[i + 1] = tonumber(C.fsdp_tensor_size(p, i)) end
+  for i = 0, C.fsdp_param_full_shape(p, full_shape) - 1 do s[i + 1] = tonumber(full_shape[i]) end
   return s
 end
 function methods.size(t, d)
   local p = T(t, "size")
   if d == nil then return (t:shape()) end
-  local n = tonumber(C.fsdp_tensor_size(p, dim(d, C.fsdp_tensor_ndim(p), "size")))
+  local nd = C.fsdp_param_full_shape(p, full_shape)
+  local i = dim(d, nd, "size")
+  if i < 0 then i = i + nd end
+  if i < 0 or i >= nd then
+    error(("size: dimension %d out of range for a tensor with %d dims (1-based, negative from the end)"):format(d, nd), 2)
+  end
+  local n = tonumber(full_shape[i])
   return n
+end
+-- the tensor as this rank holds it: a sharded FSDP parameter's piece, a 1-D view of elements
+-- [start, start + length) of its flattened full values (printing the parameter says which); any
+-- other tensor, and a parameter while its unit is gathered, is itself
+function methods.to_local(t)
+  local p = T(t, "to_local")
+  if C.fsdp_param_piece(p, piece_start, piece_len) == 0 then return t end
+  local n, arr = fsdp._shape(fsdp._held_shape(t))
+  return (wrap(C.fsdp_view(p, n, arr)))
 end
 function methods.stride(t, d)
   local p = T(t, "stride")
@@ -174,7 +200,7 @@ end
 -- flat Lua array of all elements in row-major order
 function methods.tolist(t)
   local p = T(t, "tolist")
-  local n = t:numel()
+  local n = tonumber(C.fsdp_tensor_numel(p))
   local buf = ffi.new("double[?]", math.max(n, 1))
   check(C.fsdp_tensor_to_doubles(p, buf))
   local r = {}
@@ -184,7 +210,7 @@ end
 -- nested Lua tables shaped like the tensor (a number for a 0-dim tensor)
 function methods.totable(t)
   T(t, "totable")
-  local flat, shape = t:tolist(), t:shape()
+  local flat, shape = t:tolist(), fsdp._held_shape(t)
   if #shape == 0 then return flat[1] end
   local pos = 0
   local function build(d)
@@ -197,11 +223,17 @@ function methods.totable(t)
   return (build(1))
 end
 function methods.tostring(t)
-  T(t, "tostring")
+  local p = T(t, "tostring")
   local shape = t:shape()
-  local head = ("tensor(%s, dtype=%s%s%s)"):format(table.concat(shape, "x"), t.dtype,
-    t.device ~= "cpu" and (", device=" .. t.device) or "", t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""))
-  local n = t:numel()  -- before any table of values: an empty (1e7, 0) has no values but 1e7 rows
+  local sharded = ""  -- a sharded parameter shows its full shape and, as values, its piece
+  if C.fsdp_param_piece(p, piece_start, piece_len) ~= 0 then
+    local a, len = tonumber(piece_start[0]), tonumber(piece_len[0])
+    sharded = (", sharded: rank %d holds elements %d..%d of %d"):format(fsdp.rank(), a + 1, a + len, t:numel())
+  end
+  local head = ("tensor(%s, dtype=%s%s%s%s)"):format(table.concat(shape, "x"), t.dtype,
+    t.device ~= "cpu" and (", device=" .. t.device) or "", t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""),
+    sharded)
+  local n = tonumber(C.fsdp_tensor_numel(p))  -- before any table of values: an empty (1e7, 0) has no values but 1e7 rows
   if n > 64 then return head end
   if n == 0 then return head .. " []" end
   local function fmt(v)
@@ -245,7 +277,7 @@ function methods.copy_(t, src) check(C.fsdp_copy_(T(t, "copy_"), T(src, "copy_",
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
-    local one = fsdp.full(t:shape(), other, { device = t.device })
+    local one = fsdp.full(fsdp._held_shape(t), other, { device = t.device })
     check(C.fsdp_add_(p, one.p, N(alpha, "add_", "alpha", 1)))
   else
     check(C.fsdp_add_(p, T(other, "add_", "other", TN), N(alpha, "add_", "alpha", 1)))
@@ -290,7 +322,7 @@ local function dims_arg(t, d, fn)
   if d == nil then return 0, nil end
   local list = type(d) == "table" and d or { d }
   local arr = ffi.new("int[?]", #list)
-  local nd = t:dim()
+  local nd = held_ndim(t.p)
   for i = 1, #list do arr[i - 1] = dim(list[i], nd, fn) end
   return #list, arr
 end
@@ -310,13 +342,13 @@ function methods.max(t, d, keepdim)
   local p = T(t, "max")
   if d == nil then return (wrap(C.fsdp_max_all(p))) end
   local idx = ffi.new("fsdp_tensor*[1]")
-  local v = wrap(C.fsdp_max(p, dim(d, t:dim(), "max"), keepdim and 1 or 0, idx))
+  local v = wrap(C.fsdp_max(p, dim(d, held_ndim(p), "max"), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
 function methods.argmax(t, d, keepdim)
   local p = T(t, "argmax")
   if d == nil then return (t:reshape(-1):argmax(1)) end
-  return (wrap(C.fsdp_argmax(p, dim(d, t:dim(), "argmax"), keepdim and 1 or 0)))
+  return (wrap(C.fsdp_argmax(p, dim(d, held_ndim(p), "argmax"), keepdim and 1 or 0)))
 end
 
 -- ---- linear algebra -----------------------------------------------------------------------------------------
@@ -337,7 +369,7 @@ end
 function methods.view_as(t, other)
   T(t, "view_as")
   T(other, "view_as", "other")
-  return (t:view(other:shape()))
+  return (t:view(fsdp._held_shape(other)))
 end
 function methods.expand(t, ...)
   local p = T(t, "expand")
@@ -347,21 +379,20 @@ end
 function methods.expand_as(t, other)
   T(t, "expand_as")
   T(other, "expand_as", "other")
-  return (t:expand(other:shape()))
+  return (t:expand(fsdp._held_shape(other)))
 end
 function methods.flatten(t, s, e)
   local p = T(t, "flatten")
-  local nd = t:dim()
+  local nd = held_ndim(p)
   return (wrap(C.fsdp_flatten(p, dim(s or 1, nd, "flatten"), dim(e or -1, nd, "flatten"))))
 end
 function methods.transpose(t, a, b)
   local p = T(t, "transpose")
-  local nd = t:dim()
+  local nd = held_ndim(p)
   return (wrap(C.fsdp_transpose(p, dim(a, nd, "transpose"), dim(b, nd, "transpose"))))
 end
 function methods.t(t)
-  T(t, "t")
-  if t:dim() < 2 then return t end
+  if held_ndim(T(t, "t")) < 2 then return t end
   return (t:transpose(1, 2))
 end
 function methods.permute(t, ...)
@@ -374,12 +405,12 @@ end
 function methods.unsqueeze(t, d)
   local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
-  local nd = t:dim() + 1
+  local nd = held_ndim(p) + 1
   return (wrap(C.fsdp_unsqueeze(p, dim(d, nd, "unsqueeze"))))
 end
 function methods.squeeze(t, d)
   local p = T(t, "squeeze")
-  return (wrap(C.fsdp_squeeze(p, dim(d, t:dim(), "squeeze"))))
+  return (wrap(C.fsdp_squeeze(p, dim(d, held_ndim(p), "squeeze"))))
 end
 function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
 function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
@@ -387,11 +418,11 @@ function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
 function methods.narrow(t, d, start, len)
   local p = T(t, "narrow")
   if type(start) ~= "number" then fsdp._arg_error("narrow", "start", "a number", start, 2) end
-  return (wrap(C.fsdp_narrow(p, dim(d, t:dim(), "narrow"), start - 1, len)))
+  return (wrap(C.fsdp_narrow(p, dim(d, held_ndim(p), "narrow"), start - 1, len)))
 end
 function methods.index_select(t, d, index)
   local p = T(t, "index_select")
-  return (wrap(C.fsdp_index_select(p, dim(d, t:dim(), "index_select"), T(index, "index_select", "index"))))
+  return (wrap(C.fsdp_index_select(p, dim(d, held_ndim(p), "index_select"), T(index, "index_select", "index"))))
 end
 -- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
 -- itself when x is already there (as PyTorch does)
@@ -422,11 +453,11 @@ function methods.half(t) T(t, "half"); return (t:to("float16")) end
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
 function methods.softmax(t, d)
   local p = T(t, "softmax")
-  return (wrap(C.fsdp_softmax(p, dim(d, t:dim(), "softmax"))))
+  return (wrap(C.fsdp_softmax(p, dim(d, held_ndim(p), "softmax"))))
 end
 function methods.log_softmax(t, d)
   local p = T(t, "log_softmax")
-  return (wrap(C.fsdp_log_softmax(p, dim(d, t:dim(), "log_softmax"))))
+  return (wrap(C.fsdp_log_softmax(p, dim(d, held_ndim(p), "log_softmax"))))
 end
 
 return Tensor

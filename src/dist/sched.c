@@ -64,14 +64,31 @@ int fsdp_unit_last_pass(const fsdp_unit* u, int* is_root, int* in_backward) {
 }
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p) { return p->owner; }
 
+// A parameter answers its full shape in either form, as FSDP2's parameters do (the Lua methods
+// shape, size, dim and numel ask here); any other tensor answers its own.
+static const unit_param* param_of(const fsdp_tensor* t) {
+  return t->owner ? &((const fsdp_unit*)t->owner)->p[t->owner_index] : NULL;
+}
 int fsdp_param_full_shape(const fsdp_tensor* t, int64_t* shape) {
-  if (!t->owner) {
-    memcpy(shape, t->shape, t->ndim * sizeof(int64_t));
-    return t->ndim;
-  }
-  const unit_param* p = &((fsdp_unit*)t->owner)->p[t->owner_index];
-  memcpy(shape, p->shape, p->ndim * sizeof(int64_t));
-  return p->ndim;
+  const unit_param* p = param_of(t);
+  int nd = p ? p->ndim : t->ndim;
+  memcpy(shape, p ? p->shape : t->shape, nd * sizeof(int64_t));
+  return nd;
+}
+int fsdp_param_full_ndim(const fsdp_tensor* t) {
+  const unit_param* p = param_of(t);
+  return p ? p->ndim : t->ndim;
+}
+int64_t fsdp_param_full_numel(const fsdp_tensor* t) {
+  const unit_param* p = param_of(t);
+  return p ? p->numel : fsdp_tensor_numel(t);
+}
+int fsdp_param_piece(const fsdp_tensor* t, int64_t* start, int64_t* length) {
+  const unit_param* p = param_of(t);
+  if (!p || p->len == p->numel || t->storage != ((const fsdp_unit*)t->owner)->g[p->group].shard) return 0;
+  *start = p->start;
+  *length = p->len;
+  return 1;
 }
 
 int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length) {

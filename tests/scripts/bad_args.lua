@@ -48,7 +48,7 @@ local methods = {
   item = { one }, tolist = { x23 }, totable = { x23 }, tostring = { x23 },
   backward = { scalar_loss, { "TB?", "gradient", v(nil) } },
   register_hook = { leaf23, { "FN", "fn", v(function() end) } },
-  detach = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { "N", "value", v(2) } },
+  detach = { x23 }, to_local = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { "N", "value", v(2) } },
   copy_ = { x23, { "T", "src", x23 } }, add_ = { x23, { "TN", "other", x23 }, { "N?", "alpha", v(1) } },
   mul_ = { x23, { "N", "value", v(2) } },
   uniform_ = { x23, { "N?", "from", v(0) }, { "N?", "to", v(1) } },

@@ -395,7 +395,8 @@ local function run_case(c)
     for _, name in ipairs(order) do
       local s, l = piece_range(fp[name])
       if not rp[name] then fail("parameter " .. name .. " is not in the reference")
-      elseif fp[name]:numel() ~= l then fail(("%s holds %d elements, its piece %d"):format(name, fp[name]:numel(), l))
+      elseif fp[name]:to_local():numel() ~= l then
+        fail(("%s holds %d elements, its piece %d"):format(name, fp[name]:to_local():numel(), l))
       else
         local md, bad = cmp(flat(fp[name]), flat(rp[name]), s, tol)
         st.param = math.max(st.param, md)
@@ -737,7 +738,7 @@ local function check_offload(extra)
     for _, p in ipairs(ctx.fs.model:parameters()) do
       if p.device ~= "cpu" or (p.grad and p.grad.device ~= "cpu") then
         ctx.fail(("a parameter piece of shape %s is on %s, its gradient on %s: offload keeps both on the cpu")
-          :format(table.concat(p:shape(), "x"), p.device, p.grad and p.grad.device or "-"))
+          :format(table.concat(p:to_local():shape(), "x"), p.device, p.grad and p.grad.device or "-"))
         break
       end
     end

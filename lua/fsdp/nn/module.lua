@@ -375,6 +375,7 @@ function plain_state_dict(self)
 end
 
 local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+local function held_str(t) return "(" .. table.concat(fsdp._held_shape(t), ", ") .. ")" end
 local function quoted(list)
   local q = {}
   for i, k in ipairs(list) do q[i] = ("%q"):format(k) end
@@ -415,9 +416,11 @@ function plain_load_state_dict(self, sd, strict)
       missing[#missing + 1] = k
     elseif not is_tensor(src) then
       error(("load_state_dict: entry %q is a %s, expected a tensor"):format(k, type(src)), 2)
-    elseif src:numel() ~= t:numel() or src:dim() ~= t:dim() or shape_str(src) ~= shape_str(t) then
-      mismatch[#mismatch + 1] = ("size mismatch for %q: copying a tensor of shape %s, the model has shape %s")
-        :format(k, shape_str(src), shape_str(t))
+    elseif held_str(src) ~= held_str(t) then
+      -- compared as held: a sharded parameter answers its full shape but holds a piece of it
+      local whole = held_str(t) ~= shape_str(t) and (" (a piece of a sharded %s parameter)"):format(shape_str(t)) or ""
+      mismatch[#mismatch + 1] = ("size mismatch for %q: copying a tensor of shape %s, the model has shape %s%s")
+        :format(k, shape_str(src), held_str(t), whole)
     end
   end
   for k in pairs(sd) do

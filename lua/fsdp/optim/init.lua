@@ -52,7 +52,7 @@ end
 
 -- a new optimizer-state tensor shaped like p, counted in the OPTIM memory category
 function Optimizer._new_state(p, zero)
-  local n, shape = fsdp._shape(p:shape())
+  local n, shape = fsdp._shape(fsdp._held_shape(p))  -- a sharded parameter's state is its piece's
   local dev = C.fsdp_tensor_device(p.p)
   local dt = C.fsdp_tensor_dtype(p.p)  -- PyTorch keeps a bfloat16 parameter's state in bfloat16
   local t
@@ -204,7 +204,8 @@ function Optimizer:state_dict()
   return { state = state, param_groups = groups }
 end
 
-local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+-- state tensors are shaped like what the parameter holds (a sharded parameter: its piece)
+local function shape_str(t) return "(" .. table.concat(fsdp._held_shape(t), ", ") .. ")" end
 
 -- Copies a state_dict into this optimizer: hyperparameters per group, and per-parameter state
 -- (tensors are copied into new OPTIM-category tensors; the dict stays independent). Checks
