@@ -142,6 +142,26 @@ describe("FSDP matrix against single-process training", function()
     assert(grads < 0.7 * 4 * S, ("device grads peak %d bytes: not sharded (S = %d floats)"):format(grads, S))
   end)
 
+  -- Combined params + grads + Adam state per rank at world size 4 stays within 1.10x of 4 S/N + L
+  -- (shards of parameters, gradients and two moments, plus one gathered unit): the largest unit's
+  -- full gradient must not coexist with its gathered parameters (a linear releases its weight
+  -- before building its gradient and the unit drops its gathered bytes then; 1.25x before).
+  for _, device in ipairs { "cpu", "cuda" } do
+    it_mpi(("keeps params + grads + optimizer within 1.10x of 4S/N + L at world size 4 (%s)"):format(device), function()
+      local cmd = ("cd '%s' && FSDP_COMM_TIMEOUT=60 FSDP_TESTDEV_MIB=256 timeout 200 bin/fsdprun -n 4 bench/fsdp_memory.lua "
+        .. "--child --device %s --gc 1 2>&1"):format(ROOT, device)
+      local f = assert(io.popen(cmd))
+      local out = f:read("*a")
+      f:close()
+      local line = assert(out:match("RESULT ([^\n]*)"), "no RESULT line:\n" .. out:sub(-2000))
+      local S, L = tonumber(line:match(" S=(%d+)")), tonumber(line:match(" L=(%d+)"))
+      local total = tonumber(line:match(" total=(%d+)"))
+      local want = 4 * (4 * S / 4 + L)
+      assert(total <= 1.10 * want, ("params + grads + optimizer peak %d bytes at %s, %.2fx of 4S/N + L = %d"):format(
+        total, line:match(" where=(.*)$"), total / want, want))
+    end)
+  end
+
   it_mpi("fails every float32 case when the wrapped side trains differently", function()
     local r = launch(2, "FSDP_MATRIX_SABOTAGE=lr")
     assert(r.plan and #r.order == r.plan, "sabotaged run did not report every case:\n" .. r.out:sub(-3000))

@@ -76,8 +76,33 @@ int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
   int k = n->n_saved++;
   n->saved[k] = t ? fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset) : NULL;
   n->saved_version[k] = t ? t->storage->version : 0;
+  if (t) t->storage->saved_refs++;
   return k;
 }
+
+// drops saved tensor k. Inside backward (notify), the last saved view of an owned storage tells
+// its owner (the unused hook); a graph freed elsewhere -- by the garbage collector, or on a thread
+// that released its last tensor -- tells nobody.
+static _Atomic(fsdp_unused_fn) g_unused;
+void fsdp_set_unused_hook(fsdp_unused_fn fn) { atomic_store(&g_unused, fn); }
+static int drop_saved(fsdp_node* n, int k, int notify) {
+  fsdp_tensor* t = n->saved[k];
+  if (!t) return 0;
+  n->saved[k] = NULL;
+  fsdp_storage* s = t->storage;
+  void* owner = s->owner;
+  fsdp_unused_fn fn = atomic_load(&g_unused);
+  int last = --s->saved_refs == 0 && owner && fn && notify;
+  fsdp_tensor_release(t);
+  return last ? fn(owner) : 0;
+}
+
+int fsdp_node_saved_last_use(const fsdp_node* n, int k) {
+  const fsdp_tensor* t = n->saved[k];
+  return !n->keep_saved && t && t->storage->owner && t->storage->saved_refs == 1;
+}
+
+int fsdp_node_release_saved(fsdp_node* n, int k) { return n->keep_saved ? 0 : drop_saved(n, k, 1); }
 
 fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
   CHECK_NULL(!n->released,
@@ -122,16 +147,16 @@ void fsdp_node_set_output(fsdp_node* n, fsdp_tensor* out) {
   memcpy(n->out_shape, out->shape, sizeof n->out_shape);
 }
 
-static void node_free_saved(fsdp_node* n) {
-  for (int k = 0; k < n->n_saved; k++) {
-    fsdp_tensor_release(n->saved[k]);
-    n->saved[k] = NULL;
-  }
+static int node_free_saved(fsdp_node* n, int notify) {
+  int rc = 0;
+  for (int k = 0; k < n->n_saved; k++)
+    if (drop_saved(n, k, notify)) rc = -1;
+  return rc;
 }
 
 void fsdp_node_release(fsdp_node* n) {
   if (!n || --n->refcount > 0) return;
-  node_free_saved(n);
+  node_free_saved(n, 0);
   for (int i = 0; i < n->n_inputs; i++) {
     fsdp_node_release(n->next[i].node);
     fsdp_tensor_release(n->next[i].leaf);
@@ -510,11 +535,12 @@ static int run_node(fsdp_node* n, node_vec* ready, int retain_graph) {
                         n->name),
             -1);
     n->grad_dest = n->needs_grad[0] && n->next[0].node ? &n->next[0].node->grad_acc : NULL;
+    n->keep_saved = retain_graph;
     if (!rc) rc = n->backward(n, g, grad_in);
     n->grad_dest = NULL;
     if (!rc) rc = emit(FSDP_EV_NODE_POST, n, NULL);
     if (!retain_graph) {
-      node_free_saved(n);
+      if (node_free_saved(n, 1)) rc = -1;
       n->released = 1;
     }
   }

@@ -75,11 +75,17 @@ typedef struct fsdp_storage {
   // (dist: an FSDP unit's gathered buffer while the unit is resharded); the engine then asks the
   // materialize hook to bring it back before a backward node reads it.
   void* owner;
+  _Atomic int saved_refs;  // views of it that graph nodes hold saved for backward
 } fsdp_storage;
 // the hook that brings back an owned storage's data: 0, or -1 with the error set. One hook for
 // the process, installed by the owner's subsystem (dist/sched.c).
 typedef int (*fsdp_materialize_fn)(void* owner);
 void fsdp_set_materialize_hook(fsdp_materialize_fn fn);
+// the hook told when the last saved view of an owned storage is released (no graph node will read
+// its bytes any more: dist drops a unit's gathered parameters before backward builds its
+// gradients); 0, or -1 with the error set
+typedef int (*fsdp_unused_fn)(void* owner);
+void fsdp_set_unused_hook(fsdp_unused_fn fn);
 // t's bytes, brought back through the hook when an owner dropped them: 0, or -1 (error set)
 int fsdp_storage_materialize(fsdp_storage* s);
 // frees / re-allocates a storage's bytes while keeping the struct (and every view of it) alive
@@ -211,6 +217,7 @@ struct fsdp_node {
   int64_t out_shape[FSDP_MAX_DIMS];
   int out_ndim, out_dtype;
   int released;      // saved tensors freed after a backward without retain_graph
+  int keep_saved;    // while backward runs: this backward keeps saved tensors (retain_graph)
   fsdp_hook* hooks;  // grad hooks of the output tensor (non-leaf)
   // engine scratch
   int64_t visit;            // id of the backward pass that last reached this node
@@ -238,6 +245,13 @@ fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inpu
 int fsdp_node_save(fsdp_node* n, fsdp_tensor* t);
 // returns saved tensor k, or NULL with an error if the graph was freed or it was modified in place
 fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k);
+// Inside backward: whether saved tensor k is the last saved view of bytes an owner manages, so
+// that releasing it (fsdp_node_release_saved) lets the owner free them -- an op may then finish
+// the work that reads it before allocating the rest (linear: grad_input, then grad_weight).
+int fsdp_node_saved_last_use(const fsdp_node* n, int k);
+// releases saved tensor k before the node ends (no-op under retain_graph); the op must not touch
+// it (nor pointers into its bytes) afterwards. 0, or -1 with the error set (the owner's hook)
+int fsdp_node_release_saved(fsdp_node* n, int k);
 // copies the op's parameter struct p (size bytes) into the node; aborts when it does not fit
 void fsdp_node_set_params(fsdp_node* n, const void* p, size_t size);
 // copies the node's parameters out into p (size bytes: the struct set_params stored)

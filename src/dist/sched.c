@@ -397,7 +397,8 @@ int fsdp_unit_abort_forward(fsdp_unit* u) {
 
 // ---- backward ------------------------------------------------------------------------------------------------
 static int pre_backward(fsdp_unit* u) {
-  if (u->state == FSDP_UNIT_BACKWARD) return 0;
+  // in backward already: gathered, unless its bytes went early (unused) and a late node needs them
+  if (u->state == FSDP_UNIT_BACKWARD) return u->gathered ? 0 : fsdp_shard_gather_finish(u, u->opts.param_dtype);
   if (g_phase != FSDP_PHASE_BACKWARD) set_phase(FSDP_PHASE_BACKWARD);
   for (int i = 0; i < u->n; i++)
     CHECK_INT(u->p[i].t->requires_grad == u->p[i].rg_at_forward,
@@ -440,6 +441,22 @@ static int materialize(void* owner) {
             "was kept past the forward pass",
             u->path);
   return pre_backward(u);
+}
+
+// core's unused hook: the last saved view of one of u's gathered buffers is gone. When no backward
+// node holds any of them any more, the unit's gathered bytes go at once -- its parameters keep
+// their full form (their gradients still come in full) until post_backward reshards them -- so
+// the gradients built after this point do not coexist with the gathered parameters (a linear
+// releases its weight between its two GEMMs: ops/linalg.c). A unit that needs them again after
+// all (a node that saved them elsewhere) gathers again in pre_backward.
+static int unused(void* owner) {
+  fsdp_unit* u = owner;
+  if (!fsdp_is_backward_running() || u->state != FSDP_UNIT_BACKWARD || !u->gathered || !u->separate_full) return 0;
+  for (int k = 0; k < 2; k++)
+    if (u->g[k].full->saved_refs > 0) return 0;
+  for (int k = 0; k < 2; k++) fsdp_storage_drop_data(u->g[k].full);
+  u->gathered = 0;
+  return 0;
 }
 
 // completes the reductions that have finished by now, so their staging buffers go back at once
@@ -573,6 +590,7 @@ static void sched_install(void) {
   if (g_installed) return;
   g_installed = 1;
   fsdp_set_materialize_hook(materialize);
+  fsdp_set_unused_hook(unused);
   fsdp_autograd_add_listener(FSDP_EV_BACKWARD_BEGIN | FSDP_EV_GRAD_READY | FSDP_EV_BACKWARD_END, listener, NULL);
 }
 

@@ -335,7 +335,11 @@ static int linear_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   fsdp_tensor *gy = fsdp_as_contig_dtype(grad_out, dt), *gy32 = NULL, *xc = NULL;  // gy (M, out)
   fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
   if (!gy) return -1;
-  // the two GEMMs are independent: they run together (one per thread at 2 threads)
+  // The two GEMMs are independent: they run together (one per thread at 2 threads). But when w is
+  // the last saved view of bytes an owner manages (an FSDP unit's gathered parameters, which go
+  // when no node needs them any more), gx runs first and w is released before gw is allocated,
+  // so the unit's full gradient and its gathered parameters never coexist.
+  int early = node->needs_grad[1] && fsdp_node_saved_last_use(node, 1);
   gemm_op gm[2];
   int n_gemm = 0;
   if (node->needs_grad[0]) {  // gx (M, in) = gy (M, out) @ w (out, in)
@@ -343,8 +347,17 @@ static int linear_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
       goto fail;
     gm[n_gemm++] = (gemm_op){0, W.trans, M, in_f, out_f, fsdp_ptr(gy), out_f, W.p, W.ld, 0.0f, fsdp_f32(gx), in_f};
   }
+  if (early) {
+    if (run_gemms(be, dt, n_gemm, gm)) goto fail;
+    fsdp_tensor_release(W.t);
+    W.t = NULL;
+    n_gemm = 0;
+    w = NULL;  // released: not to be touched again
+    if (fsdp_node_release_saved(node, 1)) goto fail;
+  }
   if (node->needs_grad[1]) {  // gw (out, in) = gy^T (out, M) @ x (M, in)
-    if (!(xc = fsdp_as_contig_dtype(x, dt)) || !(gw = fsdp_new(2, w->shape, FSDP_F32, fsdp_device_of(w)))) goto fail;
+    int64_t wshape[2] = {out_f, in_f};
+    if (!(xc = fsdp_as_contig_dtype(x, dt)) || !(gw = fsdp_new(2, wshape, FSDP_F32, fsdp_device_of(x)))) goto fail;
     gm[n_gemm++] = (gemm_op){1, 0, out_f, in_f, M, fsdp_ptr(gy), out_f, fsdp_ptr(xc), in_f, 0.0f, fsdp_f32(gw), in_f};
   }
   if (run_gemms(be, dt, n_gemm, gm)) goto fail;
