@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ctest.h"
+#include "core/core.h"
 
 static fsdp_tensor* vec(int n, const double* v, int requires_grad) {
   int64_t shape[1] = {n};
@@ -89,6 +90,50 @@ TEST(test_backward_events_and_callback) {
   EXPECT(cur[FSDP_MEM_GRADS] == 0);
 }
 
+// the unused hook: told once when the last saved view of an owned storage goes in backward (a
+// linear releases its weight before building its weight gradient), never under retain_graph
+static int n_unused;
+static void* unused_owner;
+static int count_unused(void* owner) {
+  n_unused++;
+  unused_owner = owner;
+  return 0;
+}
+TEST(test_unused_hook_and_saved_refs) {
+  double xv[6] = {1, 2, 3, 4, 5, 6}, wv[6] = {1, -1, 2, 0, 1, 3};
+  int64_t xs[2] = {2, 3}, ws[2] = {2, 3};
+  fsdp_tensor* x = fsdp_from_doubles(2, xs, FSDP_F32, xv);
+  fsdp_tensor* w = fsdp_from_doubles(2, ws, FSDP_F32, wv);
+  fsdp_tensor_set_requires_grad(w, 1);
+  int owner_tag = 7;
+  w->storage->owner = &owner_tag;  // as an FSDP unit owns its gathered buffer
+  fsdp_set_unused_hook(count_unused);
+  for (int retain = 1; retain >= 0; retain--) {
+    n_unused = 0;
+    fsdp_tensor* y = fsdp_linear(x, w, NULL);  // (2, 2)
+    fsdp_tensor* s = fsdp_sum(y, 0, NULL, 0);
+    EXPECT(w->storage->saved_refs == 1);
+    EXPECT(fsdp_backward(s, NULL, retain) == 0);
+    EXPECT(n_unused == (retain ? 0 : 1));
+    EXPECT(w->storage->saved_refs == (retain ? 1 : 0));
+    if (!retain) EXPECT(unused_owner == &owner_tag);
+    fsdp_tensor_release(s);
+    fsdp_tensor_release(y);
+    EXPECT(w->storage->saved_refs == 0);  // the retained graph went with its output: nobody told
+    EXPECT(n_unused == (retain ? 0 : 1));
+  }
+  // gw = gy^T x over both backwards (gy = 1): column sums of x, twice
+  double gw[6];
+  fsdp_tensor* g = fsdp_tensor_grad(w);
+  fsdp_tensor_to_doubles(g, gw);
+  EXPECT(gw[0] == 10 && gw[1] == 14 && gw[2] == 18 && gw[3] == 10 && gw[5] == 18);
+  fsdp_set_unused_hook(NULL);
+  w->storage->owner = NULL;
+  fsdp_tensor_release(g);
+  fsdp_tensor_release(x);
+  fsdp_tensor_release(w);
+}
+
 TEST(test_errors_name_op_and_shapes) {
   double v[3] = {1, 2, 3};
   fsdp_tensor* a = vec(3, v, 0);
@@ -108,6 +153,7 @@ TEST(test_errors_name_op_and_shapes) {
 int main(void) {
   RUN(test_lifetime_and_memory);
   RUN(test_backward_events_and_callback);
+  RUN(test_unused_hook_and_saved_refs);
   RUN(test_errors_name_op_and_shapes);
   ctest_expect_no_leaks();
   return ctest_summary("test_core");
