@@ -40,7 +40,7 @@ local defaults = {
   epochs = 8, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
   ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 2, ["linear-lr"] = 1e-3,
   seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
-  channels = "32,64", ["eval-batch"] = 500, device = "cpu",
+  channels = "32,64", ["eval-batch"] = 500, device = "cpu", summary = false,
 }
 local help = [[
 usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
@@ -67,12 +67,14 @@ linear head on the frozen trunk and reports both test accuracies.
   --plot FILE.png       loss/accuracy plot (default CKPT/metrics.png; needs gnuplot)
   --channels C1,C2      conv channels of the two trunk blocks (default 32,64)
   --eval-batch B        batch size of evaluation (default 500)
+  --summary             print the FSDP plan (fsdp.summary: units, bytes per rank, what a step
+                        sends) after the first pretraining epoch, optimizer state included
   --device D            cpu (default) or cuda: model, data and training on the GPU (with several
                         ranks their collectives go through the host over MPI until the NCCL
                         backend exists)
   -h, --help            this text
 ]]
-local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true }
+local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true, summary = true }
 local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["lr-decay"] = "num", ["linear-epochs"] = "int",
   ["linear-lr"] = "num", seed = "int", limit = "int", ["test-limit"] = "int", ["eval-batch"] = "int" }
 local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true, device = true }
@@ -427,6 +429,8 @@ local function main()
       -- the schedule depends on the epoch alone, so a resumed run follows it too
       for _, g in ipairs(opt.param_groups) do g.lr = cfg.lr * cfg["lr-decay"] ^ (epoch - 1) end
       local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, cfg.seed)
+      -- (before the evaluation: the plan of the training steps just run, optimizer state included)
+      if cfg.summary and epoch == start then fsdp.summary(model, { optimizer = opt }) end
       pretrain_acc = finish_epoch(model, "pretrain", epoch, cfg.epochs, r)
       expect("saving the checkpoint", fsdp.save_sharded, cfg.ckpt, model, opt,
         { phase = "pretrain", epoch = epoch, seed = cfg.seed, global_batch = B, test_acc = pretrain_acc,
