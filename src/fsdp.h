@@ -349,6 +349,9 @@ int fsdp_comm_init(const char* backend);
 int fsdp_comm_is_initialized(void);
 int fsdp_comm_rank(void);
 int fsdp_comm_world_size(void);
+// this rank among the ranks on its node (shared memory), and their number (1 under "self")
+int fsdp_comm_local_rank(void);
+int fsdp_comm_local_world_size(void);
 const char* fsdp_comm_backend_name(void);
 // how device tensors move: "nccl", "standin" (the test double of NCCL), or "host" (staged through
 // host memory on the backend above); "" before the first collective on a device tensor

@@ -97,7 +97,7 @@ describe("fsdprun", function()
     assert.equal(5, rc, out)
     rc, out = sh(fsdprun .. " -n")
     assert.equal(2, rc, out)
-    assert.truthy(out:find("usage: fsdprun", 1, true), out)
+    assert.truthy(out:find("fsdprun: -n needs a value\nrun fsdprun --help for the options", 1, true), out)
   end)
 
   for _, n in ipairs { 2, 4 } do

@@ -25,7 +25,7 @@ local function run(cmd)
   if f then f:close() end
   os.remove(tmp)
   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), err, rc
+  return H.untag((out:gsub("__rc=%d+%s*$", ""))), H.untag(err), rc
 end
 
 local function train_cmd(n, args)

@@ -16,6 +16,7 @@ local ROOT = here .. "/.."
 local SCRIPT = ROOT .. "/tests/scripts/fsdp_matrix.lua"
 local MIN_CASES = 45
 local fsdp = require "fsdp"
+local H = require "helpers"
 
 local function have_mpirun()
   return os.execute("command -v mpirun >/dev/null 2>&1") == 0
@@ -27,7 +28,7 @@ local function launch(np, env)
   local cmd = ("cd '%s' && %s FSDP_COMM_TIMEOUT=60 timeout 400 bin/fsdprun -n %d '%s' 2>&1; echo \"EXIT=$?\"")
     :format(ROOT, env or "", np, SCRIPT)
   local f = assert(io.popen(cmd))
-  local out = f:read("*a")
+  local out = H.untag(f:read("*a"))
   f:close()
   local r = { out = out, cases = {}, order = {}, details = {} }
   r.status = tonumber(out:match("EXIT=(%d+)%s*$"))

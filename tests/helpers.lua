@@ -193,6 +193,12 @@ H.root = abspath((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
 H.scripts = H.root .. "/tests/scripts/"
 H.fsdprun = H.root .. "/bin/fsdprun"
 
+-- fsdprun's output without its rank tags ("[rank 1] ", "[ranks 0-3] " at the start of a line), for
+-- specs that read what the ranks printed
+function H.untag(out)
+  return (("\n" .. out):gsub("\n%[ranks? [%d,%-]+%] ", "\n"):sub(2))
+end
+
 -- runs a shell command from /tmp (so nothing depends on the caller's directory) under a hard
 -- timeout (seconds, default 120); returns exit status, combined output and elapsed seconds
 function H.sh(cmd, env, timeout)

@@ -46,6 +46,9 @@ function comm.init(backend)
 end
 function comm.rank() init_once(); return C.fsdp_comm_rank() end
 function comm.world_size() init_once(); return C.fsdp_comm_world_size() end
+-- this rank among the ranks of its node (0-based, as torchrun's LOCAL_RANK), and their number
+function comm.local_rank() init_once(); return C.fsdp_comm_local_rank() end
+function comm.local_world_size() init_once(); return C.fsdp_comm_local_world_size() end
 function comm.backend() init_once(); return ffi.string(C.fsdp_comm_backend_name()) end
 -- how device (GPU) tensors move between ranks: "nccl", "host" (staged through host memory on the
 -- backend), "standin" (the tests' double of NCCL); "" until the first collective on one

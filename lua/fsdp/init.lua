@@ -558,8 +558,8 @@ fsdp.trace = {
 
 -- communication (fsdp/comm.lua, loaded on first use): fsdp.init/rank/world_size/barrier and
 -- the collectives; fsdp.comm holds the rest (set_timeout, finalize, ...)
-for _, k in ipairs { "init", "rank", "world_size", "barrier", "all_reduce", "broadcast", "all_gather",
-                     "reduce_scatter", "comm_stats", "comm_device_plane" } do
+for _, k in ipairs { "init", "rank", "world_size", "local_rank", "local_world_size", "barrier", "all_reduce",
+                     "broadcast", "all_gather", "reduce_scatter", "comm_stats", "comm_device_plane" } do
   fsdp[k] = function(...) local f = require("fsdp.comm")[k]; fsdp[k] = f; return f(...) end
 end
 

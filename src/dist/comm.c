@@ -70,6 +70,7 @@ static struct {
   int plane_queued;              // its init is queued (the comm thread starts it in order)
   int plane_up;                  // started (comm thread only)
   int rank, size;
+  int local_rank, local_size;  // among the ranks of this node
   fsdp_work *head, *tail;
   int64_t seq;
   int broken;
@@ -101,10 +102,10 @@ static const char* op_names[] = {"sum", "avg", "max"};
 
 // ---- the "self" backend: one rank, collectives are copies -----------------------------------
 // (the signatures are the backend table's; one rank needs few of the arguments)
-static int self_init(int* rank, int* size, void (*beat)(void), char* err) {
+static int self_init(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err) {
   (void)err, (void)beat;
-  *rank = 0;
-  *size = 1;
+  *rank = *local_rank = 0;
+  *size = *local_size = 1;
   return 0;
 }
 static void self_finalize(void) {}
@@ -195,11 +196,9 @@ static int plane_for(int device, const char* op, const char* tag) {
   if (g.plane) return g.plane->id;
   int double_gpu = strcmp(fsdp_backend_for(device)->name, "testdev") == 0;
   if (g.plane_mode == 3) {
-    const char* local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local) local = getenv("LOCAL_WORLD_SIZE");
-    int ranks_here = local && atoi(local) > 0 ? atoi(local) : 1, index = 0, count = 0;
+    int index = 0, count = 0;
     fsdp_backend_for(device)->ordinal(&index, &count);
-    g.plane = double_gpu || ranks_here > count ? NULL : load_nccl_plane();
+    g.plane = double_gpu || g.local_size > count ? NULL : load_nccl_plane();
     if (!g.plane) fsdp_clear_error();
     g.plane_mode = g.plane ? FSDP_PLANE_NCCL : 0;
   } else if (g.plane_mode == FSDP_PLANE_STANDIN) {
@@ -426,12 +425,14 @@ static void run_work_traced(fsdp_work* w) {
 
 static void* comm_thread(void* arg) {
   (void)arg;
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
   char err[FSDP_COMM_ERRLEN] = "";
-  int rc = g.be->init(&rank, &size, beat, err);
+  int rc = g.be->init(&rank, &size, &local_rank, &local_size, beat, err);
   pthread_mutex_lock(&g.mu);
   g.rank = rank;
   g.size = size;
+  g.local_rank = local_rank;
+  g.local_size = local_size;
   g.init_status = rc;
   snprintf(g.init_err, sizeof g.init_err, "%s", err);
   g.init_done = 1;
@@ -518,6 +519,32 @@ static void comm_atexit(void) {
     fprintf(stderr, "fsdp: rank %d: at exit: %s\n", g.rank, fsdp_last_error());
 }
 
+// A process that torchrun-style variables say is one of several (RANK, WORLD_SIZE, LOCAL_RANK) but
+// that no MPI launcher started would run alone as a world of 1, silently training on its slice
+// of the data: that is an error saying how to launch instead.
+static int torchrun_env_error(void) {
+  static const char* names[] = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+  static const int alone[] = {1, 0, 0, 1};  // the values a single process may carry
+  char seen[256] = "";
+  int several = 0;
+  for (int i = 0; i < 4; i++) {
+    const char* v = getenv(names[i]);
+    if (!v || !*v) continue;
+    size_t l = strlen(seen);
+    snprintf(seen + l, sizeof seen - l, "%s%s=%s", l ? " " : "", names[i], v);
+    several |= atoi(v) != alone[i];
+  }
+  if (!several) return 0;
+  const char* n = getenv("WORLD_SIZE");
+  int np = n && atoi(n) > 1 ? atoi(n) : 2;
+  const char* master = getenv("MASTER_ADDR");
+  CHECK_INT(0,
+            "fsdp.init: %s%s%s say this process is one of several, but no MPI launcher started it; fsdp's ranks "
+            "talk over MPI, so start them with it: fsdprun -n %d script.lua (or mpirun -n %d luajit script.lua, "
+            "or under Slurm srun --mpi=pmix -n %d luajit script.lua); torchrun's variables are not read",
+            seen, master ? " MASTER_ADDR=" : "", master ? master : "", np, np, np);
+}
+
 int fsdp_comm_init(const char* backend) {
   const char* want = backend && *backend ? backend : NULL;
   if (g.initialized) {
@@ -528,6 +555,7 @@ int fsdp_comm_init(const char* backend) {
   }
   if (!want) {
     int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+    if (!launched && torchrun_env_error()) return -1;
     want = launched ? "mpi" : "self";
   }
   const fsdp_comm_backend* be = NULL;
@@ -597,6 +625,8 @@ int fsdp_comm_init(const char* backend) {
 int fsdp_comm_is_initialized(void) { return g.initialized; }
 int fsdp_comm_rank(void) { return g.initialized ? g.rank : 0; }
 int fsdp_comm_world_size(void) { return g.initialized ? g.size : 1; }
+int fsdp_comm_local_rank(void) { return g.initialized ? g.local_rank : 0; }
+int fsdp_comm_local_world_size(void) { return g.initialized ? g.local_size : 1; }
 const char* fsdp_comm_backend_name(void) { return g.initialized ? g.be->name : ""; }
 const char* fsdp_comm_device_plane(void) { return g.plane ? g.plane->name : g.plane_mode == 0 ? "host" : ""; }
 

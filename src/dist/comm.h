@@ -19,7 +19,7 @@
 
 struct fsdp_backend;  // core/backend.h: a device's table (for the device data planes)
 
-#define FSDP_COMM_ABI 5
+#define FSDP_COMM_ABI 6
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
@@ -66,8 +66,9 @@ typedef void (*fsdp_comm_decide_fn)(const fsdp_comm_meta* all, const int* arrive
 typedef struct fsdp_comm_backend {
   int abi;  // FSDP_COMM_ABI
   const char* name;
-  // beat: called by the backend whenever a wait made progress (comm.c's watchdog reads it)
-  int (*init)(int* rank, int* size, void (*beat)(void), char* err);
+  // beat: called by the backend whenever a wait made progress (comm.c's watchdog reads it).
+  // local_rank, local_size: this rank among the ranks of its node (shared memory), and how many
+  int (*init)(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err);
   void (*finalize)(void);
   // every rank's record goes to rank 0, which decides; every rank gets the verdict. Waits at
   // most timeout_s (plus a grace on ranks != 0, so rank 0's verdict, which names the missing

@@ -164,7 +164,7 @@ static int wait_all(MPI_Request* reqs, int n, const char* what, char* err) {
 }
 
 // ---- init / finalize ----------------------------------------------------------------------------
-static int mpi_init(int* rank, int* size, void (*beat)(void), char* err) {
+static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err) {
   int inited = 0, provided = 0;
   g_beat = beat;
   MPI_Initialized(&inited);
@@ -196,6 +196,13 @@ static int mpi_init(int* rank, int* size, void (*beat)(void), char* err) {
     snprintf(err, FSDP_COMM_ERRLEN, "out of memory for %d ranks", g_size);
     return -1;
   }
+  // the ranks of this node: those that share memory with this one (whatever launched them)
+  MPI_Comm node;
+  MPI_TRY(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
+  MPI_Comm_rank(node, local_rank);
+  MPI_Comm_size(node, local_size);
+  MPI_Comm_free(&node);
   *rank = g_rank;
   *size = g_size;
   return 0;

@@ -86,7 +86,8 @@ local fsdp_fns = {
   backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {},
 }
 -- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
-local comm_fns = { init = true, rank = true, world_size = true, barrier = true, all_reduce = true, broadcast = true,
+local comm_fns = { init = true, rank = true, world_size = true, local_rank = true, local_world_size = true,
+  barrier = true, all_reduce = true, broadcast = true,
   all_gather = true, reduce_scatter = true, comm_stats = true, comm_device_plane = true, save = true, load = true }
 
 local F_fns = {
