@@ -142,6 +142,39 @@ describe("fsdprun", function()
       rc = run("-n 2 --mpi-args --mca btl self -- " .. H.scripts .. "comm_values.lua")
       assert.is_not.equal(0, rc)
     end)
+
+    -- Two machines on this one (tests/scripts/two_nodes.sh): network namespaces joined by a veth
+    -- pair, a hostname each, mpirun starting the second node's daemon as it would over ssh. Two
+    -- ranks per node: shared memory within a node, TCP between the nodes.
+    it("runs ranks on two machines (two network namespaces here): every collective and the FSDP matrix", function()
+      local can = os.execute("[ \"$(id -u)\" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null") == 0
+      if not can then pending("needs root, ip (iproute2) and unshare") return end
+      local n = math.random(10, 250)
+      local nodes = H.scripts .. "two_nodes.sh"
+      local rc, out = H.sh(("sh %s down %d; sh %s up %d"):format(nodes, n, nodes, n))
+      if rc ~= 0 then pending("cannot make network namespaces here: " .. out) return end
+      local hosts = ("--hosts 10.77.%d.1:2,10.77.%d.2:2 "):format(n, n)
+      local function on_nodes(what, timeout)
+        return H.sh(("%s run %d %s %s%s"):format(nodes, n, H.fsdprun, hosts, what), "FSDP_COMM_TIMEOUT=60", timeout)
+      end
+      local ok, err = pcall(function()
+        local rc1, out1 = on_nodes(script .. " ranks")
+        assert.equal(0, rc1, out1)
+        for r = 0, 3 do
+          assert.truthy(out1:find(("rank %d local %d/2 world 4"):format(r, r % 2), 1, true), out1)
+        end
+        local rc2, out2, s2 = on_nodes(H.scripts .. "comm_values.lua")
+        assert.equal(0, rc2, out2)
+        for r = 0, 3 do assert.truthy(out2:find(("rank %d/4 ok"):format(r), 1, true), out2) end
+        local rc3, out3, s3 = on_nodes(H.scripts .. "fsdp_matrix.lua", 300)
+        assert.equal(0, rc3, out3:sub(-3000))
+        assert.truthy(out3:match("SUMMARY ws=4 cases=%d+ failed=0"), out3:sub(-3000))
+        print(("\ntwo nodes x 2 ranks (TCP between them): every collective's values %d s, the FSDP matrix %d s")
+          :format(s2, s3))
+      end)
+      H.sh(("sh %s down %d"):format(nodes, n))
+      assert(ok, err)
+    end)
   end)
 end)
 

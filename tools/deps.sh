@@ -21,7 +21,7 @@ set -euo pipefail
 build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
 demo="$build dataset-fashion-mnist gnuplot-nox"
 test="$demo libluajit-5.1-dev lua-busted luarocks"
-ci="$test git cppcheck valgrind clang-format"
+ci="$test git cppcheck valgrind clang-format iproute2"
 
 mode=install
 case "${1:-}" in
