@@ -110,12 +110,7 @@ end
 print(("fsdp %s benchmark: %d thread(s), %d round(s) of %d warmup + %s timed steps, median ms per training step")
   :format(ffi.string(fsdp.C.fsdp_version()), opts.threads, opts.rounds, opts.warmup, iters_line))
 -- the machine: CPU model, widest vector ISA, OpenBLAS's kernels, and one core's measured FMA peak
-local cpu_model = "unknown CPU"
-local f = io.open("/proc/cpuinfo", "r")
-if f then
-  cpu_model = f:read("*a"):match("model name%s*:%s*([^\n]+)") or cpu_model
-  f:close()
-end
+local cpu_model = U.cpu_model()
 local peak = fsdp.C.fsdp_cpu_fma_peak(0.3)
 print(("CPU: %s, %s; OpenBLAS kernels %s; GEMMs: %s; FMA peak %.1f GFLOP/s per core (measured)")
   :format(cpu_model, ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core()),

@@ -17,6 +17,14 @@ function U.seconds(clock)
 end
 function U.now_ms(clock) return U.seconds(clock) * 1e3 end
 
+-- the CPU's model name (/proc/cpuinfo), for reports: a number means little without it
+function U.cpu_model()
+  local f = io.open("/proc/cpuinfo", "r")
+  local m = f and f:read("*a"):match("model name%s*:%s*([^\n]+)")
+  if f then f:close() end
+  return m or "unknown CPU"
+end
+
 function U.median(t)
   local s = { unpack(t) }
   table.sort(s)

@@ -318,6 +318,22 @@ int fsdp_autograd_remove_listener(int64_t handle);
 // only during backward: fn runs after the last node, before BACKWARD_END
 int fsdp_queue_callback(fsdp_callback_fn fn, void* ctx);
 
+// ---- activation checkpointing ----------------------------------------------------------------------
+// Between begin and end (grad mode on) the graph nodes made keep no saved tensors, only their
+// places in the region; the first backward node that needs one reruns the region's forward
+// through fn(ctx) -- grad mode on, the RNG as it was at begin, so dropout draws the same -- and
+// the nodes take what that rerun saves, in order. begin returns 1 when a region began (end it with
+// fsdp_checkpoint_end), 0 when there is nothing to do (grad mode off, or inside a region already:
+// its saves are the outer region's), -1 on error. fn returns 0, or -1 with the error set.
+typedef int (*fsdp_recompute_fn)(void* ctx);
+int fsdp_checkpoint_begin(fsdp_recompute_fn fn, void* ctx);
+void fsdp_checkpoint_end(void);
+// 1 while a region's forward reruns for backward (an FSDP unit then only gathers its parameters)
+int fsdp_checkpoint_rerunning(void);
+// the ctx of regions freed since the last call (a binding drops what it keeps for them): copies up
+// to cap into ctxs, returns how many
+int fsdp_checkpoint_take_freed(void** ctxs, int cap);
+
 // ---- safetensors ------------------------------------------------------------------------------------
 // writes atomically (temporary file, then rename); metadata_json may be NULL
 int fsdp_st_save(const char* path, int n, const char** names, fsdp_tensor** tensors, const char* metadata_json);
@@ -423,6 +439,8 @@ int fsdp_unit_pre_forward(fsdp_unit* u);
 fsdp_tensor* fsdp_unit_mark_output(fsdp_unit* u, fsdp_tensor* t);  // new ref: identity that gathers in backward
 int fsdp_unit_post_forward(fsdp_unit* u);
 int fsdp_unit_abort_forward(fsdp_unit* u);  // the module's forward raised an error
+// an activation-checkpointed region around the unit runs its forward again, in backward: gathers
+int fsdp_unit_rerun(fsdp_unit* u);
 // summon_full_params: gather (parameters take their full shapes) and reshard (writeback copies the
 // full values into the local pieces first)
 int fsdp_unit_unshard(fsdp_unit* u);

@@ -7,11 +7,21 @@ local C = fsdp.C
 
 local autograd = {}
 
-local hooks = {}      -- ctx -> fn(grad) -> replacement or nil
-local hook_ctx = {}   -- C hook id -> ctx, to drop hooks[ctx] when the C hook dies with its tensor
-local listeners = {}  -- id -> fn(event_name, node_name, tensor)
-local callbacks = {}  -- queued Lua callbacks for the running backward
-local next_ctx = 0
+-- The tables below are shared by every copy of this module in the process: C keeps one queue of
+-- freed hooks and one of freed regions, and a test runner that loads modules afresh per file (busted)
+-- makes several copies, any of which may drain those queues -- it must find every entry. So they
+-- live in the Lua registry, with one counter for the ctx ids.
+local reg = debug.getregistry()
+local S = reg["fsdp.autograd"] or { hooks = {}, hook_ctx = {}, listeners = {}, callbacks = {}, regions = {}, next_ctx = 0 }
+reg["fsdp.autograd"] = S
+local hooks = S.hooks          -- ctx -> fn(grad) -> replacement or nil
+local hook_ctx = S.hook_ctx    -- C hook id -> ctx, to drop hooks[ctx] when the C hook dies with its tensor
+local listeners = S.listeners  -- id -> fn(event_name, node_name, tensor)
+local callbacks = S.callbacks  -- queued Lua callbacks for the running backward
+local function new_ctx()
+  S.next_ctx = S.next_ctx + 1
+  return S.next_ctx
+end
 
 local function set_error(msg) C.fsdp_set_error(tostring(msg)) end
 
@@ -53,8 +63,7 @@ function autograd.register_hook(t, fn)
   local p = fsdp._t(t, "register_hook")
   fsdp._fn(fn, "register_hook", "fn")
   fsdp._hooks_freed()
-  next_ctx = next_ctx + 1
-  local ctx = next_ctx
+  local ctx = new_ctx()
   local id = C.fsdp_tensor_register_hook(p, hook_cb, ffi.cast("void*", ctx))
   if id < 0 then fsdp._raise(2) end
   local key = tonumber(id)
@@ -95,8 +104,7 @@ function autograd.add_listener(events, fn)
     if not b then error("add_listener: unknown event " .. tostring(name), 2) end
     mask = bit.bor(mask, b)
   end
-  next_ctx = next_ctx + 1
-  local ctx = next_ctx
+  local ctx = new_ctx()
   listeners[ctx] = fn
   local id = C.fsdp_autograd_add_listener(mask, listener_cb, ffi.cast("void*", ctx))
   if id < 0 then listeners[ctx] = nil; fsdp._raise(2) end
@@ -112,12 +120,65 @@ local callback_cb = ffi.cast("fsdp_callback_fn", function(ctx)
   return 0
 end)
 
+-- ---- activation checkpointing ------------------------------------------------------------------------
+-- fsdp.checkpoint(fn, ...) -> fn(...)'s results, like torch.utils.checkpoint.checkpoint: the graph
+-- fn builds keeps no activations (the core's region, src/core/autograd.c), and backward, at the
+-- first node that needs one, runs fn on the same arguments again -- with the RNG as it was, so
+-- dropout draws the same -- and takes what that run saves. Memory: the region's inputs instead of
+-- everything inside it; time: one more forward of fn. fn must run the same ops both times.
+-- Inside fsdp.wrap's units this works both ways: a unit resharded after forward gathers again for
+-- the rerun, and a unit may checkpoint parts of its own forward (or all of it: wrap's
+-- {checkpoint = true}). Without grad mode fn simply runs.
+local regions = S.regions  -- ctx -> the closure that reruns a region's forward, until C frees the region
+local rerun_cb = ffi.cast("fsdp_recompute_fn", function(ctx)
+  local f = regions[tonumber(ffi.cast("intptr_t", ctx))]
+  if not f then set_error("checkpoint: the region's function is gone"); return -1 end
+  local res = { pcall(f) }
+  if not res[1] then set_error("checkpoint: running the forward again for backward: " .. tostring(res[2])); return -1 end
+  -- the rerun's own graph, outputs and the activations it did not save are not used: they go now
+  for i = 2, #res do if fsdp.is_tensor(res[i]) then fsdp._release(res[i]) end end
+  res = nil
+  fsdp._collect()
+  return 0
+end)
+local freed_regions = ffi.new("void*[64]")
+local function drop_freed_regions()
+  repeat
+    local n = C.fsdp_checkpoint_take_freed(freed_regions, 64)
+    for i = 0, n - 1 do regions[tonumber(ffi.cast("intptr_t", freed_regions[i]))] = nil end
+  until n < 64
+end
+local function pack(...) return { n = select("#", ...), ... } end
+function autograd.checkpoint(fn, ...)
+  local mt = getmetatable(fn)
+  if type(fn) ~= "function" and not (mt and mt.__call) then
+    error(("checkpoint: expected a function (or a module) to run, got %s"):format(type(fn)), 2)
+  end
+  drop_freed_regions()
+  local k, args = new_ctx(), pack(...)
+  regions[k] = function() return fn(unpack(args, 1, args.n)) end
+  local began = C.fsdp_checkpoint_begin(rerun_cb, ffi.cast("void*", k))
+  if began ~= 1 then
+    regions[k] = nil
+    if began < 0 then fsdp._raise(2) end
+    return fn(...)
+  end
+  local res = pack(pcall(fn, ...))
+  C.fsdp_checkpoint_end()
+  if not res[1] then error(res[2], 0) end
+  -- no node holds the activations made inside: only their (dead) handles did, so a collection
+  -- frees them now rather than when the allocation pressure calls one
+  fsdp._collect()
+  return unpack(res, 2, res.n)
+end
+function autograd.checkpoint_rerunning() return C.fsdp_checkpoint_rerunning() ~= 0 end
+
 -- only while backward runs: fn() runs after the last node, before backward_end
 function autograd.queue_callback(fn)
-  next_ctx = next_ctx + 1
-  callbacks[next_ctx] = fn
-  if C.fsdp_queue_callback(callback_cb, ffi.cast("void*", next_ctx)) ~= 0 then
-    callbacks[next_ctx] = nil
+  local ctx = new_ctx()
+  callbacks[ctx] = fn
+  if C.fsdp_queue_callback(callback_cb, ffi.cast("void*", ctx)) ~= 0 then
+    callbacks[ctx] = nil
     fsdp._raise(2)
   end
 end

@@ -128,13 +128,16 @@ local gc_floor = 64 * 1024 * 1024
 local cur = ffi.new("int64_t[6]")
 local pressure = C.fsdp_memory_gc_pressure()
 local survived = 0  -- activation bytes alive after the last collection
+-- a collection now (activation checkpointing asks for one when a region's forward ends: the
+-- activations inside it died with their handles)
+function fsdp._collect()
+  collectgarbage("collect")
+  C.fsdp_memory_gc_done()
+  C.fsdp_memory_stats(cur, nil)
+  survived = tonumber(cur[3])
+end
 local function gc_if_needed()
-  if pressure[0] > gc_floor and pressure[0] > survived then
-    collectgarbage("collect")
-    C.fsdp_memory_gc_done()
-    C.fsdp_memory_stats(cur, nil)
-    survived = tonumber(cur[3])
-  end
+  if pressure[0] > gc_floor and pressure[0] > survived then fsdp._collect() end
 end
 
 -- ---- tensor handles ---------------------------------------------------------------------------------
@@ -586,6 +589,8 @@ setmetatable(fsdp, {
       return require("fsdp.wrap")[k]
     elseif k == "save_sharded" or k == "load_sharded" then
       return require("fsdp.checkpoint")[k]
+    elseif k == "checkpoint" then  -- activation checkpointing (fsdp.checkpoint is not the module of that name)
+      return require("fsdp.autograd").checkpoint
     end
   end,
 })

@@ -145,7 +145,9 @@ end
 --         mixed_precision = {param = "bf16", reduce = "fp32"}, sync_module_states = true,
 --         forward_prefetch = false, backward_prefetch = true,
 --         offload = false (true: shards, gradient pieces and the optimizer step on the CPU; the
---         unit computes on its parameters' GPU)
+--         unit computes on its parameters' GPU), checkpoint = false (true: activation
+--         checkpointing of the unit's forward, as nn.Checkpoint: only its inputs are kept, backward
+--         gathers again and runs the forward again)
 function W.wrap(module, opts)
   opts = opts or {}
   if type(module) ~= "table" or not rawget(module, "_modules") then
@@ -217,6 +219,7 @@ function W.wrap(module, opts)
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
   rawset(module, "_fsdp_unit", u)
   rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
+  if opts.checkpoint then rawset(module, "_checkpointed", true) end
   all_units[#all_units + 1] = u
   return module
 end
@@ -289,6 +292,12 @@ local function check_tied(u)
 end
 
 function Unit:run(module, inner, ...)
+  -- a checkpointed region around this unit runs its forward again for backward: the parameters
+  -- are gathered (its backward begins here), and the forward itself is all that runs again
+  if C.fsdp_checkpoint_rerunning() ~= 0 then
+    check(C.fsdp_unit_rerun(self.c))
+    return inner(module, cast_all(self.compute_dtype, ...))
+  end
   if #self.tied > 0 then check_tied(self) end
   check(C.fsdp_unit_pre_forward(self.c))
   self.forwarded = true

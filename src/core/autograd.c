@@ -66,6 +66,98 @@ fsdp_node* fsdp_node_new(const char* name, fsdp_backward_fn backward, int n_inpu
   return n;
 }
 
+// ---- activation checkpointing: regions whose saved tensors are recomputed ---------------------------------
+// A region records, in order, the places of the tensors its nodes would have saved; the first
+// node that asks for one reruns the region's forward (fsdp_checkpoint_begin's fn), whose saves,
+// in the same order, fill the places. Each place is freed with the node slot that holds it, and
+// the region with its last place (its ctx then goes to the freed list the binding drains).
+typedef struct fsdp_region {
+  int refcount;  // the recording, and one per place a node holds
+  fsdp_recompute_fn fn;
+  void* ctx;
+  uint64_t rng[4];            // the RNG at begin: the rerun draws the same numbers (dropout)
+  int n_places;               // saves the first run made
+  fsdp_tensor** got;          // what the rerun saved, by place (NULL once its node let it go)
+  int n_got, cap_got, rerun;  // rerun: 1 once it ran
+  int out_of_memory;          // the rerun could not keep a save
+} fsdp_region;
+static _Thread_local fsdp_region* g_recording;  // the region being recorded, or NULL
+static _Thread_local fsdp_region* g_rerunning;  // the region whose forward reruns, or NULL
+static _Thread_local void** g_freed_regions;
+static _Thread_local int g_n_freed_regions, g_cap_freed_regions;
+
+int fsdp_checkpoint_begin(fsdp_recompute_fn fn, void* ctx) {
+  if (!g_grad_enabled || g_recording || g_rerunning) return 0;
+  fsdp_region* r = calloc(1, sizeof *r);
+  CHECK_INT(r, "checkpoint: out of memory");
+  r->refcount = 1;
+  r->fn = fn;
+  r->ctx = ctx;
+  fsdp_rng_get_state(r->rng);
+  g_recording = r;
+  return 1;
+}
+static void region_unref(fsdp_region* r);
+void fsdp_checkpoint_end(void) {
+  fsdp_region* r = g_recording;
+  g_recording = NULL;
+  if (r) region_unref(r);
+}
+int fsdp_checkpoint_rerunning(void) { return g_rerunning != NULL; }
+int fsdp_checkpoint_take_freed(void** ctxs, int cap) {
+  int n = g_n_freed_regions < cap ? g_n_freed_regions : cap;
+  if (n <= 0) return 0;
+  g_n_freed_regions -= n;
+  memcpy(ctxs, g_freed_regions + g_n_freed_regions, (size_t)n * sizeof *ctxs);
+  return n;
+}
+
+// a saved view leaves: the last one of an owned storage tells its owner, inside backward (notify)
+static fsdp_unused_fn get_unused_hook(void);
+static int release_saved_view(fsdp_tensor* t, int notify) {
+  fsdp_storage* s = t->storage;
+  void* owner = s->owner;
+  fsdp_unused_fn fn = get_unused_hook();
+  int last = --s->saved_refs == 0 && owner && fn && notify;
+  fsdp_tensor_release(t);
+  return last ? fn(owner) : 0;
+}
+static void region_unref(fsdp_region* r) {
+  if (--r->refcount > 0) return;
+  for (int i = 0; i < r->n_got; i++)
+    if (r->got[i]) release_saved_view(r->got[i], 0);
+  free(r->got);
+  if (fsdp_grow(&g_freed_regions, &g_cap_freed_regions, g_n_freed_regions + 1, sizeof *g_freed_regions, "checkpoint") ==
+      0)
+    g_freed_regions[g_n_freed_regions++] = r->ctx;
+  else fsdp_clear_error();  // (the binding then keeps its entry: a leak, not an error)
+  free(r);
+}
+// reruns r's forward: grad mode on, the RNG as at begin (then as it was), saves into r->got
+static int region_rerun(fsdp_region* r, const char* node) {
+  CHECK_INT(!g_rerunning, "%s: checkpoint: a region's forward asked for another's saved tensors while rerunning", node);
+  uint64_t keep[4];
+  fsdp_rng_get_state(keep);
+  fsdp_rng_set_state(r->rng);
+  int mode = g_grad_enabled;
+  g_grad_enabled = 1;
+  g_rerunning = r;
+  r->n_got = 0;
+  int rc = r->fn(r->ctx);
+  g_rerunning = NULL;
+  g_grad_enabled = mode;
+  fsdp_rng_set_state(keep);
+  r->rerun = 1;
+  if (rc) return -1;
+  CHECK_INT(!r->out_of_memory, "%s: checkpoint: out of memory for the recomputed tensors", node);
+  CHECK_INT(r->n_got == r->n_places,
+            "%s: checkpoint: the forward saved %d tensors for backward when it ran and %d when it ran again for "
+            "backward; a checkpointed function must run the same ops both times (no branches on tensor values or "
+            "on state that changed in between)",
+            node, r->n_places, r->n_got);
+  return 0;
+}
+
 // Saved tensors are detached aliases (same storage, no grad_fn), so saving an op's own output
 // makes no reference cycle; the version recorded here catches later in-place writes.
 int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
@@ -74,9 +166,27 @@ int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
     abort();
   }
   int k = n->n_saved++;
-  n->saved[k] = t ? fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset) : NULL;
+  n->saved[k] = NULL;
   n->saved_version[k] = t ? t->storage->version : 0;
-  if (t) t->storage->saved_refs++;
+  if (!t) return k;
+  if (g_rerunning) {  // the rerun's saves fill the region's places; its own nodes keep none
+    fsdp_region* r = g_rerunning;
+    fsdp_tensor* v = NULL;
+    if (fsdp_grow(&r->got, &r->cap_got, r->n_got + 1, sizeof *r->got, "checkpoint") == 0 &&
+        (v = fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset)))
+      t->storage->saved_refs++;
+    if (!v) r->out_of_memory = 1;  // (region_rerun reports it)
+    else r->got[r->n_got++] = v;
+    return k;
+  }
+  if (g_recording) {  // a place in the region instead of the tensor
+    n->saved_region[k] = g_recording;
+    n->saved_place[k] = g_recording->n_places++;
+    g_recording->refcount++;
+    return k;
+  }
+  n->saved[k] = fsdp_new_view(t, t->ndim, t->shape, t->stride, t->offset);
+  t->storage->saved_refs++;
   return k;
 }
 
@@ -85,16 +195,24 @@ int fsdp_node_save(fsdp_node* n, fsdp_tensor* t) {
 // that released its last tensor -- tells nobody.
 static _Atomic(fsdp_unused_fn) g_unused;
 void fsdp_set_unused_hook(fsdp_unused_fn fn) { atomic_store(&g_unused, fn); }
+static fsdp_unused_fn get_unused_hook(void) { return atomic_load(&g_unused); }
 static int drop_saved(fsdp_node* n, int k, int notify) {
+  fsdp_region* r = n->saved_region[k];
+  if (r) {  // a place: its recomputed tensor (if the rerun made it) goes, and the node's hold on r
+    n->saved_region[k] = NULL;
+    int p = n->saved_place[k], rc = 0;
+    if (p < r->n_got && r->got[p]) {
+      fsdp_tensor* t = r->got[p];
+      r->got[p] = NULL;
+      rc = release_saved_view(t, notify);
+    }
+    region_unref(r);
+    return rc;
+  }
   fsdp_tensor* t = n->saved[k];
   if (!t) return 0;
   n->saved[k] = NULL;
-  fsdp_storage* s = t->storage;
-  void* owner = s->owner;
-  fsdp_unused_fn fn = atomic_load(&g_unused);
-  int last = --s->saved_refs == 0 && owner && fn && notify;
-  fsdp_tensor_release(t);
-  return last ? fn(owner) : 0;
+  return release_saved_view(t, notify);
 }
 
 int fsdp_node_saved_last_use(const fsdp_node* n, int k) {
@@ -109,6 +227,13 @@ fsdp_tensor* fsdp_node_saved(fsdp_node* n, int k) {
              "%s: trying to backward through the graph a second time (its saved tensors were "
              "freed after the first backward; pass retain_graph = true to keep them)",
              n->name);
+  fsdp_region* r = n->saved_region[k];
+  if (r) {  // recomputed: the region's forward runs again the first time one of its places is read
+    if (!r->rerun && region_rerun(r, n->name)) return NULL;
+    fsdp_tensor* t = r->got[n->saved_place[k]];
+    CHECK_NULL(t, "%s: checkpoint: a recomputed tensor was read after its node let it go", n->name);
+    return fsdp_storage_materialize(t->storage) ? NULL : t;
+  }
   fsdp_tensor* t = n->saved[k];
   // a saved view of bytes an owner dropped (an FSDP unit resharded): bring them back first
   if (t && fsdp_storage_materialize(t->storage)) return NULL;

@@ -213,6 +213,10 @@ struct fsdp_node {
   int n_saved;
   fsdp_tensor* saved[FSDP_NODE_MAX_SAVED];
   int64_t saved_version[FSDP_NODE_MAX_SAVED];
+  // made inside an activation-checkpointing region: saved[k] is NULL and its tensor is place k of
+  // that region's rerun (autograd.c)
+  struct fsdp_region* saved_region[FSDP_NODE_MAX_SAVED];
+  int saved_place[FSDP_NODE_MAX_SAVED];
   unsigned char params[FSDP_NODE_PARAMS_BYTES];  // the op's parameter struct (fsdp_node_set_params)
   int64_t out_shape[FSDP_MAX_DIMS];
   int out_ndim, out_dtype;

@@ -433,6 +433,10 @@ static int pre_backward(fsdp_unit* u) {
   return 0;
 }
 
+// A checkpointed region around u runs u's forward again for backward (lua/fsdp/wrap.lua): u's
+// backward begins here, gathered, before the gradients reach its outputs
+int fsdp_unit_rerun(fsdp_unit* u) { return pre_backward(u); }
+
 // core's materialize hook: a backward node needs a saved view of a resharded unit's buffer
 static int materialize(void* owner) {
   fsdp_unit* u = owner;

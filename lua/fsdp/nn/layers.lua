@@ -397,4 +397,13 @@ Sequential.extend = function(self, arg)
   return (seq_extend(self, arg))
 end
 
+-- nn.Checkpoint(module) -> module, now activation-checkpointed (fsdp.checkpoint around its hooks
+-- and forward): no container, so names and state dicts stay the same. Inside an FSDP unit, or
+-- around one, it works as fsdp.wrap's {checkpoint = true} does.
+function L.Checkpoint(m)
+  if not is_module(m) then error(("nn.Checkpoint: expected a Module, got %s"):format(type(m)), 2) end
+  rawset(m, "_checkpointed", true)
+  return m
+end
+
 return L

@@ -535,12 +535,19 @@ local function finish(self, d, ok, ...)
   error(e, 0)
 end
 
+-- a checkpointed module (nn.Checkpoint, fsdp.wrap's {checkpoint = true}) runs its hooks and forward
+-- as one activation-checkpointing region (fsdp.checkpoint): nothing inside keeps activations, and
+-- backward runs them again
+local function checkpointed_forward(self, ...)
+  return require("fsdp.autograd").checkpoint(run_hooks_and_forward, self, ...)
+end
 -- an instance may carry a forward wrapper, an object whose run(module, inner, ...) calls
 -- inner(module, ...) with code around it (fsdp.wrap installs its unit: gather before, reshard after)
 local function run_forward(self, ...)
+  local inner = rawget(self, "_checkpointed") and checkpointed_forward or run_hooks_and_forward
   local w = rawget(self, "_forward_wrapper")
-  if w then return w:run(self, run_hooks_and_forward, ...) end
-  return run_hooks_and_forward(self, ...)
+  if w then return w:run(self, inner, ...) end
+  return inner(self, ...)
 end
 
 function Module:__call(...)
