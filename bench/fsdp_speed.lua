@@ -1,15 +1,17 @@
 -- FSDP speed benchmarks at N = 2 ranks:
+--   hybrid hybrid-shard step time (shard groups of half the ranks, replicated across them) against
+--          full shard on the same model and batch, both in one run (alternating steps)
 --   shard  full-shard step time against no-shard (sharding = "none") on the same model and batch,
 --          both in one run (alternating steps); target full/none <= 1.15
 --   ddp    ours (full sharding, each block/layer a unit + the root) against PyTorch DDP over gloo
 --          (bench/ddp_torch.py) on the conv net and the transformer; target ours/DDP < 1
 --
---   luajit bench/fsdp_speed.lua [--what shard,ddp] [--rounds 3] [--warmup 3] [--iters 10]
+--   luajit bench/fsdp_speed.lua [--what shard,hybrid,ddp] [--rounds 3] [--warmup 3] [--iters 10]
 --                               [--batch 128] [--depth 4] [--pair 1] [--python /usr/bin/python3]
 --       the driver: launches `bin/fsdprun -n 2 bench/fsdp_speed.lua --child ...` (and ddp_torch.py)
 --       `rounds` times each and prints medians and spreads; with --pair 1 (default) ours and DDP
 --       run at once, taking turns step by step through FIFOs (see paired() below)
---   bin/fsdprun -n 2 bench/fsdp_speed.lua --child shard|conv|transformer [--fifo DIR]   one measurement
+--   bin/fsdprun -n 2 bench/fsdp_speed.lua --child shard|hybrid|conv|transformer [--fifo DIR]   one measurement
 --
 -- A step is zero_grad + forward + loss + backward + optimizer step on a fixed random batch per
 -- rank. Every timed step starts after a barrier and counts as long as its slowest rank took; a
@@ -19,11 +21,11 @@ local root = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root .. "/bench/?.lua;" .. package.path
 package.cpath = root .. "/?.so;" .. package.cpath
 
-local opts = { what = "shard,ddp", rounds = 3, warmup = 3, iters = 10, batch = 128, depth = 4, width = 1024,
+local opts = { what = "shard,hybrid,ddp", rounds = 3, warmup = 3, iters = 10, batch = 128, depth = 4, width = 1024,
   python = "/usr/bin/python3", child = false, timeout = 600, fifo = "", pair = 1, n = 2, shard_target = 1.15, ddp_target = 1.0 }
 local U = require "util"
-U.parse_args("bench/fsdp_speed.lua", opts, "[--what shard,ddp] [--rounds R] [--warmup W] [--iters I] [--batch B] "
-  .. "[--depth D] [--width W] [--n 2] [--python PATH] | --child shard|conv|transformer")
+U.parse_args("bench/fsdp_speed.lua", opts, "[--what shard,hybrid,ddp] [--rounds R] [--warmup W] [--iters I] [--batch B] "
+  .. "[--depth D] [--width W] [--n 2] [--python PATH] | --child shard|hybrid|conv|transformer")
 
 local fm = require "fsdp_models"
 
@@ -74,13 +76,15 @@ local function child(what)
     return t:item()
   end
 
-  if what == "shard" then
-    -- the same MLP twice: full sharding and no sharding, steps alternating between them
+  if what == "shard" or what == "hybrid" then
+    -- the same MLP twice, steps alternating between them: full sharding and no sharding (shard),
+    -- or hybrid sharding (shard groups of half the ranks, replicated across them) and full (hybrid)
     local cases = {}
-    for k, sh in ipairs { "full", "none" } do
+    local names = what == "shard" and { "full", "none" } or { "hybrid", "full" }
+    for k, sh in ipairs(names) do
       fsdp.manual_seed(0)
       local model = fm.wide_mlp(opts.depth, opts.width)
-      fm.wrap_each(model, { sharding = sh })
+      fm.wrap_each(model, { sharding = sh, shard_group_size = sh == "hybrid" and math.max(1, math.floor(N / 2)) or nil })
       local opt = fsdp.optim.Adam(model:parameters(), { lr = 1e-3 })
       cases[k] = { name = sh, model = model, opt = opt, times = {} }
     end
@@ -104,9 +108,10 @@ local function child(what)
     if R == 0 then
       local lo1, hi1 = fm.range(cases[1].times)
       local lo2, hi2 = fm.range(cases[2].times)
-      print(("RESULT what=shard full=%.3f none=%.3f full_lo=%.3f full_hi=%.3f none_lo=%.3f none_hi=%.3f "
-        .. "loss_full=%.5f loss_none=%.5f ag_bytes=%d rs_bytes=%d ar_bytes=%d")
-        :format(fm.median(cases[1].times), fm.median(cases[2].times), lo1, hi1, lo2, hi2, l1, l2,
+      local a, b = names[1], names[2]
+      print(("RESULT what=%s %s=%.3f %s=%.3f %s_lo=%.3f %s_hi=%.3f %s_lo=%.3f %s_hi=%.3f "
+        .. "loss_%s=%.5f loss_%s=%.5f ag_bytes=%d rs_bytes=%d ar_bytes=%d")
+        :format(what, a, fm.median(cases[1].times), b, fm.median(cases[2].times), a, lo1, a, hi1, b, lo2, b, hi2, a, l1, b, l2,
           st.all_gather.bytes / opts.iters, st.reduce_scatter.bytes / opts.iters, st.all_reduce.bytes / opts.iters))
     end
   elseif what == "conv" or what == "transformer" then
@@ -144,7 +149,7 @@ local function child(what)
         :format(what, fm.median(times), lo, hi, l, st.all_gather.count / opts.iters, st.reduce_scatter.count / opts.iters))
     end
   else
-    error("bench/fsdp_speed.lua: --child expects shard, conv or transformer, got " .. tostring(what))
+    error("bench/fsdp_speed.lua: --child expects shard, hybrid, conv or transformer, got " .. tostring(what))
   end
   io.stdout:flush()
 end
@@ -323,6 +328,33 @@ if what.shard then
     if math.abs(last.loss_full - last.loss_none) > 1e-3 * math.max(1, math.abs(last.loss_none)) then
       failed = failed + 1
       print(("   FAILED: full-shard and no-shard training diverged (loss %.6f vs %.6f)"):format(last.loss_full, last.loss_none))
+    end
+  end
+end
+
+if what.hybrid then
+  local hyb, full, ratio = {}, {}, {}
+  local last
+  for _ = 1, opts.rounds do
+    local r = ours("hybrid")
+    if r then
+      hyb[#hyb + 1], full[#full + 1], ratio[#ratio + 1] = r.hybrid, r.full, r.hybrid / r.full
+      last = r
+    end
+  end
+  print()
+  local G = math.max(1, math.floor(opts.n / 2))
+  print(("-- hybrid shard (groups of %d ranks, replicated across %d groups) vs full shard: the MLP above, same units")
+    :format(G, math.floor(opts.n / G)))
+  if last then
+    print(("   per round (ms): hybrid %s | full %s"):format(fmt_list(hyb), fmt_list(full)))
+    print(("   median: hybrid %.1f ms, full %.1f ms, hybrid/full %.3f (round ratios %s)"):format(fm.median(hyb),
+      fm.median(full), fm.median(ratio), spread(ratio)))
+    print(("   loss after the last step: hybrid %.5f, full %.5f"):format(last.loss_hybrid, last.loss_full))
+    verdicts[#verdicts + 1] = ("hybrid/full = %.3f at N = %d (shard groups of %d)"):format(fm.median(ratio), opts.n, G)
+    if math.abs(last.loss_hybrid - last.loss_full) > 1e-3 * math.max(1, math.abs(last.loss_full)) then
+      failed = failed + 1
+      print(("   FAILED: hybrid and full-shard training diverged (loss %.6f vs %.6f)"):format(last.loss_hybrid, last.loss_full))
     end
   end
 end

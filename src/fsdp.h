@@ -383,6 +383,23 @@ fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int op, const 
 fsdp_work* fsdp_all_reduce(fsdp_tensor* t, int op, const char* tag);   // f32, in place
 fsdp_work* fsdp_broadcast(fsdp_tensor* t, int root, const char* tag);  // any dtype, in place
 fsdp_work* fsdp_barrier_async(const char* tag);
+// Groups for hybrid sharding: shard groups of `size` consecutive ranks (size divides the world) and
+// replica groups, one rank of each shard group at the same place in it. Collective (every rank calls
+// it with the same size, once: a later call with another size is an error). The _group collectives
+// move data among the ranks of `group`: all_gather within it (out: its size x in), reduce_scatter
+// with FSDP_GROUP_HYBRID reduce-scatters within the shard group and then all-reduces the result
+// over the replica group (so the average is over the world). The checks stay world-wide.
+typedef enum {
+  FSDP_GROUP_WORLD = 0,
+  FSDP_GROUP_SHARD = 1,
+  FSDP_GROUP_REPLICA = 2,
+  FSDP_GROUP_HYBRID = 3
+} fsdp_comm_group;
+int fsdp_comm_set_groups(int size);
+int fsdp_comm_group_size(int group);  // ranks in this rank's group (the world's size for WORLD)
+int fsdp_comm_group_rank(int group);  // this rank's place in it
+fsdp_work* fsdp_all_gather_group(fsdp_tensor* out, fsdp_tensor* in, int group, const char* tag);
+fsdp_work* fsdp_reduce_scatter_group(fsdp_tensor* out, fsdp_tensor* in, int op, int group, const char* tag);
 int fsdp_work_wait(fsdp_work* w);   // 0, or -1 with the collective's error
 int fsdp_work_test(fsdp_work* w);   // 1 when finished (successfully or not), else 0
 void fsdp_work_free(fsdp_work* w);  // waits first if still running
@@ -404,7 +421,9 @@ void fsdp_comm_set_reduce_scatter_algo(int algo);
 // of the full buffer with its original shape. Trainable and frozen parameters live in separate
 // flat buffers, so frozen ones cost no gradient memory and no reduce-scatter traffic.
 typedef struct fsdp_unit fsdp_unit;
-typedef enum { FSDP_FULL_SHARD = 0, FSDP_SHARD_GRAD_OP = 1, FSDP_NO_SHARD = 2 } fsdp_sharding;
+// HYBRID_SHARD: sharded within shard groups of group_size ranks, replicated across them (gradients
+// reduce-scattered within the group, then all-reduced over the replicas: fsdp_comm_set_groups)
+typedef enum { FSDP_FULL_SHARD = 0, FSDP_SHARD_GRAD_OP = 1, FSDP_NO_SHARD = 2, FSDP_HYBRID_SHARD = 3 } fsdp_sharding;
 typedef enum {
   FSDP_UNIT_IDLE = 0,
   FSDP_UNIT_FORWARD = 1,
@@ -422,6 +441,7 @@ typedef struct fsdp_unit_options {
   int sync_module_states;     // broadcast rank 0's values when parameters are first sharded
   int offload;                // CPU offload: shards, gradient pieces and so the optimizer step on
                               // the CPU; the unit gathers onto its parameters' device to compute
+  int group_size;             // HYBRID_SHARD: ranks per shard group (divides the world size)
 } fsdp_unit_options;
 
 fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts);

@@ -102,6 +102,32 @@ describe("fsdp.save_sharded / fsdp.load_sharded across ranks", function()
     end)
   end
 
+  -- hybrid sharding (4 ranks, shard groups of 2: each piece on two ranks) and full sharding read
+  -- each other's checkpoints: saved under one, loaded under the other, training goes on the same
+  for _, c in ipairs { { "hybrid:2", "" }, { "", "hybrid:2" } } do
+    local saved, loaded = c[1] ~= "" and "hybrid" or "full", c[2] ~= "" and "hybrid" or "full"
+    it(("saves under %s sharding and loads under %s sharding (4 ranks)"):format(saved, loaded), function()
+      local d, o = ("%s/x_%s_%s"):format(base, saved, loaded), ("%s/o_%s_%s"):format(base, saved, loaded)
+      assert(os.execute(("mkdir -p %q"):format(o)) == 0)
+      local function go(env, args)
+        local rc, out = sh(("%s/bin/fsdprun -n 4 %sckpt_train.lua %s"):format(root, scripts, args),
+          env ~= "" and ("FSDP_CKPT_SHARDING=" .. env) or nil)
+        assert.equal(0, rc, out)
+      end
+      go(c[1], ("first %s %s"):format(d, o))
+      local first = dofile(o .. "/first.lua")
+      -- the run itself equals one process on the global batch
+      H.assert_close(first.before, { first.ref[1], first.ref[2], first.ref[3] }, 1e-5, 1e-5, "losses before save")
+      assert.is_true(first.ref_diff < 1e-5, "final parameters differ from the reference by " .. first.ref_diff)
+      go(c[2], ("resume %s %s x"):format(d, o))
+      local x = dofile(o .. "/resume_x.lua")
+      assert.equal(0, x.load_diff)  -- the gathered parameters are exactly those saved
+      H.assert_close(x.losses, first.after, 1e-5, 1e-5, "losses after loading")
+      assert.is_true(x.final_diff < 1e-5, "final parameters differ by " .. x.final_diff)
+      assert.is_true(x.idle)
+    end)
+  end
+
   it("bin/fsdp-consolidate writes the full parameters under PyTorch names", function()
     run_all()
     local out = OUT .. "/consolidated.safetensors"

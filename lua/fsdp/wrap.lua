@@ -18,7 +18,8 @@ local all_units = {}  -- every unit, in creation order (the order collectives ar
 local Unit = {}
 Unit.__index = Unit
 
-local shardings = { full = 0, full_shard = 0, grad_op = 1, shard_grad_op = 1, none = 2, no_shard = 2 }
+local shardings = { full = 0, full_shard = 0, grad_op = 1, shard_grad_op = 1, none = 2, no_shard = 2, hybrid = 3,
+  hybrid_shard = 3 }
 local state_names = { [0] = "IDLE", "FORWARD", "FORWARD_DONE", "BACKWARD", "BACKWARD_DONE" }
 
 local function module_label(m) return m.__name or "Module" end
@@ -97,7 +98,17 @@ end
 local function unit_options(opts)
   local o = ffi.new("fsdp_unit_options")
   local sh = opts.sharding or "full"
-  o.sharding = shardings[sh] or error(("fsdp.wrap: unknown sharding %q (use \"full\", \"grad_op\" or \"none\")"):format(tostring(sh)), 3)
+  o.sharding = shardings[sh] or error(("fsdp.wrap: unknown sharding %q (use \"full\", \"grad_op\", \"hybrid\" or \"none\")"):format(tostring(sh)), 3)
+  -- hybrid: sharded within groups of shard_group_size ranks (default: the ranks of one machine),
+  -- replicated across them
+  local gs = opts.shard_group_size
+  if gs ~= nil and o.sharding ~= 3 then
+    error(("fsdp.wrap: shard_group_size is an option of sharding = \"hybrid\" (sharding is %q)"):format(tostring(sh)), 3)
+  end
+  if gs ~= nil and (type(gs) ~= "number" or gs < 1 or gs ~= math.floor(gs)) then
+    error(("fsdp.wrap: shard_group_size must be a positive integer, got %s"):format(tostring(gs)), 3)
+  end
+  o.group_size = o.sharding == 3 and (gs or fsdp.local_world_size()) or 0
   if opts.reshard_after_forward == nil then o.reshard_after_forward = -1
   else o.reshard_after_forward = opts.reshard_after_forward and 1 or 0 end
   local mp = opts.mixed_precision or {}
@@ -439,7 +450,7 @@ function W.summary(model, opts)
     local backward = not ran or in_bw[0] ~= 0
     local sharding = o.sharding or "full"
     local reshard = o.reshard_after_forward
-    if reshard == nil then reshard = shardings[sharding] == 0 and not root end
+    if reshard == nil then reshard = (shardings[sharding] == 0 or shardings[sharding] == 3) and not root end
     local e = { path = u.path, module = module_label(u.module), parent = u.parent and u.parent.path, sharding = sharding,
       world = Wu, reshard_after_forward = reshard, param_dtype = pdt, params = {},
       elements = { full = 0, this_rank = 0, trainable = 0, frozen = 0 },
@@ -482,6 +493,8 @@ function W.summary(model, opts)
         end
       end
       if F[1] > 0 then add("reduce_scatter", Wu * S[1] * 4) end
+      -- hybrid: each piece is then averaged over the replicas (the other shard groups)
+      if F[1] > 0 and world > Wu then add("all_reduce", S[1] * 4) end
     elseif world > 1 and F[1] > 0 then
       add("all_reduce", S[1] * 4)
     end
@@ -531,9 +544,9 @@ function W.summary(model, opts)
 end
 
 -- ---- gradient clipping over the global norm ---------------------------------------------------------------------
--- the parameter's gradient elements that this rank alone accounts for: sharded pieces count
--- once per rank; replicated parameters (NO_SHARD units, unwrapped ones) count on every rank,
--- so their squares are divided by the world size before the sum over ranks
+-- the parameter's gradient elements that this rank alone accounts for: a piece is held by
+-- world / W ranks (W: the ranks its unit is sharded over; 1 for NO_SHARD units and unwrapped
+-- parameters, the shard group's size under hybrid sharding), so its squares count that fraction
 function W.clip_grad_norm(model, max_norm, norm_type)
   if norm_type and norm_type ~= 2 then error("clip_grad_norm: only the 2-norm is supported", 2) end
   local world = fsdp.world_size()
@@ -545,8 +558,8 @@ function W.clip_grad_norm(model, max_norm, norm_type)
       grads[#grads + 1] = g
       local sq = fsdp.no_grad(function() return (g * g):sum():item() end)
       local unit = C.fsdp_param_unit(p.p)
-      local replicated = unit == nil or C.fsdp_unit_world_size(unit) == 1
-      local_sq = local_sq + (replicated and sq / world or sq)
+      local W = unit == nil and 1 or C.fsdp_unit_world_size(unit)
+      local_sq = local_sq + sq * W / world
     end
   end
   local t = fsdp.tensor({ local_sq })

@@ -71,6 +71,7 @@ static struct {
   int plane_up;                  // started (comm thread only)
   int rank, size;
   int local_rank, local_size;  // among the ranks of this node
+  int group_size;              // hybrid sharding's shard groups (fsdp_comm_set_groups), 0 before
   fsdp_work *head, *tail;
   int64_t seq;
   int broken;
@@ -95,8 +96,10 @@ static struct {
     .timeout = 300.0,
 };
 
-static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce",  "broadcast",
-                                   "barrier",    "shutdown",       "plane start", "plane bootstrap"};
+static const char* kind_names[] = {"all_gather", "reduce_scatter", "all_reduce",      "broadcast",  "barrier",
+                                   "shutdown",   "plane start",    "plane bootstrap", "make groups"};
+static const char* group_names[] = {"", " within the shard group", " within the replica group",
+                                    " within the shard group, then all-reduced over the replica group"};
 static const char* plane_names[] = {"the host", "nccl", "the stand-in communicator"};
 static const char* op_names[] = {"sum", "avg", "max"};
 
@@ -114,18 +117,22 @@ static int self_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_de
   decide(mine, &arrived, 1, 0, timeout_s, v);
   return 0;
 }
-static int self_all_gather(void* out, const void* in, size_t bytes, char* err) {
-  (void)err;
+static int self_set_groups(int size, char* err) {
+  (void)size, (void)err;  // (one group of one rank, whatever the size: 1 is the only one allowed)
+  return 0;
+}
+static int self_all_gather(void* out, const void* in, size_t bytes, int group, char* err) {
+  (void)err, (void)group;
   if (out != in) memmove(out, in, bytes);
   return 0;
 }
-static int self_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, char* err) {
-  (void)op, (void)algo, (void)err;
+static int self_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, int group, char* err) {
+  (void)op, (void)algo, (void)err, (void)group;
   if (out != in) memmove(out, in, n * sizeof(float));  // sum, avg and max of one rank
   return 0;
 }
-static int self_all_reduce(float* buf, size_t n, int op, char* err) {
-  (void)buf, (void)n, (void)op, (void)err;
+static int self_all_reduce(float* buf, size_t n, int op, int group, char* err) {
+  (void)buf, (void)n, (void)op, (void)err, (void)group;
   return 0;
 }
 static int self_broadcast(void* buf, size_t bytes, int root, char* err) {
@@ -138,7 +145,7 @@ static int self_barrier(char* err) {
 }
 
 static const fsdp_comm_backend self_backend = {
-    FSDP_COMM_ABI,       "self",          self_init,      self_finalize, self_agree, self_all_gather,
+    FSDP_COMM_ABI,       "self",          self_init,      self_finalize, self_agree, self_set_groups, self_all_gather,
     self_reduce_scatter, self_all_reduce, self_broadcast, self_barrier,
 };
 
@@ -232,7 +239,7 @@ static size_t shape_str(char* buf, size_t n, const fsdp_comm_meta* m) {
 }
 
 static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_comm_meta* o) {
-  int k = m->kind >= 0 && m->kind <= FSDP_COLL_PLANE_BOOT ? m->kind : FSDP_COLL_FINALIZE;
+  int k = m->kind >= 0 && m->kind <= FSDP_COLL_GROUPS ? m->kind : FSDP_COLL_FINALIZE;
   if (k == FSDP_COLL_FINALIZE) {
     snprintf(buf, n, "shutdown (its script ended or failed)");
     return;
@@ -248,6 +255,8 @@ static void describe(char* buf, size_t n, const fsdp_comm_meta* m, const fsdp_co
     len += snprintf(buf + len, n - len, ", op %s", op_names[m->arg >= 0 && m->arg <= 2 ? m->arg : 0]);
   if (m->arg != o->arg && k == FSDP_COLL_BROADCAST) len += snprintf(buf + len, n - len, ", root %d", m->arg);
   if (m->dtype != o->dtype) len += snprintf(buf + len, n - len, ", %s", fsdp_dtype_name(m->dtype));
+  if (m->group != o->group) len += snprintf(buf + len, n - len, "%s", group_names[m->group & 3]);
+  if (m->arg != o->arg && k == FSDP_COLL_GROUPS) len += snprintf(buf + len, n - len, ", groups of %d", m->arg);
   if (m->plane != o->plane)
     len += snprintf(buf + len, n - len, ", %s tensors through %s", fsdp_device_name(m->device),
                     plane_names[m->plane >= 0 && m->plane <= 2 ? m->plane : 0]);
@@ -271,14 +280,14 @@ static int step_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
 
 static int meta_differs(const fsdp_comm_meta* a, const fsdp_comm_meta* b) {
   return step_differs(a, b) || a->kind != b->kind || a->arg != b->arg || a->dtype != b->dtype || a->bytes != b->bytes ||
-         a->seq != b->seq || a->plane != b->plane || strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 ||
-         !same_shape(a, b);
+         a->seq != b->seq || a->plane != b->plane || a->group != b->group ||
+         strncmp(a->tag, b->tag, FSDP_COMM_TAGLEN) != 0 || !same_shape(a, b);
 }
 
 static void decide(const fsdp_comm_meta* all, const int* arrived, int size, int timed_out, double timeout_s,
                    fsdp_comm_verdict* v) {
   const fsdp_comm_meta* m0 = &all[0];
-  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_PLANE_BOOT ? m0->kind : FSDP_COLL_FINALIZE;
+  int k0 = m0->kind >= 0 && m0->kind <= FSDP_COLL_GROUPS ? m0->kind : FSDP_COLL_FINALIZE;
   v->status = 0;
   v->msg[0] = 0;
   if (timed_out) {
@@ -376,19 +385,27 @@ static void run_work_traced(fsdp_work* w) {
   char err[FSDP_COMM_ERRLEN] = "";
   int rc = 0;
   const fsdp_comm_plane* p = w->meta.plane ? g.plane : NULL;
+  int group = w->meta.group;
   switch (w->kind) {
     case FSDP_COLL_ALL_GATHER:
       rc = p ? p->all_gather(w->out_ptr, w->in_ptr, w->count, w->ready, w->finished_ev, err)
-             : be->all_gather(w->out_ptr, w->in_ptr, w->count, err);
+             : be->all_gather(w->out_ptr, w->in_ptr, w->count, group, err);
       break;
     case FSDP_COLL_REDUCE_SCATTER:
-      rc = p ? p->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
-             : be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, err);
+      if (p) {
+        rc = p->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->ready, w->finished_ev, err);
+      } else if (group == FSDP_GROUP_HYBRID) {  // within the shard group, then over the replicas
+        rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, FSDP_GROUP_SHARD, err);
+        if (!rc) rc = be->all_reduce(w->out_ptr, w->count, w->arg, FSDP_GROUP_REPLICA, err);
+      } else {
+        rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, group, err);
+      }
       break;
     case FSDP_COLL_ALL_REDUCE:
       rc = p ? p->all_reduce(w->out_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
-             : be->all_reduce(w->out_ptr, w->count, w->arg, err);
+             : be->all_reduce(w->out_ptr, w->count, w->arg, group, err);
       break;
+    case FSDP_COLL_GROUPS: rc = be->set_groups(w->arg, err); break;
     case FSDP_COLL_BROADCAST:
       rc = p ? p->broadcast(w->out_ptr, w->count, w->arg, w->ready, w->finished_ev, err)
              : be->broadcast(w->out_ptr, w->count, w->arg, err);
@@ -726,6 +743,11 @@ static fsdp_work* submit(fsdp_work* w, int64_t payload) {
     g.counts[w->kind]++;
     g.bytes[w->kind] += payload;
   }
+  if (w->kind == FSDP_COLL_REDUCE_SCATTER && w->meta.group == FSDP_GROUP_HYBRID &&
+      fsdp_comm_group_size(FSDP_GROUP_REPLICA) > 1) {  // its all-reduce over the replicas
+    g.counts[FSDP_COLL_ALL_REDUCE]++;
+    g.bytes[FSDP_COLL_ALL_REDUCE] += (int64_t)(w->count * sizeof(float));
+  }
   if (fsdp_trace_enabled() && w->kind < FSDP_NCOLL) {
     char name[160];
     trace_name(name, sizeof name, "issue ", w);
@@ -833,8 +855,9 @@ static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) 
 // run on the compute stream, before submit records `ready`, and after wait's stream wait.
 
 // which device's memory the collective reads and writes, and how it moves; -1 with the error set
+// (collectives within groups always move through the host backend, whose groups they are)
 static int route(fsdp_work* w, const fsdp_tensor* t) {
-  int plane = plane_for(fsdp_device_of(t), kind_names[w->kind], w->meta.tag);
+  int plane = w->meta.group ? 0 : plane_for(fsdp_device_of(t), kind_names[w->kind], w->meta.tag);
   if (plane < 0) return -1;
   w->meta.device = (int16_t)fsdp_device_of(t);
   w->meta.plane = (int16_t)plane;
@@ -884,10 +907,51 @@ static int check_op(const char* op, int reduce) {
 }
 
 // ---- the collectives ---------------------------------------------------------------------------------
+// ---- groups (hybrid sharding) ------------------------------------------------------------------------
+int fsdp_comm_set_groups(int size) {
+  if (ensure_init("comm set_groups", NULL)) return -1;
+  CHECK_INT(size >= 1 && g.size % size == 0,
+            "hybrid sharding: a shard group of %d ranks does not divide the world of %d ranks", size, g.size);
+  if (g.group_size) {
+    CHECK_INT(g.group_size == size,
+              "hybrid sharding: the shard groups are of %d ranks already; every hybrid unit uses the same size "
+              "(got %d)",
+              g.group_size, size);
+    return 0;
+  }
+  fsdp_work* w = work_new(FSDP_COLL_GROUPS, size, "groups");
+  if (!w) return -1;
+  if (!submit(w, 0)) return -1;
+  int rc = fsdp_work_wait(w);
+  fsdp_work_free(w);
+  if (rc == 0) g.group_size = size;
+  return rc;
+}
+int fsdp_comm_group_size(int group) {
+  int gs = g.group_size ? g.group_size : g.size;
+  return group == FSDP_GROUP_WORLD ? g.size : group == FSDP_GROUP_REPLICA ? g.size / gs : gs;
+}
+int fsdp_comm_group_rank(int group) {
+  int gs = g.group_size ? g.group_size : g.size;
+  return group == FSDP_GROUP_WORLD ? g.rank : group == FSDP_GROUP_REPLICA ? g.rank / gs : g.rank % gs;
+}
+static int check_group(const char* op, const char* tag, int group, int hybrid_ok) {
+  CHECK_INT(group >= FSDP_GROUP_WORLD && group <= (hybrid_ok ? FSDP_GROUP_HYBRID : FSDP_GROUP_REPLICA),
+            "%s '%s': unknown group %d", op, tag ? tag : "", group);
+  CHECK_INT(group == FSDP_GROUP_WORLD || g.group_size, "%s '%s': no groups made (fsdp_comm_set_groups)", op,
+            tag ? tag : "");
+  return 0;
+}
+
 fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
+  return fsdp_all_gather_group(out, in, FSDP_GROUP_WORLD, tag);
+}
+fsdp_work* fsdp_all_gather_group(fsdp_tensor* out, fsdp_tensor* in, int group, const char* tag) {
   const char* op = "all_gather";
-  if (ensure_init(op, tag) || check_tensor(op, "out", out) || check_tensor(op, "in", in)) return NULL;
-  int64_t n = fsdp_tensor_numel(in), N = g.size;
+  if (ensure_init(op, tag) || check_tensor(op, "out", out) || check_tensor(op, "in", in) ||
+      check_group(op, tag, group, 0))
+    return NULL;
+  int64_t n = fsdp_tensor_numel(in), N = fsdp_comm_group_size(group), gr = fsdp_comm_group_rank(group);
   CHECK_NULL(out->dtype == in->dtype, "all_gather '%s': out %s %s and in %s %s differ in dtype", tag ? tag : "",
              SH(out), DT(out), SH(in), DT(in));
   CHECK_NULL(fsdp_tensor_numel(out) == N * n,
@@ -896,14 +960,15 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
   size_t es = fsdp_dtype_size(in->dtype), bytes = (size_t)n * es;
   if (out->storage == in->storage && bytes > 0) {  // `in` may only be this rank's slot of `out`
     const char *o = fsdp_ptr(out), *i = fsdp_ptr(in);
-    int in_place = fsdp_tensor_is_contiguous(out) && fsdp_tensor_is_contiguous(in) && i == o + g.rank * bytes;
+    int in_place = fsdp_tensor_is_contiguous(out) && fsdp_tensor_is_contiguous(in) && i == o + gr * bytes;
     int disjoint = i + bytes <= o || i >= o + N * bytes;
     CHECK_NULL(in_place || disjoint || !fsdp_tensor_is_contiguous(out),
                "all_gather '%s': in %s overlaps out %s but is not rank %d's slot of it", tag ? tag : "", SH(in),
-               SH(out), g.rank);
+               SH(out), (int)gr);
   }
   fsdp_work* w = work_new(FSDP_COLL_ALL_GATHER, 0, tag);
   if (!w) return NULL;
+  w->meta.group = group;
   set_contract(w, in);
   w->count = bytes;
   if (route(w, out) || set_src(w, in) || set_dest(w, out, 0)) {
@@ -914,16 +979,20 @@ fsdp_work* fsdp_all_gather(fsdp_tensor* out, fsdp_tensor* in, const char* tag) {
 }
 
 fsdp_work* fsdp_reduce_scatter(fsdp_tensor* out, fsdp_tensor* in, int reduce, const char* tag) {
+  return fsdp_reduce_scatter_group(out, in, reduce, FSDP_GROUP_WORLD, tag);
+}
+fsdp_work* fsdp_reduce_scatter_group(fsdp_tensor* out, fsdp_tensor* in, int reduce, int group, const char* tag) {
   const char* op = "reduce_scatter";
   if (ensure_init(op, tag) || check_tensor(op, "out", out) || check_tensor(op, "in", in) || check_op(op, reduce) ||
-      fsdp_check_f32(op, in) || fsdp_check_f32(op, out))
+      fsdp_check_f32(op, in) || fsdp_check_f32(op, out) || check_group(op, tag, group, 1))
     return NULL;
-  int64_t n = fsdp_tensor_numel(out), N = g.size;
+  int64_t n = fsdp_tensor_numel(out), N = fsdp_comm_group_size(group == FSDP_GROUP_HYBRID ? FSDP_GROUP_SHARD : group);
   CHECK_NULL(fsdp_tensor_numel(in) == N * n,
              "reduce_scatter '%s': in %s has %lld elements but %lld ranks x out %s need %lld (%s)", tag ? tag : "",
              SH(in), (long long)fsdp_tensor_numel(in), (long long)N, SH(out), (long long)(N * n), DT(in));
   fsdp_work* w = work_new(FSDP_COLL_REDUCE_SCATTER, reduce, tag);
   if (!w) return NULL;
+  w->meta.group = group;
   set_contract(w, out);
   w->count = (size_t)n;
   if (route(w, in) || set_src(w, in) || set_dest(w, out, 0)) {

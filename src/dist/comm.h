@@ -17,14 +17,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fsdp.h"  // fsdp_comm_group, fsdp_reduce_op
+
 struct fsdp_backend;  // core/backend.h: a device's table (for the device data planes)
 
-#define FSDP_COMM_ABI 6
+#define FSDP_COMM_ABI 7
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
 #define FSDP_COLL_PLANE_INIT 6  // internal kind: the ranks start a device data plane (comm_plane)
 #define FSDP_COLL_PLANE_BOOT 7  // internal kind: the ranks bootstrap one only (fsdp_comm_plane_bootstrap)
+#define FSDP_COLL_GROUPS 8      // internal kind: the ranks make the shard and replica groups (arg: size)
 
 // The record every rank contributes before a collective; all ranks must agree on it.
 #define FSDP_COMM_MAX_DIMS 8  // FSDP_MAX_DIMS of fsdp.h (comm.c checks that they agree)
@@ -47,7 +50,7 @@ typedef struct fsdp_comm_meta {
   // a forward under grad the others did not, differs here at its next collective
   int64_t fwd, bwd;
   int32_t phase;
-  int32_t pad2;
+  int32_t group;   // fsdp_comm_group: which ranks move the data
 } fsdp_comm_meta;  // 224 bytes, sent as raw bytes
 
 enum { FSDP_PHASE_BETWEEN = 0, FSDP_PHASE_FORWARD = 1, FSDP_PHASE_BACKWARD = 2 };
@@ -75,13 +78,18 @@ typedef struct fsdp_comm_backend {
   // ranks, normally wins). Returns 0 with the verdict filled, -1 when this rank itself timed
   // out or MPI failed (the message is in v->msg, v->status != 0).
   int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v);
+  // the shard groups of `size` consecutive ranks and the replica groups (one rank of each shard
+  // group, at the same place in it), for hybrid sharding: every rank calls it once, with one size
+  int (*set_groups)(int size, char* err);
   // The data calls below never block: each wait is bounded by the timeout of the agreement that
   // preceded it; a rank that stops mid-way makes them return -1 with err naming the missing ranks.
+  // `group` (fsdp_comm_group: the world, this rank's shard group or its replica group) says among
+  // which ranks; size and rank below are within it.
   // out (size * bytes) = every rank's `in` (bytes each), rank order. in may be out + rank * bytes.
-  int (*all_gather)(void* out, const void* in, size_t bytes, char* err);
+  int (*all_gather)(void* out, const void* in, size_t bytes, int group, char* err);
   // out (n floats) = this rank's chunk of the reduction of every rank's in (size * n floats)
-  int (*reduce_scatter)(float* out, const float* in, size_t n, int op, int algo, char* err);
-  int (*all_reduce)(float* buf, size_t n, int op, char* err);
+  int (*reduce_scatter)(float* out, const float* in, size_t n, int op, int algo, int group, char* err);
+  int (*all_reduce)(float* buf, size_t n, int op, int group, char* err);
   int (*broadcast)(void* buf, size_t bytes, int root, char* err);
   int (*barrier)(char* err);
 } fsdp_comm_backend;

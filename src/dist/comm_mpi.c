@@ -39,6 +39,10 @@
 
 static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
 static int g_rank, g_size, g_we_initialized;
+// the data communicators by fsdp_comm_group (WORLD: data_comm; SHARD, REPLICA: after set_groups),
+// with this rank's place and their sizes
+static MPI_Comm g_comm[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+static int g_grank[3], g_gsize[3];
 static fsdp_comm_meta* g_all;  // rank 0: every rank's record
 static int* g_arrived;
 static MPI_Request* g_reqs;
@@ -188,6 +192,9 @@ static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void
   MPI_Comm_set_errhandler(data_comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(data_comm, &g_rank);
   MPI_Comm_size(data_comm, &g_size);
+  g_comm[0] = data_comm;
+  g_grank[0] = g_rank;
+  g_gsize[0] = g_size;
   g_all = calloc(g_size, sizeof *g_all);
   g_arrived = calloc(g_size, sizeof *g_arrived);
   g_reqs = calloc(g_size, sizeof *g_reqs);
@@ -208,7 +215,22 @@ static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void
   return 0;
 }
 
+// shard groups: ranks [k * size, (k + 1) * size); replica groups: the ranks r with r % size alike
+static int mpi_set_groups(int size, char* err) {
+  MPI_TRY(MPI_Comm_split(data_comm, g_rank / size, g_rank, &g_comm[1]), "MPI_Comm_split (shard groups)");
+  MPI_TRY(MPI_Comm_split(data_comm, g_rank % size, g_rank, &g_comm[2]), "MPI_Comm_split (replica groups)");
+  for (int k = 1; k < 3; k++) {
+    MPI_Comm_set_errhandler(g_comm[k], MPI_ERRORS_RETURN);
+    MPI_Comm_rank(g_comm[k], &g_grank[k]);
+    MPI_Comm_size(g_comm[k], &g_gsize[k]);
+  }
+  return 0;
+}
+
 static void mpi_finalize(void) {
+  for (int k = 1; k < 3; k++)
+    if (g_comm[k] != MPI_COMM_NULL) MPI_Comm_free(&g_comm[k]);
+  g_comm[0] = MPI_COMM_NULL;
   MPI_Comm_free(&meta_comm);
   MPI_Comm_free(&data_comm);
   if (g_we_initialized) MPI_Finalize();
@@ -337,15 +359,15 @@ static int mpi_agree(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_dec
 }
 
 // ---- data movement ----------------------------------------------------------------------------------
-static int mpi_all_gather(void* out, const void* in, size_t bytes, char* err) {
+static int mpi_all_gather(void* out, const void* in, size_t bytes, int group, char* err) {
   if (bytes > (size_t)MAX_PIECE * sizeof(float)) {
     snprintf(err, FSDP_COMM_ERRLEN, "%zu bytes per rank exceed this backend's limit of %zu", bytes,
              (size_t)MAX_PIECE * sizeof(float));
     return -1;
   }
-  const void* src = (const char*)in == (const char*)out + (size_t)g_rank * bytes ? MPI_IN_PLACE : in;
+  const void* src = (const char*)in == (const char*)out + (size_t)g_grank[group] * bytes ? MPI_IN_PLACE : in;
   MPI_Request req;
-  MPI_TRY(MPI_Iallgather(src, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, data_comm, &req), "MPI_Iallgather");
+  MPI_TRY(MPI_Iallgather(src, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, g_comm[group], &req), "MPI_Iallgather");
   return wait_all(&req, 1, "MPI_Iallgather", err);
 }
 
@@ -362,19 +384,19 @@ static void scale_f32(float* x, size_t n, float s) {
   for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-static int sendrecv_f32(const float* send, int to, float* recv, int from, size_t n, char* err) {
+static int sendrecv_f32(const float* send, int to, float* recv, int from, size_t n, MPI_Comm comm, char* err) {
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
     MPI_Request req[2];
-    MPI_TRY(MPI_Irecv(recv + off, len, MPI_FLOAT, from, TAG_RING, data_comm, &req[0]), "MPI_Irecv");
-    MPI_TRY(MPI_Isend(send + off, len, MPI_FLOAT, to, TAG_RING, data_comm, &req[1]), "MPI_Isend");
+    MPI_TRY(MPI_Irecv(recv + off, len, MPI_FLOAT, from, TAG_RING, comm, &req[0]), "MPI_Irecv");
+    MPI_TRY(MPI_Isend(send + off, len, MPI_FLOAT, to, TAG_RING, comm, &req[1]), "MPI_Isend");
     if (wait_all(req, 2, "ring step MPI_Isend/MPI_Irecv", err)) return -1;
   }
   return 0;
 }
 
-static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, char* err) {
-  int N = g_size, r = g_rank, right = (r + 1) % N, left = (r - 1 + N) % N;
+static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, int group, char* err) {
+  int N = g_gsize[group], r = g_grank[group], right = (r + 1) % N, left = (r - 1 + N) % N;
   if (g_scratch_n < n) {
     free(g_scratch_a);
     free(g_scratch_b);
@@ -390,7 +412,7 @@ static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, ch
   float *recv = g_scratch_a, *spare = g_scratch_b;
   for (int s = 0; s < N - 1; s++) {
     int c = ((r - s - 2) % N + N) % N;  // the chunk arriving now
-    if (sendrecv_f32(send, right, recv, left, n, err)) return -1;
+    if (sendrecv_f32(send, right, recv, left, n, g_comm[group], err)) return -1;
     const float* own = in + (size_t)c * n;
     if (s == N - 2) {  // c == r: the last contribution lands in out
       reduce_f32(out, recv, own, n, op);
@@ -405,8 +427,9 @@ static int ring_reduce_scatter(float* out, const float* in, size_t n, int op, ch
   return 0;
 }
 
-static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, char* err) {
-  if (g_size == 1) {
+static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int algo, int group, char* err) {
+  int N = g_gsize[group];
+  if (N == 1) {
     if (out != in) memmove(out, in, n * sizeof(float));
     return 0;
   }
@@ -416,13 +439,13 @@ static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int
       return -1;
     }
     float* dst = out;
-    int overlap = out < in + (size_t)g_size * n && in < out + n;
+    int overlap = out < in + (size_t)N * n && in < out + n;
     if (overlap && !(dst = malloc(n * sizeof(float)))) {
       snprintf(err, FSDP_COMM_ERRLEN, "out of memory (%zu floats)", n);
       return -1;
     }
     MPI_Request req;
-    int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm, &req);
+    int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group], &req);
     if (rc != MPI_SUCCESS) {
       if (overlap) free(dst);
       return mpi_fail(err, rc, "MPI_Ireduce_scatter_block");
@@ -432,22 +455,23 @@ static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int
       memcpy(out, dst, n * sizeof(float));
       free(dst);
     }
-  } else if (ring_reduce_scatter(out, in, n, op, err)) {
+  } else if (ring_reduce_scatter(out, in, n, op, group, err)) {
     return -1;
   }
-  if (op == 1) scale_f32(out, n, 1.0f / g_size);
+  if (op == 1) scale_f32(out, n, 1.0f / N);
   return 0;
 }
 
-static int mpi_all_reduce(float* buf, size_t n, int op, char* err) {
+static int mpi_all_reduce(float* buf, size_t n, int op, int group, char* err) {
+  if (g_gsize[group] == 1) return 0;
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
     MPI_Request req;
-    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, data_comm, &req),
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group], &req),
             "MPI_Iallreduce");
     if (wait_all(&req, 1, "MPI_Iallreduce", err)) return -1;
   }
-  if (op == 1) scale_f32(buf, n, 1.0f / g_size);
+  if (op == 1) scale_f32(buf, n, 1.0f / g_gsize[group]);
   return 0;
 }
 
@@ -468,7 +492,7 @@ static int mpi_barrier(char* err) {
 }
 
 static const fsdp_comm_backend mpi_backend = {
-    FSDP_COMM_ABI,      "mpi",          mpi_init,      mpi_finalize, mpi_agree, mpi_all_gather,
+    FSDP_COMM_ABI,      "mpi",          mpi_init,      mpi_finalize, mpi_agree, mpi_set_groups, mpi_all_gather,
     mpi_reduce_scatter, mpi_all_reduce, mpi_broadcast, mpi_barrier,
 };
 

@@ -181,14 +181,14 @@ static void sd_finalize(int broken) {
 static int sd_all_gather(void* out, const void* in, size_t bytes, void* ready, void* done, char* err) {
   sd_coll* c = begin(GATHERS, out, in, bytes, bytes * (size_t)S.size, ready, err);
   if (!c) return -1;
-  return finish(GATHERS, c, S.host->all_gather(c->host_out, c->host_in, bytes, err), done);
+  return finish(GATHERS, c, S.host->all_gather(c->host_out, c->host_in, bytes, FSDP_GROUP_WORLD, err), done);
 }
 
 static int sd_reduce_scatter(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err) {
   size_t b = n * sizeof(float);
   sd_coll* c = begin(REDUCTIONS, out, in, b * (size_t)S.size, b, ready, err);
   if (!c) return -1;
-  int rc = S.host->reduce_scatter((float*)c->host_out, (const float*)c->host_in, n, op, 0, err);
+  int rc = S.host->reduce_scatter((float*)c->host_out, (const float*)c->host_in, n, op, 0, FSDP_GROUP_WORLD, err);
   return finish(REDUCTIONS, c, rc, done);
 }
 
@@ -197,7 +197,7 @@ static int sd_all_reduce(float* buf, size_t n, int op, void* ready, void* done, 
   sd_coll* c = begin(REDUCTIONS, buf, buf, b, b, ready, err);
   if (!c) return -1;
   memcpy(c->host_out, c->host_in, b);
-  return finish(REDUCTIONS, c, S.host->all_reduce((float*)c->host_out, n, op, err), done);
+  return finish(REDUCTIONS, c, S.host->all_reduce((float*)c->host_out, n, op, FSDP_GROUP_WORLD, err), done);
 }
 
 static int sd_broadcast(void* buf, size_t bytes, int root, void* ready, void* done, char* err) {

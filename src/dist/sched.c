@@ -104,8 +104,14 @@ int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* c
 // ---- creation and parameters ------------------------------------------------------------------------
 fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   if (!fsdp_comm_is_initialized() && fsdp_comm_init(NULL)) return NULL;
-  CHECK_NULL(opts->sharding >= 0 && opts->sharding <= 2, "fsdp.wrap '%s': unknown sharding strategy %d", path,
+  CHECK_NULL(opts->sharding >= 0 && opts->sharding <= 3, "fsdp.wrap '%s': unknown sharding strategy %d", path,
              opts->sharding);
+  // hybrid: the groups (collective, the first time; the same size for every hybrid unit)
+  if (opts->sharding == FSDP_HYBRID_SHARD && fsdp_comm_set_groups(opts->group_size)) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+    CHECK_NULL(0, "fsdp.wrap '%s': %s", path, msg);
+  }
   CHECK_NULL(opts->param_dtype == FSDP_F32 || opts->param_dtype == FSDP_BF16 || opts->param_dtype == FSDP_F16,
              "fsdp.wrap '%s': mixed precision param dtype must be float32, bfloat16 or float16, got %s", path,
              fsdp_dtype_name(opts->param_dtype));
@@ -115,8 +121,11 @@ fsdp_unit* fsdp_unit_new(const char* path, const fsdp_unit_options* opts) {
   CHECK_NULL(u, "fsdp.wrap: out of memory");
   u->path = strdup(path ? path : "");
   u->opts = *opts;
-  u->W = opts->sharding == FSDP_NO_SHARD ? 1 : fsdp_comm_world_size();
-  u->rank = u->W > 1 ? fsdp_comm_rank() : 0;
+  // the ranks a unit is sharded over: none, the shard group (hybrid), or all
+  u->W = opts->sharding == FSDP_NO_SHARD       ? 1
+         : opts->sharding == FSDP_HYBRID_SHARD ? fsdp_comm_group_size(FSDP_GROUP_SHARD)
+                                               : fsdp_comm_world_size();
+  u->rank = u->W > 1 ? fsdp_comm_group_rank(opts->sharding == FSDP_HYBRID_SHARD ? FSDP_GROUP_SHARD : 0) : 0;
   u->separate_full = u->W > 1 || opts->param_dtype != FSDP_F32 || opts->offload;
   u->sync_grads = 1;
   u->order_index = -1;
@@ -257,7 +266,7 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
 
 static int reshard_after_forward(const fsdp_unit* u) {
   if (u->opts.reshard_after_forward >= 0) return u->opts.reshard_after_forward;
-  return u->opts.sharding == FSDP_FULL_SHARD && !u->is_root;
+  return (u->opts.sharding == FSDP_FULL_SHARD || u->opts.sharding == FSDP_HYBRID_SHARD) && !u->is_root;
 }
 
 static int64_t g_inflight_gathers(void) {

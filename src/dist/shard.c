@@ -27,6 +27,10 @@ static int copy_run(fsdp_storage* dst, int ddt, int64_t doff, fsdp_storage* src,
                   (char*)src->data + soff * (int64_t)fsdp_dtype_size(sdt), sdt, 1, &n, &ONE);
   return 0;
 }
+// the ranks the unit gathers over: its shard group under hybrid sharding, else the world
+static int shard_group(const fsdp_unit* u) {
+  return u->opts.sharding == FSDP_HYBRID_SHARD ? FSDP_GROUP_SHARD : FSDP_GROUP_WORLD;
+}
 // where the unit's shards and gradient pieces live: its parameters' device, or the CPU under offload
 static int shard_device(const fsdp_unit* u) { return u->opts.offload ? FSDP_CPU : u->device; }
 static void zero_run(fsdp_storage* s, int dt, int64_t off, int64_t n) {
@@ -187,7 +191,8 @@ int fsdp_shard_gather_start(fsdp_unit* u, int dtype) {
       if (g->gather_send) copy_run(g->gather_send->storage, dtype, 0, g->shard, FSDP_F32, 0, S);
     }
     g->gather_recv = fsdp_new_cat(1, &WS, dtype, u->device, FSDP_MEM_COMM);
-    if (g->gather_send && g->gather_recv) g->gather = fsdp_all_gather(g->gather_recv, g->gather_send, u->path);
+    if (g->gather_send && g->gather_recv)
+      g->gather = fsdp_all_gather_group(g->gather_recv, g->gather_send, shard_group(u), u->path);
     if (!g->gather) {
       gather_cleanup(g);
       return -1;
@@ -306,7 +311,9 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
     if (!u->reduce_recv) return -1;
     if (u->W == 1)  // offloaded and replicated: averaged in place on the device, copied at finish
       u->reduce = world > 1 ? fsdp_all_reduce(u->reduce_send, FSDP_REDUCE_AVG, u->path) : NULL;
-    else u->reduce = fsdp_reduce_scatter(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG, u->path);
+    else  // (hybrid: within the shard group, then over the replicas)
+      u->reduce = fsdp_reduce_scatter_group(u->reduce_recv, u->reduce_send, FSDP_REDUCE_AVG,
+                                            shard_group(u) ? FSDP_GROUP_HYBRID : FSDP_GROUP_WORLD, u->path);
     if (!u->reduce && (u->W > 1 || world > 1)) return -1;
   }
   u->reduced_pending = 1;

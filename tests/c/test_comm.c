@@ -169,6 +169,33 @@ TEST(test_errors) {
   fsdp_tensor_release(y);
 }
 
+// groups for hybrid sharding on one rank: a group of 1, collectives within it, refusals
+TEST(test_groups) {
+  fsdp_tensor* x = vec(6, FSDP_F32, 0);
+  int64_t s6[1] = {6};
+  fsdp_tensor* y = fsdp_full(1, s6, 0, FSDP_F32, FSDP_CPU);
+  EXPECT(fsdp_all_gather_group(y, x, FSDP_GROUP_SHARD, "early") == NULL);
+  EXPECT(strstr(fsdp_last_error(), "all_gather 'early': no groups made") != NULL);
+  EXPECT(fsdp_comm_set_groups(2) != 0);
+  EXPECT(strstr(fsdp_last_error(), "a shard group of 2 ranks does not divide the world of 1 ranks") != NULL);
+  EXPECT(fsdp_comm_set_groups(1) == 0);
+  EXPECT(fsdp_comm_set_groups(1) == 0);  // the same size again: nothing to do
+  EXPECT(fsdp_comm_group_size(FSDP_GROUP_SHARD) == 1 && fsdp_comm_group_size(FSDP_GROUP_REPLICA) == 1);
+  EXPECT(fsdp_comm_group_rank(FSDP_GROUP_SHARD) == 0 && fsdp_comm_group_rank(FSDP_GROUP_REPLICA) == 0);
+  fsdp_work* w = fsdp_all_gather_group(y, x, FSDP_GROUP_SHARD, "ag");
+  EXPECT(w && fsdp_work_wait(w) == 0);
+  fsdp_work_free(w);
+  EXPECT_NEAR(at(y, 4), 4, 0);
+  w = fsdp_reduce_scatter_group(y, x, FSDP_REDUCE_AVG, FSDP_GROUP_HYBRID, "rs");
+  EXPECT(w && fsdp_work_wait(w) == 0);
+  fsdp_work_free(w);
+  EXPECT_NEAR(at(y, 3), 3, 0);
+  EXPECT(fsdp_reduce_scatter_group(y, x, FSDP_REDUCE_AVG, 9, "bad") == NULL);
+  EXPECT(strstr(fsdp_last_error(), "reduce_scatter 'bad': unknown group 9") != NULL);
+  fsdp_tensor_release(x);
+  fsdp_tensor_release(y);
+}
+
 TEST(test_finalize_and_reinit) {
   fsdp_work* w = fsdp_barrier_async("pending at finalize");
   EXPECT(fsdp_comm_finalize() == 0);  // drains the queue first
@@ -232,6 +259,7 @@ int main(void) {
   RUN(test_collectives_values);
   RUN(test_async_out_of_order_and_noncontiguous);
   RUN(test_errors);
+  RUN(test_groups);
   RUN(test_finalize_and_reinit);
   RUN(test_second_thread_refused);
   return ctest_summary("test_comm");

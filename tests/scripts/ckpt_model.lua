@@ -17,11 +17,14 @@ function K.build(seed, other)
   return m
 end
 
+-- FSDP_CKPT_SHARDING=hybrid:G wraps the sharded units with hybrid sharding (shard groups of G)
 function K.wrap(m)
-  fsdp.wrap(m["2"]["0"])
-  fsdp.wrap(m["2"])
+  local g = (os.getenv("FSDP_CKPT_SHARDING") or ""):match("^hybrid:(%d+)$")
+  local o = g and { sharding = "hybrid", shard_group_size = tonumber(g) } or nil
+  fsdp.wrap(m["2"]["0"], o)
+  fsdp.wrap(m["2"], o)
   fsdp.wrap(m["3"], { sharding = "none" })
-  fsdp.wrap(m)
+  fsdp.wrap(m, o)
   return m
 end
 

@@ -138,9 +138,12 @@ end
 -- opts.no_backward_gather = {path = true}: units that are never needed in backward (frozen, with
 -- inputs that need no grad) gather only in forward. opts.gather_bytes: bytes per gathered element
 -- (4; 2 under bf16 mixed precision, whose reductions stay float32).
+-- hybrid: shard groups of HG ranks (half the world, at least 1),
+-- the pieces then averaged over the N / HG replicas
+local HG = math.max(1, math.floor(N / 2))
 local function expected_comm(model, unit_paths, sharding, opts)
   opts = opts or {}
-  local W = sharding == "none" and 1 or N
+  local W = sharding == "none" and 1 or sharding == "hybrid" and HG or N
   local units = {}
   for _, path in ipairs(unit_paths) do units[path] = { s = { 0, 0 } } end
   for name, p in model:named_parameters() do
@@ -161,17 +164,22 @@ local function expected_comm(model, unit_paths, sharding, opts)
   }
   for path, u in pairs(units) do
     for g = 1, 2 do
-      if u.s[g] > 0 and sharding ~= "none" then
+      if u.s[g] > 0 and W > 1 then
         local times = 1
-        if sharding == "full" and path ~= "" and not (opts.no_backward_gather or {})[path] then times = 2 end
+        if (sharding == "full" or sharding == "hybrid") and path ~= "" and not (opts.no_backward_gather or {})[path] then
+          times = 2
+        end
         e.all_gather.count = e.all_gather.count + times
         e.all_gather.bytes = e.all_gather.bytes + times * W * u.s[g] * (opts.gather_bytes or 4)
       end
     end
-    if u.s[1] > 0 then
-      local k = sharding == "none" and "all_reduce" or "reduce_scatter"
-      e[k].count = e[k].count + 1
-      e[k].bytes = e[k].bytes + W * u.s[1] * 4
+    if u.s[1] > 0 and W > 1 then
+      e.reduce_scatter.count = e.reduce_scatter.count + 1
+      e.reduce_scatter.bytes = e.reduce_scatter.bytes + W * u.s[1] * 4
+    end
+    if u.s[1] > 0 and N > W then  -- replicas: no sharding, or hybrid's shard groups
+      e.all_reduce.count = e.all_reduce.count + 1
+      e.all_reduce.bytes = e.all_reduce.bytes + u.s[1] * 4
     end
   end
   return e
@@ -673,15 +681,18 @@ case { name = "usage/no_sync-accumulation,transformer", model = "transformer", w
     return total
   end }
 
--- (d) strategies
-for _, sh in ipairs { "grad_op", "none" } do
-  case { name = "nested/children,sharding=" .. sh, model = "nested", wrap = P.nested.children, opts = { sharding = sh },
+-- (d) strategies; hybrid: sharded within groups of HG ranks, replicated across them
+for _, sh in ipairs { "grad_op", "none", "hybrid" } do
+  local o = { sharding = sh, shard_group_size = sh == "hybrid" and HG or nil }
+  case { name = "nested/children,sharding=" .. sh, model = "nested", wrap = P.nested.children, opts = o,
     check = check_comm(sh) }
   case { name = "transformer/blocks,sharding=" .. sh, model = "transformer", wrap = P.transformer.blocks,
-    opts = { sharding = sh }, check = check_comm(sh) }
-  case { name = "conv/freeze=trunk,blocks,sharding=" .. sh, model = "conv", wrap = P.conv.blocks, opts = { sharding = sh },
+    opts = o, check = check_comm(sh) }
+  case { name = "conv/freeze=trunk,blocks,sharding=" .. sh, model = "conv", wrap = P.conv.blocks, opts = o,
     freeze = function(m) freeze(m, "trunk") end }
 end
+case { name = "misc/clip_grad_norm,sharding=hybrid", model = "nested", wrap = P.nested.children,
+  opts = { sharding = "hybrid", shard_group_size = HG }, step = clip_step }
 -- options: forward prefetch (same collectives, issued earlier); keeping parameters after forward
 -- (full shard without the backward all-gathers, like grad_op)
 case { name = "transformer/blocks,forward_prefetch", model = "transformer", wrap = P.transformer.blocks, steps = 4,
