@@ -52,6 +52,7 @@ struct fsdp_work {
   const fsdp_comm_plane* boot;  // FSDP_COLL_PLANE_BOOT: the plane to bootstrap, and its ids' digest
   char digest[17];
   int traced_wait;  // its wait is on the trace (a handle is waited for at most once there)
+  void* flight;     // hybrid: the backend's all-reduce over the replicas, still running (comm thread)
   double timeout;
   fsdp_comm_meta meta;
   int done, status, finished, orphaned;
@@ -135,6 +136,16 @@ static int self_all_reduce(float* buf, size_t n, int op, int group, char* err) {
   (void)buf, (void)n, (void)op, (void)err, (void)group;
   return 0;
 }
+static int self_all_reduce_start(float* buf, size_t n, int op, int group, void** req, char* err) {
+  (void)buf, (void)n, (void)op, (void)err, (void)group;
+  *req = NULL;
+  return 0;
+}
+static int self_test(void* req, int* done, char* err) {
+  (void)req, (void)err;
+  *done = 1;
+  return 0;
+}
 static int self_broadcast(void* buf, size_t bytes, int root, char* err) {
   (void)buf, (void)bytes, (void)root, (void)err;
   return 0;
@@ -145,8 +156,9 @@ static int self_barrier(char* err) {
 }
 
 static const fsdp_comm_backend self_backend = {
-    FSDP_COMM_ABI,       "self",          self_init,      self_finalize, self_agree, self_set_groups, self_all_gather,
-    self_reduce_scatter, self_all_reduce, self_broadcast, self_barrier,
+    FSDP_COMM_ABI,   "self",          self_init,           self_finalize,   self_agree,
+    self_set_groups, self_all_gather, self_reduce_scatter, self_all_reduce, self_all_reduce_start,
+    self_test,       self_broadcast,  self_barrier,
 };
 
 // ---- loading the mpi backend --------------------------------------------------------------------
@@ -394,9 +406,10 @@ static void run_work_traced(fsdp_work* w) {
     case FSDP_COLL_REDUCE_SCATTER:
       if (p) {
         rc = p->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->ready, w->finished_ev, err);
-      } else if (group == FSDP_GROUP_HYBRID) {  // within the shard group, then over the replicas
+      } else if (group == FSDP_GROUP_HYBRID) {  // within the shard group, then over the replicas: that
+        // all-reduce is only started; it runs on while the next collectives do (comm_thread polls it)
         rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, FSDP_GROUP_SHARD, err);
-        if (!rc) rc = be->all_reduce(w->out_ptr, w->count, w->arg, FSDP_GROUP_REPLICA, err);
+        if (!rc) rc = be->all_reduce_start(w->out_ptr, w->count, w->arg, FSDP_GROUP_REPLICA, &w->flight, err);
       } else {
         rc = be->reduce_scatter(w->out_ptr, w->in_ptr, w->count, w->arg, w->algo, group, err);
       }
@@ -440,6 +453,53 @@ static void run_work_traced(fsdp_work* w) {
   }
 }
 
+// Hybrid items whose all-reduce over the replicas runs on (the comm thread's own list, oldest first):
+// each is done when test says so; a failure breaks the communicator like any other.
+static fsdp_work *g_flying, *g_flying_tail;
+static void item_done(fsdp_work* w) {
+  pthread_mutex_lock(&g.mu);
+  w->done = 1;
+  if (w->orphaned) free(w);
+  pthread_cond_broadcast(&g.cv_done);
+  pthread_mutex_unlock(&g.mu);
+}
+// tests every item in flight (all of them to the end when `all`); returns how many still fly
+static int poll_flying(int all) {
+  int left = 0, spins = 0;
+  for (;;) {
+    fsdp_work **pp = &g_flying, *prev = NULL;
+    left = 0;
+    while (*pp) {
+      fsdp_work* w = *pp;
+      int done = 0;
+      char err[FSDP_COMM_ERRLEN] = "";
+      if (g.be->test(w->flight, &done, err) != 0) {
+        snprintf(w->err, sizeof w->err, "%s '%s' (collective #%lld): %.*s", kind_names[w->kind], w->meta.tag,
+                 (long long)w->meta.seq, (int)(sizeof w->err - FSDP_COMM_TAGLEN - 64), err);
+        set_broken(w->err);
+        w->status = -1;
+        done = 1;
+      }
+      if (!done) {
+        left++;
+        prev = w;
+        pp = &w->next;
+        continue;
+      }
+      *pp = w->next;
+      if (g_flying_tail == w) g_flying_tail = prev;
+      w->flight = NULL;
+      item_done(w);
+    }
+    if (!all || left == 0) return left;
+    beat();
+    if (++spins > 50) {  // (the others' data is on its way: wait a little, as the backend's waits do)
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 static void* comm_thread(void* arg) {
   (void)arg;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
@@ -460,6 +520,16 @@ static void* comm_thread(void* arg) {
   for (;;) {
     pthread_mutex_lock(&g.mu);
     while (!g.head) {
+      if (g_flying) {  // hybrid all-reduces running: test them until they finish or work comes
+        pthread_mutex_unlock(&g.mu);
+        beat();
+        if (poll_flying(0)) {
+          struct timespec ts = {0, 50000};
+          nanosleep(&ts, NULL);
+        }
+        pthread_mutex_lock(&g.mu);
+        continue;
+      }
       if (!g.plane_up || !g.plane->in_flight()) {
         pthread_cond_wait(&g.cv_queue, &g.mu);
         continue;
@@ -484,19 +554,25 @@ static void* comm_thread(void* arg) {
     pthread_mutex_unlock(&g.mu);
 
     beat();
+    int last = w->kind == FSDP_COLL_FINALIZE;
+    if (last) poll_flying(1);  // (every all-reduce in flight ends before the backend does)
     run_work(w);
     beat();
-    int last = w->kind == FSDP_COLL_FINALIZE;
+    if (g_flying) poll_flying(0);
 
     if (last && g.plane_up) {  // (finalize normally ended the plane; not when broken before)
       g.plane->finalize(1);
       g.plane_up = 0;
     }
-    pthread_mutex_lock(&g.mu);
-    w->done = 1;
-    if (w->orphaned) free(w);  // its waiter gave up (see wait_done), or nobody waits (plane start)
-    pthread_cond_broadcast(&g.cv_done);
-    pthread_mutex_unlock(&g.mu);
+    if (w->flight) {  // its all-reduce runs on: done once it finished (poll_flying)
+      w->next = NULL;
+      if (g_flying_tail) g_flying_tail->next = w;
+      else g_flying = w;
+      g_flying_tail = w;
+      continue;
+    }
+    // (orphaned: its waiter gave up (see wait_done), or nobody waits (plane start): freed)
+    item_done(w);
     if (last) return NULL;  // finalize is the last item: nothing may be queued after it
   }
 }

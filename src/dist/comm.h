@@ -21,7 +21,7 @@
 
 struct fsdp_backend;  // core/backend.h: a device's table (for the device data planes)
 
-#define FSDP_COMM_ABI 7
+#define FSDP_COMM_ABI 8
 #define FSDP_COMM_ERRLEN 1024
 #define FSDP_COMM_TAGLEN 96
 #define FSDP_COLL_FINALIZE 5    // internal kind: the agreement made before MPI_Finalize
@@ -90,6 +90,12 @@ typedef struct fsdp_comm_backend {
   // out (n floats) = this rank's chunk of the reduction of every rank's in (size * n floats)
   int (*reduce_scatter)(float* out, const float* in, size_t n, int op, int algo, int group, char* err);
   int (*all_reduce)(float* buf, size_t n, int op, int group, char* err);
+  // the same all-reduce, started and not waited for (hybrid sharding's all-reduce over the replicas
+  // runs while the next collectives do): *req is NULL when there was nothing to move, else a handle
+  // for test, which sets *done once it finished (and did what finishing takes: avg's scaling,
+  // freeing the handle), or returns -1 with err after the timeout from its start
+  int (*all_reduce_start)(float* buf, size_t n, int op, int group, void** req, char* err);
+  int (*test)(void* req, int* done, char* err);
   int (*broadcast)(void* buf, size_t bytes, int root, char* err);
   int (*barrier)(char* err);
 } fsdp_comm_backend;

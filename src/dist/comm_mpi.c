@@ -475,6 +475,58 @@ static int mpi_all_reduce(float* buf, size_t n, int op, int group, char* err) {
   return 0;
 }
 
+// an all-reduce in flight (mpi_all_reduce_start): its requests, one per MAX_PIECE floats
+typedef struct {
+  MPI_Request* reqs;
+  int n_reqs, op, group;
+  float* buf;
+  size_t n;
+  double deadline;
+} ar_flight;
+
+static int mpi_all_reduce_start(float* buf, size_t n, int op, int group, void** req, char* err) {
+  *req = NULL;
+  if (g_gsize[group] == 1 || n == 0) return 0;
+  ar_flight* f = calloc(1, sizeof *f);
+  int pieces = (int)((n + MAX_PIECE - 1) / MAX_PIECE);
+  if (!f || !(f->reqs = calloc(pieces, sizeof *f->reqs))) {
+    free(f);
+    snprintf(err, FSDP_COMM_ERRLEN, "out of memory for an all-reduce in flight");
+    return -1;
+  }
+  *f = (ar_flight){f->reqs, pieces, op, group, buf, n, now_s() + g_timeout};
+  for (int i = 0; i < pieces; i++) {
+    size_t off = (size_t)i * MAX_PIECE;
+    int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group],
+                            &f->reqs[i]);
+    if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Iallreduce");  // (f stays: MPI may hold its requests)
+  }
+  *req = f;
+  return 0;
+}
+
+static int mpi_test(void* req, int* done, char* err) {
+  ar_flight* f = req;
+  int flag = 0;
+  int rc = MPI_Testall(f->n_reqs, f->reqs, &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Iallreduce");
+  *done = flag;
+  if (!flag) {
+    if (now_s() <= f->deadline) return 0;
+    char who[256];
+    name_missing(g_timeout, who, sizeof who);
+    snprintf(err, FSDP_COMM_ERRLEN, "timed out after %g s waiting for %s to move the data (MPI_Iallreduce)", g_timeout,
+             who);
+    return -1;  // (f stays: its requests are abandoned with the broken communicator)
+  }
+  if (f->op == 1) scale_f32(f->buf, f->n, 1.0f / g_gsize[f->group]);
+  free(f->reqs);
+  free(f);
+  if (g_beat) g_beat();
+  return 0;
+}
+
 static int mpi_broadcast(void* buf, size_t bytes, int root, char* err) {
   for (size_t off = 0; off < bytes; off += MAX_PIECE) {
     int len = (int)(bytes - off < MAX_PIECE ? bytes - off : MAX_PIECE);
@@ -492,8 +544,9 @@ static int mpi_barrier(char* err) {
 }
 
 static const fsdp_comm_backend mpi_backend = {
-    FSDP_COMM_ABI,      "mpi",          mpi_init,      mpi_finalize, mpi_agree, mpi_set_groups, mpi_all_gather,
-    mpi_reduce_scatter, mpi_all_reduce, mpi_broadcast, mpi_barrier,
+    FSDP_COMM_ABI,  "mpi",          mpi_init,           mpi_finalize,   mpi_agree,
+    mpi_set_groups, mpi_all_gather, mpi_reduce_scatter, mpi_all_reduce, mpi_all_reduce_start,
+    mpi_test,       mpi_broadcast,  mpi_barrier,
 };
 
 __attribute__((visibility("default"))) const fsdp_comm_backend* fsdp_comm_mpi_backend(void) { return &mpi_backend; }
