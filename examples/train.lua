@@ -70,8 +70,8 @@ linear head on the frozen trunk and reports both test accuracies.
   --summary             print the FSDP plan (fsdp.summary: units, bytes per rank, what a step
                         sends) after the first pretraining epoch, optimizer state included
   --device D            cpu (default) or cuda: model, data and training on the GPU (with several
-                        ranks their collectives go through the host over MPI until the NCCL
-                        backend exists)
+                        ranks their collectives run on NCCL where every rank has a GPU of its
+                        own, else through the host over MPI: FSDP_DEVICE_COMM)
   -h, --help            this text
 ]]
 local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true, summary = true }
