@@ -192,6 +192,14 @@ local function spread(t)
   return ("%.3f-%.3f"):format(lo, hi)
 end
 
+-- two models that start from the same weights and see the same batches must end at the same loss
+local function losses_agree(la, lb, what)
+  if math.abs(la - lb) > 1e-3 * math.max(1, math.abs(lb)) then
+    failed = failed + 1
+    print(("   FAILED: %s training diverged (loss %.6f vs %.6f)"):format(what, la, lb))
+  end
+end
+
 local function fmt_list(t)
   local s = {}
   for _, v in ipairs(t) do s[#s + 1] = ("%.1f"):format(v) end
@@ -324,11 +332,7 @@ if what.shard then
         last.rs_bytes / 2 ^ 20, last.ar_bytes / 2 ^ 20))
     verdicts[#verdicts + 1] = ("full/none = %.3f (target <= %.2f)%s"):format(fm.median(ratio), opts.shard_target,
       fm.median(ratio) <= opts.shard_target and "" or "  MISSED")
-    -- both models start from the same weights and see the same batches: their losses must agree
-    if math.abs(last.loss_full - last.loss_none) > 1e-3 * math.max(1, math.abs(last.loss_none)) then
-      failed = failed + 1
-      print(("   FAILED: full-shard and no-shard training diverged (loss %.6f vs %.6f)"):format(last.loss_full, last.loss_none))
-    end
+    losses_agree(last.loss_full, last.loss_none, "full-shard and no-shard")
   end
 end
 
@@ -352,10 +356,7 @@ if what.hybrid then
       fm.median(full), fm.median(ratio), spread(ratio)))
     print(("   loss after the last step: hybrid %.5f, full %.5f"):format(last.loss_hybrid, last.loss_full))
     verdicts[#verdicts + 1] = ("hybrid/full = %.3f at N = %d (shard groups of %d)"):format(fm.median(ratio), opts.n, G)
-    if math.abs(last.loss_hybrid - last.loss_full) > 1e-3 * math.max(1, math.abs(last.loss_full)) then
-      failed = failed + 1
-      print(("   FAILED: hybrid and full-shard training diverged (loss %.6f vs %.6f)"):format(last.loss_hybrid, last.loss_full))
-    end
+    losses_agree(last.loss_hybrid, last.loss_full, "hybrid and full-shard")
   end
 end
 

@@ -148,6 +148,8 @@ local function drop_freed_regions()
     for i = 0, n - 1 do regions[tonumber(ffi.cast("intptr_t", freed_regions[i]))] = nil end
   until n < 64
 end
+-- (backward frees regions as their nodes run: it drops their closures, and so their inputs, at once)
+fsdp._regions_freed = drop_freed_regions
 local function pack(...) return { n = select("#", ...), ... } end
 function autograd.checkpoint(fn, ...)
   local mt = getmetatable(fn)

@@ -255,6 +255,7 @@ function methods.backward(t, grad, opts)
   local retain = opts and opts.retain_graph and 1 or 0
   local rc = C.fsdp_backward(p, P(grad, "backward", "gradient"), retain)
   fsdp._hooks_freed()  -- the graph backward freed may have held hooks
+  if fsdp._regions_freed then fsdp._regions_freed() end  -- and checkpointed regions (their inputs)
   check(rc)
 end
 -- Backward calls back into Lua (tensor hooks, listeners, FSDP's queued callbacks); LuaJIT must
