@@ -331,8 +331,9 @@ void fsdp_checkpoint_end(void);
 // 1 while a region's forward reruns for backward (an FSDP unit then only gathers its parameters)
 int fsdp_checkpoint_rerunning(void);
 // the ctx of regions freed since the last call (a binding drops what it keeps for them): copies up
-// to cap into ctxs, returns how many
+// to cap into ctxs, returns how many; *fsdp_checkpoint_freed_pending() is how many are queued
 int fsdp_checkpoint_take_freed(void** ctxs, int cap);
+const int* fsdp_checkpoint_freed_pending(void);
 
 // ---- safetensors ------------------------------------------------------------------------------------
 // writes atomically (temporary file, then rename); metadata_json may be NULL

@@ -39,11 +39,14 @@ end)
 
 -- A hook's Lua function lives until remove() or until its tensor (a leaf, or a non-leaf's graph
 -- node) is freed: C queues the ids of hooks freed with their tensor, and fsdp._hooks_freed drops
--- their functions. Tensor finalizers, fsdp._release and backward call it when the queue is not
--- empty, so a function is unreferenced in the same collection that frees its tensor.
+-- their functions (and the closures of checkpointed regions C freed: drop_freed_regions below).
+-- Tensor finalizers, fsdp._release and backward call it when a queue is not empty, so a function
+-- is unreferenced in the same collection that frees its tensor.
 local freed_ids = ffi.new("int64_t[64]")
 local freed_pending = C.fsdp_hooks_freed_pending()
+local drop_freed_regions
 function fsdp._hooks_freed()
+  drop_freed_regions()
   while freed_pending[0] > 0 do
     local n = C.fsdp_hooks_take_freed(freed_ids, 64)
     for i = 0, n - 1 do
@@ -142,14 +145,12 @@ local rerun_cb = ffi.cast("fsdp_recompute_fn", function(ctx)
   return 0
 end)
 local freed_regions = ffi.new("void*[64]")
-local function drop_freed_regions()
+function drop_freed_regions()
   repeat
     local n = C.fsdp_checkpoint_take_freed(freed_regions, 64)
     for i = 0, n - 1 do regions[tonumber(ffi.cast("intptr_t", freed_regions[i]))] = nil end
   until n < 64
 end
--- (backward frees regions as their nodes run: it drops their closures, and so their inputs, at once)
-fsdp._regions_freed = drop_freed_regions
 local function pack(...) return { n = select("#", ...), ... } end
 function autograd.checkpoint(fn, ...)
   local mt = getmetatable(fn)

@@ -167,16 +167,16 @@ end
 -- Drops a reference now instead of at the next garbage collection: for short-lived handles to
 -- big storage (the gradients an optimizer step reads), so memory does not wait for the Lua GC.
 -- t must not be used afterwards.
-local hooks_pending = C.fsdp_hooks_freed_pending()
+local hooks_pending, regions_pending = C.fsdp_hooks_freed_pending(), C.fsdp_checkpoint_freed_pending()
 function fsdp._release(t)
   local p = t.p
   if p == nil then return end
   t.p = nil
   C.fsdp_tensor_release(p)
-  if hooks_pending[0] ~= 0 then fsdp._hooks_freed() end
+  if hooks_pending[0] ~= 0 or regions_pending[0] ~= 0 then fsdp._hooks_freed() end
 end
--- drops the Lua functions of tensor hooks whose tensors C freed (fsdp/autograd.lua sets it; no
--- hook exists before that module loads)
+-- drops the Lua functions of tensor hooks, and the closures of checkpointed regions, that C freed
+-- (fsdp/autograd.lua sets it; no hook or region exists before that module loads)
 function fsdp._hooks_freed() end
 
 -- ---- argument checks -----------------------------------------------------------------------------

@@ -112,12 +112,13 @@ function Tensor._init(lib)
   mt.__tostring = function(t) return (t:tostring()) end
   -- two handles of one C tensor are the same tensor (x.grad returns a new handle each time)
   mt.__eq = function(a, b) return Tensor.is(a) and Tensor.is(b) and a.p == b.p end
-  -- releasing may free hooked tensors; their hooks' Lua functions go in the same collection
-  local hooks_pending = C.fsdp_hooks_freed_pending()
+  -- releasing may free hooked tensors and checkpointed regions; their hooks' Lua functions and the
+  -- regions' closures go in the same collection
+  local hooks_pending, regions_pending = C.fsdp_hooks_freed_pending(), C.fsdp_checkpoint_freed_pending()
   mt.__gc = function(t)
     if t.p ~= nil then
       C.fsdp_tensor_release(t.p)
-      if hooks_pending[0] ~= 0 then lib._hooks_freed() end
+      if hooks_pending[0] ~= 0 or regions_pending[0] ~= 0 then lib._hooks_freed() end
     end
   end
   ffi.metatype(handle_ct, mt)
@@ -254,8 +255,7 @@ function methods.backward(t, grad, opts)
   if type(grad) == "table" and not Tensor.is(grad) then opts, grad = grad, nil end
   local retain = opts and opts.retain_graph and 1 or 0
   local rc = C.fsdp_backward(p, P(grad, "backward", "gradient"), retain)
-  fsdp._hooks_freed()  -- the graph backward freed may have held hooks
-  if fsdp._regions_freed then fsdp._regions_freed() end  -- and checkpointed regions (their inputs)
+  fsdp._hooks_freed()  -- the graph backward freed may have held hooks and checkpointed regions
   check(rc)
 end
 -- Backward calls back into Lua (tensor hooks, listeners, FSDP's queued callbacks); LuaJIT must

@@ -104,6 +104,7 @@ void fsdp_checkpoint_end(void) {
   if (r) region_unref(r);
 }
 int fsdp_checkpoint_rerunning(void) { return g_rerunning != NULL; }
+const int* fsdp_checkpoint_freed_pending(void) { return &g_n_freed_regions; }
 int fsdp_checkpoint_take_freed(void** ctxs, int cap) {
   int n = g_n_freed_regions < cap ? g_n_freed_regions : cap;
   if (n <= 0) return 0;
