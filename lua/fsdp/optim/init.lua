@@ -285,5 +285,6 @@ end
 optim.SGD = require "fsdp.optim.sgd"
 local adam = require "fsdp.optim.adam"
 optim.Adam, optim.AdamW = adam.Adam, adam.AdamW
+optim.lr_scheduler = require "fsdp.optim.lr_scheduler"
 
 return optim
