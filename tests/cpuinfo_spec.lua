@@ -14,4 +14,21 @@ describe("cpu info", function()
     local peak = fsdp.C.fsdp_cpu_fma_peak(0.05)
     assert.truthy(peak > 0.5 and peak < 640, "peak " .. peak .. " GFLOP/s")
   end)
+
+  -- the GEMM library is a rule of the CPU's features, never a timing: every process of a job (a
+  -- run and its resume, every rank) computes with the same one, so their bits agree
+  it("chooses the GEMM library by a fixed rule of the CPU's features", function()
+    local H = require "helpers"
+    local out = ""
+    for _ = 1, 4 do
+      local rc, o = H.lua([[io.write(require("ffi").string(fsdp.C.fsdp_cpu_gemm_backend()), "|")]])
+      assert.equal(0, rc, o)
+      out = out .. o:gsub("__rc=%d+%s*$", "")
+    end
+    local isa, core = ffi.string(fsdp.C.fsdp_cpu_isa()), ffi.string(fsdp.C.fsdp_cpu_blas_core())
+    local want = isa == "avx512f" and "onednn (AVX-512)"
+      or (isa == "avx2+fma" and (core == "Haswell" or core == "Zen")) and ("openblas (AVX2 without AVX-512, OpenBLAS core " .. core .. ")")
+      or ("onednn (OpenBLAS core " .. core .. ")")
+    assert.equal(string.rep(want .. "|", 4), out)
+  end)
 end)

@@ -80,56 +80,26 @@ static void onednn_gemm(const fsdp_gemm_args* g) {
 // ---- which GEMM ---------------------------------------------------------------------------------------
 // OpenBLAS picks its kernels from a table of CPU models and falls back to old generic ones on a
 // model it does not know (0.3.21 runs Prescott's SSE3 kernels on recent Xeons, Haswell's AVX2
-// on Zen 5); oneDNN picks from the CPU's features, so it is the default. At the first GEMM both
-// run one Linear's three GEMMs on one thread, and OpenBLAS is taken when it is 1.05x as fast or
-// more, never while it runs a generic core (nor kernels wider than an FSDP_CPU_ISA cap).
+// on Zen 5); oneDNN picks from the CPU's features. The choice is a fixed rule of the CPU's features,
+// never a timing taken at startup: a timed choice flipped from process to process where the two
+// were close (OpenBLAS at 0.73-1.00x oneDNN's speed on a 2-core Intel Xeon family 6 model 167,
+// SkylakeX kernels), so two runs of one job -- a run and its resume, or two ranks -- computed with
+// different libraries and their bits differed. The rule, from the measurements of issue 14:
+// - AVX-512: oneDNN (OpenBLAS measured 0.51-0.55x oneDNN on an AMD EPYC, whose cores it runs with
+//   Haswell kernels; 0.73-1.00x with SkylakeX kernels on Intel Xeons of models 167 and 207);
+// - AVX2 without AVX-512 (or capped there by FSDP_CPU_ISA=avx2), OpenBLAS on its Haswell or Zen
+//   kernels: OpenBLAS (1.13-1.19x oneDNN's speed held to AVX2, whole steps 1.2-1.3x faster);
+// - OpenBLAS on a generic or pre-AVX core, or on kernels wider than an FSDP_CPU_ISA cap: oneDNN.
 // FSDP_GEMM=openblas or onednn forces one.
 typedef void (*gemm_fn)(const fsdp_gemm_args* g);
 static gemm_fn g_gemm;
 static const char* g_gemm_name;
 static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
 
-// OpenBLAS's names for its generic and pre-AVX kernels (never a choice while one of these runs)
-static int openblas_core_is_generic(void) {
-  static const char* generic[] = {"Prescott",   "Core2",     "Penryn", "Dunnington", "Nehalem",   "Atom",   "Katmai",
-                                  "Coppermine", "Northwood", "Banias", "Opteron",    "Barcelona", "Generic"};
+// OpenBLAS's AVX2 kernels (the ones it runs best on a CPU without AVX-512)
+static int openblas_core_is_avx2(void) {
   const char* core = fsdp_cpu_blas_core();
-  for (size_t i = 0; i < sizeof generic / sizeof *generic; i++)
-    if (strcmp(core, generic[i]) == 0) return 1;
-  return 0;
-}
-
-// one Linear's three GEMMs at a size our models use: y = x w^T, gx = gy w, gw = gy^T x, each cut
-// into `nt` row blocks run side by side on nt threads, one library call per block on its own
-// thread, as cpu_gemm_many runs a step's GEMMs; seconds for the three
-#define PROBE_FLOATS ((int64_t)1 << 20)  // each operand's buffer
-static double time_gemms(gemm_fn fn, float* a, float* b, float* c, int nt) {
-  static const int64_t shapes[3][5] = {{0, 1, 256, 1024, 784}, {0, 0, 256, 784, 1024}, {1, 0, 1024, 784, 256}};
-  double t0 = omp_get_wtime();
-  for (int s = 0; s < 3; s++) {
-    const int64_t* sh = shapes[s];
-    int64_t M = sh[2], N = sh[3], K = sh[4];
-    fsdp_gemm_args g = {(int)sh[0], (int)sh[1], M, N, K, 1.0f, a, sh[0] ? M : K, b, sh[1] ? K : N, 0.0f, c, N};
-#pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int p = 0; p < nt; p++) {
-      fsdp_gemm_args piece = g;
-      int64_t lo = M * p / nt, hi = M * (p + 1) / nt;
-      piece.M = hi - lo;
-      piece.A += g.ta ? lo : lo * g.lda;
-      piece.C += lo * g.ldc;
-      fn(&piece);
-    }
-  }
-  return omp_get_wtime() - t0;
-}
-
-// OpenBLAS ignores FSDP_CPU_ISA: under a cap it may run only when its kernels stay within it (its
-// Haswell and Zen kernels are AVX2; a cap at avx512f caps nothing)
-static int openblas_within_cap(void) {
-  const char* cap = getenv("FSDP_CPU_ISA");
-  const char* core = fsdp_cpu_blas_core();
-  if (!cap || strcmp(cap, "avx512f") == 0) return 1;
-  return strcmp(cap, "avx2") == 0 && (strcmp(core, "Haswell") == 0 || strcmp(core, "Zen") == 0);
+  return strcmp(core, "Haswell") == 0 || strcmp(core, "Zen") == 0;
 }
 
 static void choose_gemm(void) {
@@ -139,54 +109,22 @@ static void choose_gemm(void) {
     g_gemm = openblas_gemm, g_gemm_name = "openblas (FSDP_GEMM)";
     return;
   }
-  if ((forced && strcmp(forced, "onednn") == 0) || openblas_core_is_generic() || !openblas_within_cap()) {
-    g_gemm = onednn_gemm;  // under FSDP_CPU_ISA: oneDNN obeys the cap, OpenBLAS would not
-    // the user's own setting first: under a cap on a CPU OpenBLAS does not know, both hold
-    g_gemm_name = forced                   ? "onednn (FSDP_GEMM)"
-                  : !openblas_within_cap() ? "onednn (FSDP_CPU_ISA)"
-                                           : "onednn (OpenBLAS runs a generic core)";
+  int avx2_only = fsdp_cpu_isa_level() == FSDP_ISA_AVX2;
+  if (!forced && avx2_only && openblas_core_is_avx2()) {
+    snprintf(name, sizeof name, "openblas (AVX2 without AVX-512, OpenBLAS core %s)", fsdp_cpu_blas_core());
+    g_gemm = openblas_gemm, g_gemm_name = name;
     return;
   }
-  // operands: three buffers (an operand shared by A and B would sit in cache for both), 64-byte
-  // aligned as every tensor's data is (fsdp_alloc). Alignment changes oneDNN's path: held to AVX2,
-  // its sgemm ran 256x1024x1024 (NN) in 7.5 ms on aligned operands and in 4.7 ms on operands 16 bytes
-  // off (where malloc's large blocks start), so a probe on malloc'ed buffers timed a path that
-  // tensors never take and picked oneDNN where whole steps ran 1.2x faster on OpenBLAS
-  size_t bytes = 3 * PROBE_FLOATS * sizeof(float);
-  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  if (!buf) {
-    g_gemm = onednn_gemm, g_gemm_name = "onednn (no memory to measure)";
-    return;
+  g_gemm = onednn_gemm;
+  // the user's own settings first
+  const char* cap = getenv("FSDP_CPU_ISA");
+  if (forced) g_gemm_name = "onednn (FSDP_GEMM)";
+  else if (cap && fsdp_cpu_isa_level() < FSDP_ISA_AVX512) g_gemm_name = "onednn (FSDP_CPU_ISA)";
+  else if (fsdp_cpu_isa_level() == FSDP_ISA_AVX512) g_gemm_name = "onednn (AVX-512)";
+  else {
+    snprintf(name, sizeof name, "onednn (OpenBLAS core %s)", fsdp_cpu_blas_core());
+    g_gemm_name = name;
   }
-  for (int64_t i = 0; i < 3 * PROBE_FLOATS; i++) buf[i] = (float)(i % 13) * 0.01f;
-  // each library call on one thread, as our scheduler runs them: OpenBLAS held to one thread of its
-  // own (left at OPENBLAS_NUM_THREADS it spread each call over 2 and looked twice as fast as it is),
-  // oneDNN single-threaded inside the parallel loop
-  int nt = omp_get_max_threads(), saved_blas = openblas_get_num_threads();
-  openblas_set_num_threads(1);
-  // the two take turns, a round each, and each keeps its best round, so a change in the machine's
-  // load hits both alike (timed one after the other, on a 2-core machine held to AVX2 the ratio
-  // moved between 0.99 and 1.19 from run to run); the first round of each is untimed (first-call
-  // costs: packing buffers, JIT)
-  float *pa = buf, *pb = buf + PROBE_FLOATS, *pc = buf + 2 * PROBE_FLOATS;
-  double t_blas = 1e30, t_dnnl = 1e30;
-  for (int r = 0; r < 7; r++) {
-    double tb = time_gemms(openblas_gemm, pa, pb, pc, nt), td = time_gemms(onednn_gemm, pa, pb, pc, nt);
-    if (r > 0 && tb < t_blas) t_blas = tb;
-    if (r > 0 && td < t_dnnl) t_dnnl = td;
-  }
-  openblas_set_num_threads(saved_blas);
-  fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  // the margin keeps run-to-run noise from flipping the choice when the two are even. Measured on
-  // a 2-core AMD EPYC (AVX-512), three runs each on aligned operands: OpenBLAS (Haswell kernels) at
-  // 0.51-0.55x oneDNN's speed with AVX-512, and at 1.13-1.19x with both held to AVX2
-  // (FSDP_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2), where whole steps ran 1.2-1.3x faster on OpenBLAS
-  // (MLP 12.0 ms against 15.5, transformer 118 against 143)
-  double speed = t_blas > 0 ? t_dnnl / t_blas : 0;
-  int blas = speed >= 1.05;
-  g_gemm = blas ? openblas_gemm : onednn_gemm;
-  snprintf(name, sizeof name, "%s (OpenBLAS at %.2fx oneDNN's speed)", blas ? "openblas" : "onednn", speed);
-  g_gemm_name = name;
 }
 
 const char* fsdp_cpu_gemm_backend(void) {
