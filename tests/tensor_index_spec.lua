@@ -56,6 +56,9 @@ describe("bool dtype", function()
     assert.equal("float32", b:float().dtype)
     assert.same({ 1, 0, 1 }, b:long():totable())
     assert.same({ 1, 0, 1 }, b:bfloat16():totable())
+    assert.equal("bool", fsdp.tensor({ { true }, { false } }).dtype) -- Lua booleans make a bool tensor
+    assert.equal("bool", fsdp.tensor(true).dtype)
+    assert.same({ false, true }, fsdp.tensor({ 0, 2 }):bool():totable())
     assert.same({ true, false }, fsdp.full({ 2 }, 0, "bool"):fill_(1):eq(fsdp.tensor { 1, 0 }):totable())
   end)
 
@@ -182,6 +185,11 @@ describe("masks and elementwise selection against PyTorch", function()
     check_golden("min_dim", v, { x = x })
     x = H.leaf(golden.min_all.x)
     check_golden("min_all", x:min(), { x = x })
+  end)
+
+  it("abs has a zero gradient at 0", function()
+    local x = H.leaf(golden.abs.x)
+    check_golden("abs", x:abs(), { x = x })
   end)
 
   it("cumsum, tril and triu", function()

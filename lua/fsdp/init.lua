@@ -401,11 +401,14 @@ function fsdp.tensor(data, dtype)
   local dev = device_opt(opts, "fsdp.tensor")
   if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
   local dims, flat = {}, {}
+  local node = data
+  while type(node) == "table" do node = node[1] end
+  if dtype == nil and type(node) == "boolean" then dt = fsdp._dtype("bool") end  -- torch.tensor([True, False])
   if type(data) == "number" or type(data) == "boolean" then
     flat[1] = data == true and 1 or data == false and 0 or data
   else
     assert(type(data) == "table", "fsdp.tensor: expected a number or a (nested) table of numbers")
-    local node = data
+    node = data
     while type(node) == "table" do dims[#dims + 1] = #node; node = node[1] end
     local function walk(t, d)
       if #t ~= dims[d] then error(("fsdp.tensor: ragged nested table at depth %d (%d vs %d entries)"):format(d, #t, dims[d]), 3) end

@@ -463,7 +463,7 @@ function methods.to(t, what)
   elseif fsdp._devices[what] then
     device = what
   elseif type(what) == "string" and not pcall(dtype_of, what) then
-    error(('to: %q is neither a device ("cpu", "cuda") nor a dtype (float32, int64, bfloat16, float16)')
+    error(('to: %q is neither a device ("cpu", "cuda") nor a dtype (float32, int64, bfloat16, float16, bool)')
       :format(what), 2)
   else
     dtype = what
@@ -478,6 +478,7 @@ function methods.float(t) T(t, "float"); return (t:to("float32")) end
 function methods.long(t) T(t, "long"); return (t:to("int64")) end
 function methods.bfloat16(t) T(t, "bfloat16"); return (t:to("bfloat16")) end
 function methods.half(t) T(t, "half"); return (t:to("float16")) end
+function methods.bool(t) T(t, "bool"); return (t:to("bool")) end
 
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
 function methods.softmax(t, d)

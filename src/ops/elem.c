@@ -12,7 +12,8 @@
 #include <math.h>
 
 // ---- binary ----------------------------------------------------------------------------------------------
-static const char* bin_names[] = {"add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "minimum", "maximum", "maximum"};
+static const char* bin_names[] = {"add", "sub", "mul", "div",     "eq",      "ne",     "lt",
+                                  "le",  "gt",  "ge",  "minimum", "maximum", "maximum"};
 
 // out (float32) = a op b with broadcasting; a and b of any float dtype and layout (float32 ones
 // are read in place)
@@ -176,7 +177,9 @@ static fsdp_tensor* compare_f32(int op, fsdp_tensor* a, fsdp_tensor* b) {
   return out;
 }
 // the comparison as a bool tensor (PyTorch's result dtype)
-static fsdp_tensor* compare(int op, fsdp_tensor* a, fsdp_tensor* b) { return fsdp_round_to(compare_f32(op, a, b), FSDP_BOOL); }
+static fsdp_tensor* compare(int op, fsdp_tensor* a, fsdp_tensor* b) {
+  return fsdp_round_to(compare_f32(op, a, b), FSDP_BOOL);
+}
 
 fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_EQ, a, b); }
 fsdp_tensor* fsdp_ne(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_NE, a, b); }
@@ -626,9 +629,10 @@ static int where_shape(const char* op, const fsdp_tensor* c, const fsdp_tensor* 
     for (int k = 0; k < 3; k++) {
       int it = ts[k]->ndim - n + i;
       int64_t sk = it >= 0 ? ts[k]->shape[it] : 1;
-      CHECK_INT(sk == s || sk == 1 || s == 1,
-                "%s: condition %s, input %s and other %s cannot be broadcast together (dim %d of the result: %lld vs %lld)",
-                op, SH(c), SH(a), SH(b), i + 1, (long long)s, (long long)sk);
+      CHECK_INT(
+          sk == s || sk == 1 || s == 1,
+          "%s: condition %s, input %s and other %s cannot be broadcast together (dim %d of the result: %lld vs %lld)",
+          op, SH(c), SH(a), SH(b), i + 1, (long long)s, (long long)sk);
       if (sk != 1) s = sk;
     }
     shape[i] = s;
@@ -648,8 +652,8 @@ static fsdp_tensor* where_forward(const char* op, fsdp_tensor* c, fsdp_tensor* a
     fsdp_broadcast_strides(c, nd, shape, sc);
     fsdp_broadcast_strides(ac, nd, shape, sa);
     fsdp_broadcast_strides(bc, nd, shape, sb);
-    fsdp_backend_of(out)->elem->where(fsdp_f32(out), (const uint8_t*)fsdp_ptr(c), fsdp_f32(ac), fsdp_f32(bc), nd,
-                                      shape, sc, sa, sb);
+    fsdp_backend_of(out)->elem->where(fsdp_f32(out), (const uint8_t*)fsdp_ptr(c), fsdp_f32(ac), fsdp_f32(bc), nd, shape,
+                                      sc, sa, sb);
   }
   fsdp_tensor_release(ac);
   fsdp_tensor_release(bc);

@@ -6,7 +6,7 @@ Run:   /usr/bin/python3 tests/golden/gen_masks.py
 Writes tests/golden/masks.json: for each case, the inputs, the forward output and the gradient of
 sum(out * w) for each float input (w given), as 17 significant digits -- where, masked_fill, clamp
 at and between its bounds, minimum/maximum with ties, min with ties (values, indices, gradient),
-cumsum, tril, triu, comparisons and the sum of a bool tensor. And tests/golden/bool.safetensors:
+abs (its gradient at 0 is 0), cumsum, tril, triu, comparisons and the sum of a bool tensor. And tests/golden/bool.safetensors:
 a bool tensor (safetensors dtype "BOOL", one byte per element as torch.bool stores it), written by
 hand as tests/golden/gen.py does (the `safetensors` package is not needed).
 """
@@ -71,6 +71,9 @@ v, i = x.min(dim=1)
 case("min_dim", v, t([1.0, -2.0]), [("x", x)], {"indices": i.tolist()})
 x = leaf([[3.0, 1.0, 1.0], [2.0, 1.0, 5.0]])
 case("min_all", x.min(), t(2.0), [("x", x)])
+
+x = leaf([-2.0, -0.5, 0.0, 0.5, 3.0])
+case("abs", x.abs(), t([1.0, 2.0, 3.0, 4.0, 5.0]), [("x", x)])
 
 x = leaf([[1.0, -2.0, 3.5], [0.25, 4.0, -1.5]])
 case("cumsum", x.cumsum(1), w23, [("x", x)], {"dim": 2})

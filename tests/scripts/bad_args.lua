@@ -81,7 +81,7 @@ local methods = {
   minimum = { x23, { "TN", "other", x23 } }, maximum = { x23, { "TN", "other", x23 } },
   min = { x23 }, cumsum = { x23, { "D?", "dim", v(1) } },
   tril = { x23, { "N?", "diagonal", v(0) } }, triu = { x23, { "N?", "diagonal", v(0) } },
-  select = { x23, { "D?", "dim", v(1) }, { nil, "index", v(1) } },
+  select = { x23, { "D?", "dim", v(1) }, { nil, "index", v(1) } }, bool = { x23 },
 }
 
 -- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------

@@ -261,10 +261,9 @@ DEFINE_BINARY(bin_max_tie, x > y ? 1.0f : (x == y ? 0.5f : 0.0f))
 
 typedef void (*binary_fn)(float*, const float*, const float*, int, const int64_t*, const int64_t*, const int64_t*);
 static const binary_fn binary_fns[] = {
-    [FSDP_BIN_ADD] = bin_add, [FSDP_BIN_SUB] = bin_sub, [FSDP_BIN_MUL] = bin_mul,
-    [FSDP_BIN_DIV] = bin_div, [FSDP_BIN_EQ] = bin_eq,  [FSDP_BIN_NE] = bin_ne,
-    [FSDP_BIN_LT] = bin_lt,   [FSDP_BIN_LE] = bin_le,  [FSDP_BIN_GT] = bin_gt,
-    [FSDP_BIN_GE] = bin_ge,   [FSDP_BIN_MIN] = bin_min, [FSDP_BIN_MAX] = bin_max,
+    [FSDP_BIN_ADD] = bin_add,         [FSDP_BIN_SUB] = bin_sub, [FSDP_BIN_MUL] = bin_mul, [FSDP_BIN_DIV] = bin_div,
+    [FSDP_BIN_EQ] = bin_eq,           [FSDP_BIN_NE] = bin_ne,   [FSDP_BIN_LT] = bin_lt,   [FSDP_BIN_LE] = bin_le,
+    [FSDP_BIN_GT] = bin_gt,           [FSDP_BIN_GE] = bin_ge,   [FSDP_BIN_MIN] = bin_min, [FSDP_BIN_MAX] = bin_max,
     [FSDP_BIN_MAX_TIE] = bin_max_tie,
 };
 static void cpu_binary(int op, float* out, const float* a, const float* b, int ndim, const int64_t* shape,

@@ -443,9 +443,9 @@ V(optim, adam, (const fsdp_adam_hparams* h, float* p, const float* g, float* m, 
   (h, p, g, m, v, vm, n))
 
 static const fsdp_elem_kernels td_elem = {
-    td_copy_strided,   td_scatter_strided, td_fill,    td_axpy,        td_scale,       td_binary,       td_unary,
-    td_unary_backward, td_sum_dim,         td_max_dim, td_scatter_dim, td_index_check, td_index_select, td_index_add,
-    td_where, td_cumsum_dim,
+    td_copy_strided, td_scatter_strided, td_fill,    td_axpy,       td_scale,       td_binary,
+    td_unary,        td_unary_backward,  td_sum_dim, td_max_dim,    td_scatter_dim, td_index_check,
+    td_index_select, td_index_add,       td_where,   td_cumsum_dim,
 };
 static const fsdp_linalg_kernels td_linalg = {
     td_gemm_many,
