@@ -1,6 +1,8 @@
 /*
- * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
- * reductions (sum, mean, max, argmax). Device independent: kernels come from the backend table.
+ * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparisons (bool
+ * results), reductions (sum, mean, max, argmax, min), and the masking ops at the end: where,
+ * masked_fill and tril/triu (one where kernel), clamp, minimum/maximum, cumsum. Device
+ * independent: kernels come from the backend table.
  *
  * Binary ops read float32 inputs in place through broadcast strides (no copies, any layout);
  * unary ops and reductions work on a contiguous float32 version of the input. Every op computes
