@@ -322,11 +322,16 @@ function methods.tanh(a) return (wrap(C.fsdp_tanh(T(a, "tanh")))) end
 function methods.sigmoid(a) return (wrap(C.fsdp_sigmoid(T(a, "sigmoid")))) end
 function methods.relu(a) return (wrap(C.fsdp_relu(T(a, "relu")))) end
 function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(T(a, "gelu"), approximate == "tanh" and 1 or 0))) end
--- comparisons: bool tensors (a number b is a 0-dim tensor of a's dtype), no gradient
+-- comparisons: bool tensors, no gradient. A number b is a 0-dim tensor of a's dtype when that is a
+-- float dtype (PyTorch compares in it), else float32 (x:lt(0.5) on int64 x compares with 0.5)
+local float_dtypes = { float32 = true, bfloat16 = true, float16 = true }
 local function comparison(name, cfn)
   methods[name] = function(a, b)
     local p = T(a, name)
-    if type(b) == "number" then b = fsdp.full({}, b, { dtype = a.dtype, device = a.device }) end
+    if type(b) == "number" then
+      local dt = a.dtype
+      b = fsdp.full({}, b, { dtype = float_dtypes[dt] and dt or "float32", device = a.device })
+    end
     return (wrap(C[cfn](p, T(b, name, "other", TN))))
   end
 end
