@@ -35,7 +35,8 @@ typedef struct fsdp_tensor fsdp_tensor;
 typedef struct fsdp_node fsdp_node;
 typedef struct fsdp_st_file fsdp_st_file;
 
-typedef enum { FSDP_F32 = 0, FSDP_I64 = 1, FSDP_BF16 = 2, FSDP_F16 = 3, FSDP_NDTYPES = 4 } fsdp_dtype;
+// FSDP_BOOL: one byte per element, 0 or 1 (torch.bool): comparisons' results, where's condition
+typedef enum { FSDP_F32 = 0, FSDP_I64 = 1, FSDP_BF16 = 2, FSDP_F16 = 3, FSDP_BOOL = 4, FSDP_NDTYPES = 5 } fsdp_dtype;
 typedef enum { FSDP_CPU = 0, FSDP_CUDA = 1, FSDP_NDEVICES = 2 } fsdp_device;
 
 // memory categories for the allocator's counters (fsdp.memory_stats())
@@ -247,8 +248,28 @@ fsdp_tensor* fsdp_tanh(fsdp_tensor* a);
 fsdp_tensor* fsdp_sigmoid(fsdp_tensor* a);
 fsdp_tensor* fsdp_relu(fsdp_tensor* a);
 fsdp_tensor* fsdp_gelu(fsdp_tensor* a, int approximate_tanh);
-// comparison (no grad): returns f32 0/1 with broadcasting
+// comparisons (no grad): bool tensors with broadcasting; inputs of any dtype, compared as float32
 fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_ne(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_lt(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_le(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_gt(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_ge(fsdp_tensor* a, fsdp_tensor* b);
+// cond (bool) ? a : b, all three broadcast; differentiable in a and b
+fsdp_tensor* fsdp_where(fsdp_tensor* cond, fsdp_tensor* a, fsdp_tensor* b);
+// a with value where mask (bool, broadcastable to a's shape) holds; the gradient is 0 there
+fsdp_tensor* fsdp_masked_fill(fsdp_tensor* a, fsdp_tensor* mask, double value);
+// max(a, lo) / min(a, hi); the gradient passes where a >= lo / a <= hi (PyTorch's clamp)
+fsdp_tensor* fsdp_clamp_min(fsdp_tensor* a, double lo);
+fsdp_tensor* fsdp_clamp_max(fsdp_tensor* a, double hi);
+// elementwise, broadcasting, NaN propagates; ties split the gradient evenly (PyTorch's rule)
+fsdp_tensor* fsdp_minimum(fsdp_tensor* a, fsdp_tensor* b);
+fsdp_tensor* fsdp_maximum(fsdp_tensor* a, fsdp_tensor* b);
+// running sum along dim (differentiable)
+fsdp_tensor* fsdp_cumsum(fsdp_tensor* a, int dim);
+// a with the elements above (tril) / below (triu) diagonal k of the last two dims set to 0
+fsdp_tensor* fsdp_tril(fsdp_tensor* a, int64_t k);
+fsdp_tensor* fsdp_triu(fsdp_tensor* a, int64_t k);
 
 // ---- reductions (ndims == 0 means all dims) --------------------------------------------------
 fsdp_tensor* fsdp_sum(fsdp_tensor* a, int ndims, const int* dims, int keepdim);
@@ -257,6 +278,9 @@ fsdp_tensor* fsdp_mean(fsdp_tensor* a, int ndims, const int* dims, int keepdim);
 fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices);
 fsdp_tensor* fsdp_max_all(fsdp_tensor* a);
 fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim);
+// min over one dim (values and i64 indices, as fsdp_max) and over all elements
+fsdp_tensor* fsdp_min(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices);
+fsdp_tensor* fsdp_min_all(fsdp_tensor* a);
 
 // ---- linear algebra (BLAS) --------------------------------------------------------------------
 fsdp_tensor* fsdp_matmul(fsdp_tensor* a, fsdp_tensor* b);                  // torch.matmul semantics

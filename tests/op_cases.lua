@@ -31,7 +31,7 @@ local M = {}
 -- `view`, an optional function applied to the built tensor (a transpose, a narrow, an expand)
 -- to get the non-contiguous tensor the op sees. `label` names it in test names.
 
-local short_dtype = { float32 = "", bfloat16 = " bf16", float16 = " f16", int64 = " i64" }
+local short_dtype = { float32 = "", bfloat16 = " bf16", float16 = " f16", int64 = " i64", bool = " b" }
 
 -- the array part of t (a shape), and its named fields merged with `extra`
 local function shape_and_options(t, extra)
@@ -285,17 +285,17 @@ ops["F.gelu"] = {
   ref = R.map(R.gelu),
 }
 
--- comparison: float 0/1, no gradient
+-- comparison: bool, no gradient
 local function same(x, y)
   if x == y then
     return 1
   end
   return 0
 end
-ops.eq = { call = function(_, a, b) return a:eq(b) end, ref = R.map2(same, "float32"), nograd = true }
+ops.eq = { call = function(_, a, b) return a:eq(b) end, ref = R.map2(same, "bool"), nograd = true }
 ops.eq_scalar = {
   call = function(p, a) return a:eq(p.s) end,
-  ref = R.map(function(x, p) return same(x, p.s) end, "float32"),
+  ref = R.map(function(x, p) return same(x, p.s) end, "bool"),
   nograd = true,
 }
 
@@ -398,6 +398,81 @@ ops.scaled_dot_product_attention = {
   end,
   ref = R.scaled_dot_product_attention,
 }
+
+-- comparisons ne, lt, le, gt, ge (eq above): a tensor or, with _scalar, a number p.s
+local comparisons = {
+  ne = function(x, y) return x ~= y end,
+  lt = function(x, y) return x < y end,
+  le = function(x, y) return x <= y end,
+  gt = function(x, y) return x > y end,
+  ge = function(x, y) return x >= y end,
+}
+for name, f in pairs(comparisons) do
+  local function bit(x, y)
+    if f(x, y) then
+      return 1
+    end
+    return 0
+  end
+  ops[name] = { call = function(_, a, b) return a[name](a, b) end, ref = R.map2(bit, "bool"), nograd = true }
+  ops[name .. "_scalar"] = {
+    call = function(p, a) return a[name](a, p.s) end,
+    ref = R.map(function(x, p) return bit(x, p.s) end, "bool"),
+    nograd = true,
+  }
+end
+
+-- where(cond, x, y) (method = true: x:where(cond, y)); where_scalar: y the number p.s
+ops.where = {
+  call = function(p, c, x, y)
+    if p.method then
+      return x:where(c, y)
+    end
+    return fsdp.where(c, x, y)
+  end,
+  ref = R.where,
+}
+ops.where_scalar = {
+  call = function(p, c, x) return fsdp.where(c, x, p.s) end,
+  ref = function(p, c, x) return R.where(p, c, x, R.array({}, { p.s }, x.dtype)) end,
+}
+ops.masked_fill = { call = function(p, x, m) return x:masked_fill(m, p.value) end, ref = R.masked_fill }
+-- x:clamp(min, max), or x:clamp{min =, max =} with kw = true
+ops.clamp = {
+  call = function(p, x)
+    if p.kw then
+      return x:clamp { min = p.min, max = p.max }
+    end
+    return x:clamp(p.min, p.max)
+  end,
+  ref = R.clamp,
+}
+local function minmax_call(name)
+  return function(p, a, b)
+    if p.method then
+      return a[name](a, b)
+    end
+    return fsdp[name](a, b)
+  end
+end
+ops.minimum = { call = minmax_call("minimum"), ref = R.map2(math.min) }
+ops.maximum = { call = minmax_call("maximum"), ref = R.map2(math.max) }
+ops.min = { call = function(p, a) return a:min(p.dim, p.keepdim) end, ref = R.min }
+ops.cumsum = { call = function(p, a) return a:cumsum(p.dim) end, ref = R.cumsum }
+-- x:tril(k) / x:triu(k), or fsdp.tril(x, k) with fn = true
+local function triangle_call(name)
+  return function(p, a)
+    if p.fn then
+      return fsdp[name](a, p.k)
+    end
+    return a[name](a, p.k)
+  end
+end
+ops.tril = { call = triangle_call("tril"), ref = R.tril }
+ops.triu = { call = triangle_call("triu"), ref = R.triu }
+-- indexing sugar: x:select(dim, i) and x[key]
+ops.select = { call = function(p, a) return a:select(p.dim, p.i) end, ref = R.select }
+ops.index = { call = function(p, a) return a[p.key] end, ref = R.index }
 
 -- ---- the case list ------------------------------------------------------------------------------
 local cases = {}
@@ -1117,6 +1192,130 @@ C { "scaled_dot_product_attention", T({ 1, 2, 3, 4 }, bf), T({ 1, 2, 5, 4 }, bf)
 -- float16 takes the same path as bfloat16
 C { "linear", T({ 3, 4 }, { dtype = "float16" }), T({ 5, 4 }, { dtype = "float16" }), T({ 5 }, { dtype = "float16" }) }
 C { "softmax", T({ 3, 7 }, { dtype = "float16" }), dim = -1 }
+
+-- ---- comparisons, where, masked_fill, clamp, minimum/maximum, min, cumsum, tril/triu ------------
+local function B(data) return V(data, { dtype = "bool" }) end
+local function Rb(shape) return Ri(0, 2, shape, { dtype = "bool" }) end
+local c23 = V { { 1, 2, 3 }, { 3, 2, 1 } }
+C { "ne", c23, V { 3, 2, 1 }, want = { { 1, 0, 1 }, { 0, 0, 0 } } }
+C { "lt", c23, V { 3, 2, 1 }, want = { { 1, 0, 0 }, { 0, 0, 0 } } }
+C { "le", c23, V { 3, 2, 1 }, want = { { 1, 1, 0 }, { 1, 1, 1 } } }
+C { "gt", c23, V { 3, 2, 1 }, want = { { 0, 0, 1 }, { 0, 0, 0 } } }
+C { "ge", c23, V { 3, 2, 1 }, want = { { 0, 1, 1 }, { 1, 1, 1 } } }
+for _, op in ipairs { "ne", "lt", "le", "gt", "ge" } do
+  C { op, Ri(0, 3, { 7, 13 }, { dtype = "float32" }), Ri(0, 3, { 13 }, { dtype = "float32" }) }
+  C { op, transposed(Ri(0, 3, { 4, 5 }, { dtype = "float32" })), Ri(0, 3, { 4, 1 }, { dtype = "float32" }) }
+  C { op, Ri(-3, 3, { 3, 4 }), Ri(-3, 3, { 1, 4 }) }
+  C { op, Ri(0, 3, { 3, 4 }, { dtype = "float16" }), Ri(0, 3, { 4 }, { dtype = "float16" }) }
+  C { op, T { 0, 3 }, T { 3 } }
+  C { op .. "_scalar", Ri(0, 3, { 2, 5 }, { dtype = "float32" }), s = 1 }
+  C { op .. "_scalar", Ri(-3, 3, { 2, 5 }), s = 0 }
+  C { op .. "_scalar", T { 3, 4 }, s = 0.25 }
+end
+C { "lt_scalar", V { -1, 0, 1 }, s = 0, want = { 1, 0, 0 } }
+C { "eq", B { 1, 0, 1 }, B { 1, 1, 0 }, want = { 1, 0, 0 } } -- bool against bool
+
+local cond23 = B { { 1, 0, 1 }, { 0, 0, 1 } }
+C { "where", cond23, V { { 1, 2, 3 }, { 4, 5, 6 } }, V { { -1, -2, -3 }, { -4, -5, -6 } },
+  want = { { 1, -2, 3 }, { -4, -5, 6 } }, tol = exact }
+C { "where", Rb { 3, 4 }, T { 3, 4 }, T { 3, 4 } }
+C { "where", Rb { 3, 1 }, T { 4 }, T { 3, 4 } }
+C { "where", Rb { 2, 3, 4 }, T { 3, 1 }, T { 4 } } -- the condition sets the shape
+C { "where", Rb { 4 }, T {}, T { 2, 1 } }
+C { "where", Rb { 3, 4 }, transposed(T { 3, 4 }), narrowed(T { 3, 4 }) }
+C { "where", viewed(Rb { 4, 3 }, function(t) return t:t() end, "t"), T { 3, 4 }, T { 3, 4 } }
+C { "where", Rb { 3, 4 }, T { 3, 4 }, T { 4 }, method = true }
+C { "where", Rb { 0, 3 }, T { 0, 3 }, T { 3 } }
+C { "where_scalar", Rb { 3, 4 }, T { 3, 4 }, s = 0.5 }
+C { "where_scalar", cond23, V { { 1, 2, 3 }, { 4, 5, 6 } }, s = -math.huge,
+  want = { { 1, -math.huge, 3 }, { -math.huge, -math.huge, 6 } }, nograd = true }
+C { "masked_fill", V { { 1, 2, 3 }, { 4, 5, 6 } }, cond23, value = 0, want = { { 0, 2, 0 }, { 4, 5, 0 } }, tol = exact }
+C { "masked_fill", T { 3, 4 }, Rb { 3, 4 }, value = 0.5 }
+C { "masked_fill", T { 3, 4 }, Rb { 4 }, value = -2 }
+C { "masked_fill", transposed(T { 3, 4 }), Rb { 3, 1 }, value = 1 }
+C { "masked_fill", T { 2, 3 }, B { { 1, 0, 0 }, { 0, 0, 0 } }, value = -math.huge, nograd = true }
+
+-- clamp: values away from the bounds (finite differences), and the bounds themselves forward only
+local spread = V { { -1.7, -0.8, -0.3, 0.1 }, { 0.45, 0.7, 1.2, 2.4 } }
+C { "clamp", spread, min = -0.5, max = 0.5, want = { { -0.5, -0.5, -0.3, 0.1 }, { 0.45, 0.5, 0.5, 0.5 } },
+  fd_eps = 1e-3 }
+C { "clamp", spread, min = 0, fd_eps = 1e-3 }
+C { "clamp", spread, max = 0.6, kw = true, fd_eps = 1e-3 }
+C { "clamp", spread, min = -1, kw = true, fd_eps = 1e-3 }
+C { "clamp", spread, min = 1, max = -1, want = { { -1, -1, -1, -1 }, { -1, -1, -1, -1 } }, fd_eps = 1e-3 }
+C { "clamp", transposed(T { 5, 7, away = 0.6 }), min = -0.5, max = 0.5, fd_eps = 1e-3 }
+C { "clamp", T { 0, 3 }, min = 0 }
+
+-- minimum / maximum: ties split the gradient (central differences see 1/2 there too)
+local ta, tb = V { { 1, 2, 3 }, { -1, 0, 4 } }, V { { 1, 0, 5 }, { -1, 1, 2 } }
+C { "maximum", ta, tb, want = { { 1, 2, 5 }, { -1, 1, 4 } }, tol = exact, fd_eps = 1e-3 }
+C { "minimum", ta, tb, want = { { 1, 0, 3 }, { -1, 0, 2 } }, tol = exact, fd_eps = 1e-3 }
+for _, op in ipairs { "minimum", "maximum" } do
+  C { op, T { 3, 4 }, T { 4 }, fd_eps = 1e-3 }
+  C { op, T { 3, 1 }, T { 1, 4 }, fd_eps = 1e-3 }
+  C { op, transposed(T { 4, 3 }), T {}, fd_eps = 1e-3 }
+  C { op, T { 2, 3 }, T { 2, 3 }, method = true, fd_eps = 1e-3 }
+  C { op, T { 0, 3 }, T { 3 } }
+end
+
+-- min over a dim or all: the first index on ties, as max
+C { "min", xm, dim = 2, want = { 1, -9, 0 }, want2 = { 3, 3, 1 }, nograd = true }
+C { "min", xm, dim = 1, keepdim = true, want = { { -2, -5, -1, -9 } }, want2 = { { 1, 1, 1, 1 } }, nograd = true }
+C { "min", V { { 3, 1, 1 }, { 2, 2, 5 } }, dim = 2, want = { 1, 2 }, want2 = { 1, 0 }, nograd = true }
+C { "min", xm, want = -9, nograd = true }
+C { "min", D { 3, 4, 5 }, dim = 2, fd_eps = 1e-3 }
+C { "min", D { 3, 4, 5 }, dim = -1, keepdim = true, fd_eps = 1e-3 }
+C { "min", D { 3, 4, 5 }, fd_eps = 1e-3 }
+C { "min", transposed(D { 7, 13 }), dim = 1, fd_eps = 1e-3 }
+C { "min", T { 0, 3 }, dim = 2 }
+
+-- cumsum
+C { "cumsum", V { { 1, 2, 3 }, { 4, 5, 6 } }, dim = 2, want = { { 1, 3, 6 }, { 4, 9, 15 } }, tol = exact }
+C { "cumsum", V { { 1, 2, 3 }, { 4, 5, 6 } }, dim = 1, want = { { 1, 2, 3 }, { 5, 7, 9 } }, tol = exact }
+C { "cumsum", T { 3, 4 }, dim = -1 }
+C { "cumsum", T { 2, 3, 4 }, dim = 2 }
+C { "cumsum", transposed(T { 5, 3 }), dim = 1 }
+C { "cumsum", narrowed(T { 4, 6 }), dim = 2 }
+C { "cumsum", T { 70 }, dim = 1 }
+C { "cumsum", V(2.5), dim = 1, want = 2.5 }
+C { "cumsum", T { 0, 3 }, dim = 1 }
+
+-- tril / triu over the last two dims
+local m34 = A { 3, 4, start = 1 }
+C { "tril", m34, want = { { 1, 0, 0, 0 }, { 5, 6, 0, 0 }, { 9, 10, 11, 0 } }, tol = exact }
+C { "triu", m34, want = { { 1, 2, 3, 4 }, { 0, 6, 7, 8 }, { 0, 0, 11, 12 } }, tol = exact }
+C { "tril", m34, k = 1, want = { { 1, 2, 0, 0 }, { 5, 6, 7, 0 }, { 9, 10, 11, 12 } }, tol = exact }
+C { "triu", m34, k = -1, want = { { 1, 2, 3, 4 }, { 5, 6, 7, 8 }, { 0, 10, 11, 12 } }, tol = exact }
+for _, op in ipairs { "tril", "triu" } do
+  C { op, T { 4, 5 } }
+  C { op, T { 2, 3, 4 }, k = 1 }
+  C { op, T { 4, 3 }, k = -2 }
+  C { op, T { 3, 3 }, k = 5 }
+  C { op, transposed(T { 4, 5 }) }
+  C { op, T { 3, 4 }, fn = true, k = -1 }
+  C { op, T { 0, 3 } }
+end
+
+-- ---- indexing sugar: select and x[...] ------------------------------------------------------------
+local s234 = A { 2, 3, 4 }
+C { "select", m34, dim = 1, i = 2, want = { 5, 6, 7, 8 }, tol = exact }
+C { "select", m34, dim = 2, i = -1, want = { 4, 8, 12 }, tol = exact }
+C { "select", s234, dim = 2, i = 3 }
+C { "select", s234, dim = -1, i = 1 }
+C { "select", T { 2, 3, 4 }, dim = 3, i = 2 }
+C { "select", transposed(T { 3, 4 }), dim = 1, i = 3 }
+C { "select", T { 5 }, dim = 1, i = 4 }
+C { "index", m34, key = 2, want = { 5, 6, 7, 8 }, tol = exact }
+C { "index", m34, key = -1, want = { 9, 10, 11, 12 }, tol = exact }
+C { "index", m34, key = { 2, { 2, 3 } }, want = { 6, 7 }, tol = exact }
+C { "index", m34, key = { ":", 2 }, want = { 2, 6, 10 }, tol = exact }
+C { "index", m34, key = { {}, -1 }, want = { 4, 8, 12 }, tol = exact }
+C { "index", m34, key = { { 1, 2 }, { -2, -1 } }, want = { { 3, 4 }, { 7, 8 } }, tol = exact }
+C { "index", m34, key = { { 3 } }, want = { { 9, 10, 11, 12 } }, tol = exact }
+C { "index", s234, key = { 2, 3, 4 }, want = 23, tol = exact }
+C { "index", T { 2, 3, 4 }, key = { ":", { 2, 3 }, 2 } }
+C { "index", T { 2, 3, 4 }, key = { 1 } }
+C { "index", transposed(T { 4, 5 }), key = { { 2, 4 }, -2 } }
 
 -- ---- bfloat16: every case again ---------------------------------------------------------------
 -- Every float op takes bfloat16 tensors, computing in float32 and rounding its result once: each

@@ -1037,4 +1037,196 @@ function R.scaled_dot_product_attention(p, q, k, v, mask)
   return array(shape, out, q.dtype)
 end
 
+-- ---- masks, where, clamp, min, cumsum, triangles, select and index ------------------------------------
+-- cond ? x : y over the broadcast of all three (cond holds 0/1); x's or y's dtype by promotion
+function R.where(_, c, x, y)
+  local shape = broadcast_shape(broadcast_shape(c.shape, x.shape), y.shape)
+  local out = {}
+  for i = 0, numel(shape) - 1 do
+    local idx = unravel(i, shape)
+    if c.data[source_index(idx, c.shape) + 1] ~= 0 then
+      out[i + 1] = x.data[source_index(idx, x.shape) + 1]
+    else
+      out[i + 1] = y.data[source_index(idx, y.shape) + 1]
+    end
+  end
+  return array(shape, out, R.result_dtype(x, y))
+end
+
+-- x with p.value where the mask (broadcast to x's shape) is 1
+function R.masked_fill(p, x, m)
+  local out = {}
+  for i = 0, numel(x.shape) - 1 do
+    local idx = unravel(i, x.shape)
+    if m.data[source_index(idx, m.shape) + 1] ~= 0 then
+      out[i + 1] = p.value
+    else
+      out[i + 1] = x.data[i + 1]
+    end
+  end
+  return array(copy(x.shape), out, x.dtype)
+end
+
+-- min(max(x, p.min), p.max), a missing bound not applied
+function R.clamp(p, x)
+  local out = {}
+  for i = 1, #x.data do
+    local v = x.data[i]
+    if p.min ~= nil and v < p.min then
+      v = p.min
+    end
+    if p.max ~= nil and v > p.max then
+      v = p.max
+    end
+    out[i] = v
+  end
+  return array(copy(x.shape), out, x.dtype)
+end
+
+-- min along p.dim: values and 0-based indices, the first index on ties; or the 0-dim min of all
+function R.min(p, a)
+  local shape = a.shape
+  local d = 1
+  if p.dim == nil then
+    shape = { #a.data }
+  else
+    d = dim1(p.dim, #shape)
+  end
+  local outer, n, inner = split_at(shape, d)
+  local values, indices = {}, {}
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local best, best_c = nil, -1
+      for c = 0, n - 1 do
+        local v = a.data[(o * n + c) * inner + i + 1]
+        if best == nil or v < best then
+          best, best_c = v, c
+        end
+      end
+      values[#values + 1] = best
+      indices[#indices + 1] = best_c
+    end
+  end
+  if p.dim == nil then
+    return array({}, values, a.dtype)
+  end
+  local out_shape = copy(shape)
+  if p.keepdim then
+    out_shape[d] = 1
+  else
+    table.remove(out_shape, d)
+  end
+  return array(out_shape, values, a.dtype), array(copy(out_shape), indices, "int64")
+end
+
+-- running sums along p.dim
+function R.cumsum(p, a)
+  local shape = a.shape
+  if #shape == 0 then
+    return array({}, { a.data[1] }, a.dtype)
+  end
+  local d = dim1(p.dim, #shape)
+  local outer, n, inner = split_at(shape, d)
+  local out = {}
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local acc = 0
+      for c = 0, n - 1 do
+        local k = (o * n + c) * inner + i + 1
+        acc = acc + a.data[k]
+        out[k] = acc
+      end
+    end
+  end
+  return array(copy(shape), out, a.dtype)
+end
+
+-- elements (.., i, j) kept when j - i <= k (lower) or j - i >= k (upper), 0-based i, j
+local function triangle(p, a, upper)
+  local nd = #a.shape
+  local rows, cols = a.shape[nd - 1], a.shape[nd]
+  local k = p.k or 0
+  local out = {}
+  for f = 0, numel(a.shape) - 1 do
+    local j = f % cols
+    local i = math.floor(f / cols) % rows
+    local keep = j - i <= k
+    if upper then
+      keep = j - i >= k
+    end
+    if keep then
+      out[f + 1] = a.data[f + 1]
+    else
+      out[f + 1] = 0
+    end
+  end
+  return array(copy(a.shape), out, a.dtype)
+end
+function R.tril(p, a)
+  return triangle(p, a, false)
+end
+function R.triu(p, a)
+  return triangle(p, a, true)
+end
+
+-- Torch7-style index: p.key a number (select on dim 1) or a list of entries per leading dim: a
+-- number (1-based, negative from the end) drops the dim, {first, last} keeps that inclusive range,
+-- ":" or {} the whole dim
+function R.index(p, a)
+  local key = p.key
+  if type(key) == "number" then
+    key = { key }
+  end
+  local nd = #a.shape
+  -- per dim: the kept 0-based positions, and whether the dim stays
+  local picks, keep = {}, {}
+  for d = 1, nd do
+    local size = a.shape[d]
+    local e = key[d]
+    local first, last = 1, size
+    keep[d] = true
+    if type(e) == "number" then
+      if e < 0 then
+        e = e + size + 1
+      end
+      first, last = e, e
+      keep[d] = false
+    elseif type(e) == "table" and e[1] ~= nil then
+      first = e[1] < 0 and e[1] + size + 1 or e[1]
+      last = e[2] or e[1]
+      if last < 0 then
+        last = last + size + 1
+      end
+    end
+    picks[d] = { first - 1, last - 1 }
+  end
+  local shape, sub = {}, {}
+  for d = 1, nd do
+    sub[d] = picks[d][2] - picks[d][1] + 1
+    if keep[d] then
+      shape[#shape + 1] = sub[d]
+    end
+  end
+  local out = {}
+  for i = 0, numel(sub) - 1 do
+    local idx = unravel(i, sub)
+    for d = 1, nd do
+      idx[d] = idx[d] + picks[d][1]
+    end
+    out[i + 1] = a.data[ravel(idx, a.shape) + 1]
+  end
+  return array(shape, out, a.dtype)
+end
+
+-- x:select(dim, i): the index with i at dim and whole dims elsewhere
+function R.select(p, a)
+  local key = {}
+  local d = dim1(p.dim, #a.shape)
+  for k = 1, d - 1 do
+    key[k] = ":"
+  end
+  key[d] = p.i
+  return R.index({ key = key }, a)
+end
+
 return R

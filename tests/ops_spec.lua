@@ -24,6 +24,7 @@ local forward_tol = {
   float16 = { 1e-3, 1e-3 },
   bfloat16 = { 1e-2, 1e-2 },
   int64 = { 0, 0 },
+  bool = { 0, 0 },
 }
 -- another backend against the CPU: outputs within the forward tolerance, gradients within this
 local backend_grad_tol = { 1e-4, 1e-4 }

@@ -565,7 +565,7 @@ function M.consolidate(dir, out, opts)
     tensors[key] = t
     shapes[key] = shape
     names[#names + 1] = key
-    bytes = bytes + t:numel() * (t.dtype == "int64" and 8 or (t.dtype == "float32" and 4 or 2))
+    bytes = bytes + t:numel() * tonumber(C.fsdp_dtype_size(fsdp._dtype(t.dtype)))
   end
   for _, e in ipairs(ck.entries) do add("model." .. e.name, e.name, e.shape) end
   -- PyTorch names: strip the "model." prefix; a tied parameter under each of its names

@@ -259,14 +259,15 @@ local dtypes = {
   int64 = 1, long = 1, i64 = 1,
   bfloat16 = 2, bf16 = 2,
   float16 = 3, half = 3, f16 = 3, fp16 = 3,
+  bool = 4,
 }
-local dtype_names = { [0] = "float32", "int64", "bfloat16", "float16" }
+local dtype_names = { [0] = "float32", "int64", "bfloat16", "float16", "bool" }
 fsdp._dtype_names = dtype_names
 function fsdp._dtype(name)
   if name == nil then return 0 end
   if type(name) == "number" then return name end
   local d = dtypes[name]
-  if not d then error(("unknown dtype %q (use float32, int64, bfloat16 or float16)"):format(tostring(name)), 3) end
+  if not d then error(("unknown dtype %q (use float32, int64, bfloat16, float16 or bool)"):format(tostring(name)), 3) end
   return d
 end
 
@@ -400,17 +401,21 @@ function fsdp.tensor(data, dtype)
   local dev = device_opt(opts, "fsdp.tensor")
   if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
   local dims, flat = {}, {}
-  if type(data) == "number" then
-    flat[1] = data
+  local node = data
+  while type(node) == "table" do node = node[1] end
+  if dtype == nil and type(node) == "boolean" then dt = fsdp._dtype("bool") end  -- torch.tensor([True, False])
+  if type(data) == "number" or type(data) == "boolean" then
+    flat[1] = data == true and 1 or data == false and 0 or data
   else
     assert(type(data) == "table", "fsdp.tensor: expected a number or a (nested) table of numbers")
-    local node = data
+    node = data
     while type(node) == "table" do dims[#dims + 1] = #node; node = node[1] end
     local function walk(t, d)
       if #t ~= dims[d] then error(("fsdp.tensor: ragged nested table at depth %d (%d vs %d entries)"):format(d, #t, dims[d]), 3) end
       for i = 1, #t do
         local v = t[i]
         if d < #dims then walk(v, d + 1)
+        elseif type(v) == "boolean" then flat[#flat + 1] = v and 1 or 0  -- fsdp.tensor({true, false}, "bool")
         elseif type(v) ~= "number" then error(("fsdp.tensor: non-number %s in data"):format(tostring(v)), 4)
         else flat[#flat + 1] = v end
       end

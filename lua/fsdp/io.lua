@@ -18,7 +18,7 @@ local C = fsdp.C
 local M = {}
 
 -- the order of the Python library (its dtype enum, descending), so files come out identical
-local dtype_rank = { int64 = 0, float32 = 1, bfloat16 = 2, float16 = 3 }
+local dtype_rank = { int64 = 0, float32 = 1, bfloat16 = 2, float16 = 3, bool = 4 }
 
 -- {k = "v", ...} -> '{"k":"v",...}' with sorted keys (lua/fsdp/json.lua); nil -> nil
 local function metadata_json(meta)

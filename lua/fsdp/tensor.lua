@@ -47,9 +47,11 @@ function Tensor._init(lib)
     if m then return m end
     local g = getters[k]
     if g then return (g(t)) end
+    if type(k) == "number" or type(k) == "table" then return (Tensor.index(t, k, 2)) end
     return nil
   end
   mt.__newindex = function(t, k, v)
+    if type(k) == "number" or type(k) == "table" then return (Tensor.index_assign(t, k, v)) end
     local s = setters[k]
     if not s then error(("tensor: cannot set field %q"):format(tostring(k)), 2) end
     s(t, v)
@@ -122,6 +124,7 @@ function Tensor._init(lib)
     end
   end
   ffi.metatype(handle_ct, mt)
+  for name, f in pairs(Tensor.functions) do lib[name] = f end
 end
 
 -- ---- shape and data -----------------------------------------------------------------------------
@@ -192,10 +195,13 @@ function methods.version(t)
   local v = tonumber(C.fsdp_tensor_version(T(t, "version")))
   return v
 end
+local BOOL = 4  -- FSDP_BOOL
+-- a number; true or false for a bool tensor (so `if (x > 0):item()` reads as in Python)
 function methods.item(t)
   local p = T(t, "item")
   local out = ffi.new("double[1]")
   check(C.fsdp_tensor_item(p, out))
+  if C.fsdp_tensor_dtype(p) == BOOL then return out[0] ~= 0 end
   return out[0]
 end
 -- flat Lua array of all elements in row-major order
@@ -208,10 +214,14 @@ function methods.tolist(t)
   for i = 1, n do r[i] = buf[i - 1] end
   return r
 end
--- nested Lua tables shaped like the tensor (a number for a 0-dim tensor)
+-- nested Lua tables shaped like the tensor (a number for a 0-dim tensor); a bool tensor's values
+-- are true and false (tolist keeps them 0 and 1)
 function methods.totable(t)
   T(t, "totable")
   local flat, shape = t:tolist(), fsdp._held_shape(t)
+  if C.fsdp_tensor_dtype(t.p) == BOOL then
+    for i = 1, #flat do flat[i] = flat[i] ~= 0 end
+  end
   if #shape == 0 then return flat[1] end
   local pos = 0
   local function build(d)
@@ -243,6 +253,7 @@ function methods.tostring(t)
       for i = 1, #v do parts[i] = fmt(v[i]) end
       return "[" .. table.concat(parts, ", ") .. "]"
     end
+    if type(v) == "boolean" then return (tostring(v)) end
     return (("%.6g"):format(v))
   end
   return head .. " " .. fmt(t:totable())
@@ -311,11 +322,25 @@ function methods.tanh(a) return (wrap(C.fsdp_tanh(T(a, "tanh")))) end
 function methods.sigmoid(a) return (wrap(C.fsdp_sigmoid(T(a, "sigmoid")))) end
 function methods.relu(a) return (wrap(C.fsdp_relu(T(a, "relu")))) end
 function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(T(a, "gelu"), approximate == "tanh" and 1 or 0))) end
-function methods.eq(a, b)
-  local p = T(a, "eq")
-  if type(b) == "number" then b = fsdp.full({}, b, { dtype = a.dtype, device = a.device }) end
-  return (wrap(C.fsdp_eq(p, T(b, "eq", "other", TN))))
+-- comparisons: bool tensors, no gradient. A number b is a 0-dim tensor of a's dtype when that is a
+-- float dtype (PyTorch compares in it), else float32 (x:lt(0.5) on int64 x compares with 0.5)
+local float_dtypes = { float32 = true, bfloat16 = true, float16 = true }
+local function comparison(name, cfn)
+  methods[name] = function(a, b)
+    local p = T(a, name)
+    if type(b) == "number" then
+      local dt = a.dtype
+      b = fsdp.full({}, b, { dtype = float_dtypes[dt] and dt or "float32", device = a.device })
+    end
+    return (wrap(C[cfn](p, T(b, name, "other", TN))))
+  end
 end
+comparison("eq", "fsdp_eq")
+comparison("ne", "fsdp_ne")
+comparison("lt", "fsdp_lt")
+comparison("le", "fsdp_le")
+comparison("gt", "fsdp_gt")
+comparison("ge", "fsdp_ge")
 
 -- ---- reductions --------------------------------------------------------------------------------------------
 -- dims: nil (all), a number, or a table of numbers
@@ -344,6 +369,14 @@ function methods.max(t, d, keepdim)
   if d == nil then return (wrap(C.fsdp_max_all(p))) end
   local idx = ffi.new("fsdp_tensor*[1]")
   local v = wrap(C.fsdp_max(p, dim(d, held_ndim(p), "max"), keepdim and 1 or 0, idx))
+  return v, wrap(idx[0])
+end
+-- x:min() -> 0-dim min; x:min(dim[, keepdim]) -> values, indices (0-based), as x:max
+function methods.min(t, d, keepdim)
+  local p = T(t, "min")
+  if d == nil then return (wrap(C.fsdp_min_all(p))) end
+  local idx = ffi.new("fsdp_tensor*[1]")
+  local v = wrap(C.fsdp_min(p, dim(d, held_ndim(p), "min"), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
 function methods.argmax(t, d, keepdim)
@@ -435,7 +468,7 @@ function methods.to(t, what)
   elseif fsdp._devices[what] then
     device = what
   elseif type(what) == "string" and not pcall(dtype_of, what) then
-    error(('to: %q is neither a device ("cpu", "cuda") nor a dtype (float32, int64, bfloat16, float16)')
+    error(('to: %q is neither a device ("cpu", "cuda") nor a dtype (float32, int64, bfloat16, float16, bool)')
       :format(what), 2)
   else
     dtype = what
@@ -450,6 +483,7 @@ function methods.float(t) T(t, "float"); return (t:to("float32")) end
 function methods.long(t) T(t, "long"); return (t:to("int64")) end
 function methods.bfloat16(t) T(t, "bfloat16"); return (t:to("bfloat16")) end
 function methods.half(t) T(t, "half"); return (t:to("float16")) end
+function methods.bool(t) T(t, "bool"); return (t:to("bool")) end
 
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
 function methods.softmax(t, d)
@@ -459,6 +493,165 @@ end
 function methods.log_softmax(t, d)
   local p = T(t, "log_softmax")
   return (wrap(C.fsdp_log_softmax(p, dim(d, held_ndim(p), "log_softmax"))))
+end
+
+-- ---- masks, where, clamp, running sums --------------------------------------------------------------
+-- fsdp.where/minimum/maximum/tril/triu are installed on the library by Tensor._init
+local functions = {}
+Tensor.functions = functions
+
+-- a number argument of a binary function becomes a 0-dim tensor of the other's dtype and device
+local function scalar_like(v, other)
+  if not Tensor.is(other) then return (fsdp.full({}, v)) end
+  return (fsdp.full({}, v, { dtype = other.dtype, device = other.device }))
+end
+
+-- fsdp.where(cond, x, y): x where cond (a bool tensor) holds, else y; x, y tensors or numbers
+function functions.where(cond, x, y)
+  local c = T(cond, "where", "condition", "a bool tensor")
+  if type(x) == "number" then x = scalar_like(x, y) end
+  if type(y) == "number" then y = scalar_like(y, x) end
+  return (wrap(C.fsdp_where(c, T(x, "where", "input", TN), T(y, "where", "other", TN))))
+end
+function methods.where(t, cond, other) T(t, "where"); return (functions.where(cond, t, other)) end
+
+function methods.masked_fill(t, mask, value)
+  local p = T(t, "masked_fill")
+  return (wrap(C.fsdp_masked_fill(p, T(mask, "masked_fill", "mask", "a bool tensor"), N(value, "masked_fill", "value"))))
+end
+
+-- x:clamp(min, max) or x:clamp{min = , max = }; either bound may be nil (not both)
+function methods.clamp(t, lo, hi)
+  local p = T(t, "clamp")
+  if type(lo) == "table" then lo, hi = lo.min, lo.max end
+  if lo ~= nil and type(lo) ~= "number" then fsdp._arg_error("clamp", "min", "a number or nil", lo, 2) end
+  if hi ~= nil and type(hi) ~= "number" then fsdp._arg_error("clamp", "max", "a number or nil", hi, 2) end
+  if lo == nil and hi == nil then error("clamp: at least one of min and max must be given", 2) end
+  local r = t
+  if lo ~= nil then r = wrap(C.fsdp_clamp_min(p, lo)) end
+  if hi ~= nil then r = wrap(C.fsdp_clamp_max(r.p, hi)) end
+  return r
+end
+
+-- fsdp.minimum(a, b), fsdp.maximum(a, b): elementwise, broadcasting (numbers become 0-dim tensors)
+local function minmax(name, cfn)
+  functions[name] = function(a, b)
+    if type(a) == "number" then a = scalar_like(a, b) end
+    if type(b) == "number" then b = scalar_like(b, a) end
+    return (wrap(C[cfn](T(a, name, "input", TN), T(b, name, "other", TN))))
+  end
+  methods[name] = function(a, b) T(a, name); return (functions[name](a, b)) end
+end
+minmax("minimum", "fsdp_minimum")
+minmax("maximum", "fsdp_maximum")
+
+function methods.cumsum(t, d)
+  local p = T(t, "cumsum")
+  local nd = held_ndim(p)
+  return (wrap(C.fsdp_cumsum(p, dim(d, math.max(nd, 1), "cumsum"))))
+end
+
+-- x:tril([k]), x:triu([k]) over the last two dims (k = 0: the main diagonal; > 0 above it)
+local function triangle(name, cfn)
+  methods[name] = function(t, k)
+    local p = T(t, name)
+    k = N(k, name, "diagonal", 0)
+    if k ~= math.floor(k) then fsdp._arg_error(name, "diagonal", "an integer", k, 2) end
+    return (wrap(C[cfn](p, k)))
+  end
+  functions[name] = function(t, k) T(t, name, "input"); return (methods[name](t, k)) end
+end
+triangle("tril", "fsdp_tril")
+triangle("triu", "fsdp_triu")
+
+-- ---- indexing sugar ----------------------------------------------------------------------------------
+-- x:select(dim, i) picks position i (1-based, negative from the end) of dim and removes the dim: a
+-- view, differentiable. x[i] is x:select(1, i); x[{e1, e2, ...}] applies one entry per leading dim
+-- (Torch7's form): an integer selects, {first, last} keeps that inclusive range (narrow; negative
+-- from the end; {i} is {i, i}), ":" or {} keeps the whole dim. x[i] = v and x[{...}] = v fill that
+-- view with a number or copy a tensor into it (broadcasting), in place.
+
+-- 1-based position i (negative from the end) of a dim of `size` -> 1-based, or an error at `level`
+local function position(fn, i, size, d, level, what)
+  if type(i) ~= "number" or i ~= math.floor(i) then
+    error(("%s: %s for dim %d must be an integer, got %s"):format(fn, what or "index", d, tostring(i)), level + 1)
+  end
+  local j = i < 0 and i + size + 1 or i
+  if j < 1 or j > size then
+    error(("%s: index %d is out of range for dim %d of size %d (1-based, negative from the end)")
+      :format(fn, i, d, size), level + 1)
+  end
+  return j
+end
+
+-- select on dim d0 (0-based) of t; `shown` is the dim named in errors (1-based)
+local function select_at(fn, t, d0, i, shown, level)
+  local p = t.p
+  local j = position(fn, i, tonumber(C.fsdp_tensor_size(p, d0)), shown, level + 1)
+  local n = wrap(C.fsdp_narrow(p, d0, j - 1, 1))
+  return (wrap(C.fsdp_squeeze(n.p, d0)))
+end
+
+function methods.select(t, d, i)
+  local p = T(t, "select")
+  local nd = held_ndim(p)
+  if nd == 0 then error("select: cannot select from a 0-dim tensor", 2) end
+  local d0 = dim(d, nd, "select")
+  if d0 < 0 then d0 = d0 + nd end
+  if d0 < 0 or d0 >= nd then
+    error(("select: dim %d is out of range for a tensor with %d dims (1-based, negative from the end)"):format(d, nd), 2)
+  end
+  return (select_at("select", t, d0, i, d0 + 1, 2))
+end
+
+-- the view x[key] names: key an integer or a table of entries (see above); errors at `level`
+function Tensor.index(t, key, level)
+  level = level + 1
+  local p = t.p
+  local nd = held_ndim(p)
+  if type(key) == "number" then
+    if nd == 0 then error("index: cannot index a 0-dim tensor (use x:item())", level) end
+    return (select_at("index", t, 0, key, 1, level))
+  end
+  local n = table.maxn(key)
+  if n > nd then error(("index: %d entries for a tensor with %d dims"):format(n, nd), level) end
+  local r, d0 = t, 0  -- d0: where original dim k now is in r
+  for k = 1, n do
+    local e = key[k]
+    local size = tonumber(C.fsdp_tensor_size(r.p, d0))
+    if type(e) == "number" then
+      r = select_at("index", r, d0, e, k, level)
+    elseif e == ":" or (type(e) == "table" and next(e) == nil) then
+      d0 = d0 + 1
+    elseif type(e) == "table" and not Tensor.is(e) then
+      local first = position("index", e[1], size, k, level, "range start")
+      local last = e[2] == nil and first or e[2]
+      if type(last) ~= "number" or last ~= math.floor(last) then
+        error(("index: range end for dim %d must be an integer, got %s"):format(k, tostring(e[2])), level)
+      end
+      if last < 0 then last = last + size + 1 end
+      if last < first - 1 or last > size then
+        error(("index: range {%s, %s} is out of range for dim %d of size %d (1-based, inclusive, negative from the end)")
+          :format(tostring(e[1]), tostring(e[2]), k, size), level)
+      end
+      r = wrap(C.fsdp_narrow(r.p, d0, first - 1, last - first + 1))
+      d0 = d0 + 1
+    else
+      error(("index: entry %d must be an integer, a {first, last} range, \":\" or {}, got %s"):format(k, tostring(e)),
+        level)
+    end
+  end
+  return r
+end
+
+-- x[key] = v: fill_ with a number, copy_ from a tensor (broadcast to the view)
+function Tensor.index_assign(t, key, v)
+  local view = Tensor.index(t, key, 2)
+  if type(v) == "number" then
+    check(C.fsdp_fill_(view.p, v))
+  else
+    check(C.fsdp_copy_(view.p, T(v, "index assignment", "value", TN)))
+  end
 end
 
 return Tensor

@@ -306,7 +306,7 @@ int fsdp_tensor_set_requires_grad(fsdp_tensor* t, int flag) {
             "requires_grad: only leaf tensors can change requires_grad (this one of shape %s "
             "comes from %s); use detach()",
             SH(t), t->grad_fn->name);
-  CHECK_INT(!flag || t->dtype != FSDP_I64,
+  CHECK_INT(!flag || fsdp_is_float(t->dtype),
             "requires_grad: only floating point tensors can require gradients "
             "(got %s of shape %s)",
             DT(t), SH(t));

@@ -16,6 +16,7 @@ static inline double fsdp_load_elem(const void* p, int dt) {
     case FSDP_F32: return *(const float*)p;
     case FSDP_I64: return (double)*(const int64_t*)p;
     case FSDP_BF16: return fsdp_bf16_to_f32(*(const uint16_t*)p);
+    case FSDP_BOOL: return *(const uint8_t*)p ? 1.0 : 0.0;
     default: return fsdp_f16_to_f32(*(const uint16_t*)p);
   }
 }
@@ -24,6 +25,7 @@ static inline void fsdp_store_elem(void* p, int dt, double v) {
     case FSDP_F32: *(float*)p = (float)v; break;
     case FSDP_I64: *(int64_t*)p = (int64_t)v; break;
     case FSDP_BF16: *(uint16_t*)p = fsdp_f32_to_bf16((float)v); break;
+    case FSDP_BOOL: *(uint8_t*)p = v != 0.0; break;  // NaN is true, as in PyTorch
     default: *(uint16_t*)p = fsdp_f32_to_f16((float)v); break;
   }
 }

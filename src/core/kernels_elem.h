@@ -47,9 +47,31 @@ typedef struct fsdp_elem_kernels {
   // gx (outer, n_in, inner) += gy (outer, n_idx, inner) added along the middle dim at idx (f32)
   void (*index_add)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in, int64_t n_idx,
                     int64_t inner);
+  // out (contiguous over shape) = cond ? a : b, cond (bool bytes), a and b addressed by broadcast
+  // strides (0 on broadcast dims)
+  void (*where)(float* out, const uint8_t* cond, const float* a, const float* b, int ndim, const int64_t* shape,
+                const int64_t* stride_c, const int64_t* stride_a, const int64_t* stride_b);
+  // view input as (outer, red, inner) contiguous; out (same shape) = running sum along red, from
+  // its start (reverse = 0) or from its end (reverse = 1: cumsum's backward); added in double
+  void (*cumsum_dim)(float* out, const float* in, int64_t outer, int64_t red, int64_t inner, int reverse);
 } fsdp_elem_kernels;
 
-enum { FSDP_BIN_ADD = 0, FSDP_BIN_SUB, FSDP_BIN_MUL, FSDP_BIN_DIV, FSDP_BIN_EQ };
+// comparisons give 0/1; MAX_TIE is maximum's gradient weight for a: 1 where a > b, 0.5 on ties, else 0
+enum {
+  FSDP_BIN_ADD = 0,
+  FSDP_BIN_SUB,
+  FSDP_BIN_MUL,
+  FSDP_BIN_DIV,
+  FSDP_BIN_EQ,
+  FSDP_BIN_NE,
+  FSDP_BIN_LT,
+  FSDP_BIN_LE,
+  FSDP_BIN_GT,
+  FSDP_BIN_GE,
+  FSDP_BIN_MIN,
+  FSDP_BIN_MAX,
+  FSDP_BIN_MAX_TIE
+};
 enum {
   FSDP_UN_NEG = 0,
   FSDP_UN_EXP,
@@ -64,7 +86,9 @@ enum {
   FSDP_UN_POW,
   FSDP_UN_ADD_SCALAR,
   FSDP_UN_MUL_SCALAR,
-  FSDP_UN_RDIV_SCALAR
+  FSDP_UN_RDIV_SCALAR,
+  FSDP_UN_CLAMP_MIN,  // max(x, p); the gradient passes where x >= p
+  FSDP_UN_CLAMP_MAX   // min(x, p); the gradient passes where x <= p
 };
 
 #endif

@@ -217,11 +217,11 @@ double fsdp_rng_normal(void) {  // Box-Muller, one value per call (no hidden cac
 
 // ---- dtypes ---------------------------------------------------------------------------------------
 size_t fsdp_dtype_size(int dtype) {
-  static const size_t sz[FSDP_NDTYPES] = {4, 8, 2, 2};
+  static const size_t sz[FSDP_NDTYPES] = {4, 8, 2, 2, 1};
   return dtype >= 0 && dtype < FSDP_NDTYPES ? sz[dtype] : 0;
 }
 const char* fsdp_dtype_name(int dtype) {
-  static const char* names[FSDP_NDTYPES] = {"float32", "int64", "bfloat16", "float16"};
+  static const char* names[FSDP_NDTYPES] = {"float32", "int64", "bfloat16", "float16", "bool"};
   return dtype >= 0 && dtype < FSDP_NDTYPES ? names[dtype] : "unknown";
 }
 

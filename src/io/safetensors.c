@@ -29,7 +29,7 @@
 
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 
-static const char* st_dtype_names[FSDP_NDTYPES] = {"F32", "I64", "BF16", "F16"};
+static const char* st_dtype_names[FSDP_NDTYPES] = {"F32", "I64", "BF16", "F16", "BOOL"};
 
 static int st_dtype_from_name(const char* s) {
   for (int d = 0; d < FSDP_NDTYPES; d++)

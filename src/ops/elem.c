@@ -1,6 +1,8 @@
 /*
- * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparison and
- * reductions (sum, mean, max, argmax). Device independent: kernels come from the backend table.
+ * ops/elem.c -- elementwise ops (broadcasting binary, scalar, unary activations), comparisons (bool
+ * results), reductions (sum, mean, max, argmax, min), and the masking ops at the end: where,
+ * masked_fill and tril/triu (one where kernel), clamp, minimum/maximum, cumsum. Device
+ * independent: kernels come from the backend table.
  *
  * Binary ops read float32 inputs in place through broadcast strides (no copies, any layout);
  * unary ops and reductions work on a contiguous float32 version of the input. Every op computes
@@ -12,7 +14,8 @@
 #include <math.h>
 
 // ---- binary ----------------------------------------------------------------------------------------------
-static const char* bin_names[] = {"add", "sub", "mul", "div", "eq"};
+static const char* bin_names[] = {"add", "sub", "mul", "div",     "eq",      "ne",     "lt",
+                                  "le",  "gt",  "ge",  "minimum", "maximum", "maximum"};
 
 // out (float32) = a op b with broadcasting; a and b of any float dtype and layout (float32 ones
 // are read in place)
@@ -163,16 +166,29 @@ fsdp_tensor* fsdp_div(fsdp_tensor* a, fsdp_tensor* b) {
   return binary_op(FSDP_BIN_DIV, div_backward, "DivBackward", a, b);
 }
 
-// f32 0/1, no grad; int64 (and other) inputs are compared after conversion to float32
-fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) {
-  CHECK_NULL(a && b, "eq: input tensor is NULL");
+// ---- comparisons -------------------------------------------------------------------------------------
+// float32 0/1 of a op b (FSDP_BIN_EQ .. FSDP_BIN_GE), no grad; inputs of any dtype (int64 and bool
+// ones are compared after conversion to float32)
+static fsdp_tensor* compare_f32(int op, fsdp_tensor* a, fsdp_tensor* b) {
+  CHECK_NULL(a && b, "%s: input tensor is NULL", bin_names[op]);
   fsdp_tensor* ac = a->dtype == FSDP_F32 ? (fsdp_tensor_retain(a), a) : fsdp_as_contig(a);
   fsdp_tensor* bc = b->dtype == FSDP_F32 ? (fsdp_tensor_retain(b), b) : fsdp_as_contig(b);
-  fsdp_tensor* out = ac && bc ? binary_forward(FSDP_BIN_EQ, ac, bc) : NULL;
+  fsdp_tensor* out = ac && bc ? binary_forward(op, ac, bc) : NULL;
   fsdp_tensor_release(ac);
   fsdp_tensor_release(bc);
   return out;
 }
+// the comparison as a bool tensor (PyTorch's result dtype)
+static fsdp_tensor* compare(int op, fsdp_tensor* a, fsdp_tensor* b) {
+  return fsdp_round_to(compare_f32(op, a, b), FSDP_BOOL);
+}
+
+fsdp_tensor* fsdp_eq(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_EQ, a, b); }
+fsdp_tensor* fsdp_ne(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_NE, a, b); }
+fsdp_tensor* fsdp_lt(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_LT, a, b); }
+fsdp_tensor* fsdp_le(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_LE, a, b); }
+fsdp_tensor* fsdp_gt(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_GT, a, b); }
+fsdp_tensor* fsdp_ge(fsdp_tensor* a, fsdp_tensor* b) { return compare(FSDP_BIN_GE, a, b); }
 
 // ---- unary -------------------------------------------------------------------------------------------------
 // which tensors the backward of each unary op reads: 1 = x, 2 = y
@@ -188,7 +204,9 @@ static int unary_saves(int op) {
     case FSDP_UN_GELU:
     case FSDP_UN_GELU_TANH:
     case FSDP_UN_POW:
-    case FSDP_UN_RDIV_SCALAR: return 1;
+    case FSDP_UN_RDIV_SCALAR:
+    case FSDP_UN_CLAMP_MIN:
+    case FSDP_UN_CLAMP_MAX: return 1;
     default: return 0;
   }
 }
@@ -436,7 +454,16 @@ static fsdp_tensor* reduce_sum(const char* op, const char* bwname, fsdp_tensor* 
   return out;
 }
 
+// a bool tensor sums to an int64 count, as in PyTorch (no grad; exact up to 2^24 per sum)
+static fsdp_tensor* sum_bool(fsdp_tensor* a, int ndims, const int* dims, int keepdim) {
+  fsdp_tensor* x = fsdp_as_contig(a);
+  fsdp_tensor* s = x ? reduce_sum("sum", "SumBackward", x, ndims, dims, keepdim, 0) : NULL;
+  fsdp_tensor_release(x);
+  return fsdp_round_to(s, FSDP_I64);
+}
+
 fsdp_tensor* fsdp_sum(fsdp_tensor* a, int ndims, const int* dims, int keepdim) {
+  if (a && a->dtype == FSDP_BOOL) return sum_bool(a, ndims, dims, keepdim);
   return reduce_sum("sum", "SumBackward", a, ndims, dims, keepdim, 0);
 }
 fsdp_tensor* fsdp_mean(fsdp_tensor* a, int ndims, const int* dims, int keepdim) {
@@ -541,7 +568,7 @@ static int max_all_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* a = fsdp_node_saved(n, 0);
   fsdp_tensor* r = a ? fsdp_node_saved(n, 1) : NULL;
   if (!r) return -1;
-  fsdp_tensor* mask = fsdp_eq(a, r);
+  fsdp_tensor* mask = compare_f32(FSDP_BIN_EQ, a, r);
   fsdp_tensor* cnt = mask ? fsdp_sum(mask, 0, NULL, 0) : NULL;
   fsdp_tensor* share = cnt ? fsdp_div(g, cnt) : NULL;
   gin[0] = share ? fsdp_mul(mask, share) : NULL;
@@ -584,4 +611,263 @@ fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim) {
   fsdp_tensor* vals = max_impl("argmax", a, dim, keepdim, &idx, 0);
   fsdp_tensor_release(vals);
   return vals ? idx : NULL;
+}
+
+// ---- where, masked_fill, tril / triu ---------------------------------------------------------------------
+// The condition is a bool tensor read in place (its bytes, through broadcast strides); x and y are
+// read as float32 like a binary op's operands. The result has the broadcast shape of all three and
+// x and y's promoted dtype. Backward: x gets the gradient where the condition holds, y elsewhere,
+// each summed back to its shape.
+
+// the broadcast shape of cond, a and b; dims in errors are 1-based positions in that shape
+static int where_shape(const char* op, const fsdp_tensor* c, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim,
+                       int64_t* shape) {
+  const fsdp_tensor* ts[3] = {c, a, b};
+  int n = 0;
+  for (int k = 0; k < 3; k++)
+    if (ts[k]->ndim > n) n = ts[k]->ndim;
+  for (int i = 0; i < n; i++) {
+    int64_t s = 1;
+    for (int k = 0; k < 3; k++) {
+      int it = ts[k]->ndim - n + i;
+      int64_t sk = it >= 0 ? ts[k]->shape[it] : 1;
+      CHECK_INT(
+          sk == s || sk == 1 || s == 1,
+          "%s: condition %s, input %s and other %s cannot be broadcast together (dim %d of the result: %lld vs %lld)",
+          op, SH(c), SH(a), SH(b), i + 1, (long long)s, (long long)sk);
+      if (sk != 1) s = sk;
+    }
+    shape[i] = s;
+  }
+  *ndim = n;
+  return 0;
+}
+
+// out (float32, contiguous) = cond ? a : b over the broadcast shape; no node
+static fsdp_tensor* where_forward(const char* op, fsdp_tensor* c, fsdp_tensor* a, fsdp_tensor* b) {
+  int nd;
+  int64_t shape[FSDP_MAX_DIMS], sc[FSDP_MAX_DIMS], sa[FSDP_MAX_DIMS], sb[FSDP_MAX_DIMS];
+  if (where_shape(op, c, a, b, &nd, shape)) return NULL;
+  fsdp_tensor *ac = fsdp_as_f32(a), *bc = ac ? fsdp_as_f32(b) : NULL;
+  fsdp_tensor* out = bc ? fsdp_new(nd, shape, FSDP_F32, fsdp_device_of(a)) : NULL;
+  if (out) {
+    fsdp_broadcast_strides(c, nd, shape, sc);
+    fsdp_broadcast_strides(ac, nd, shape, sa);
+    fsdp_broadcast_strides(bc, nd, shape, sb);
+    fsdp_backend_of(out)->elem->where(fsdp_f32(out), (const uint8_t*)fsdp_ptr(c), fsdp_f32(ac), fsdp_f32(bc), nd, shape,
+                                      sc, sa, sb);
+  }
+  fsdp_tensor_release(ac);
+  fsdp_tensor_release(bc);
+  return out;
+}
+
+// saved[0] = the condition; params: the shapes of x and y
+static int where_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  fsdp_tensor* c = fsdp_node_saved(n, 0);
+  fsdp_tensor* zero = c ? fsdp_full(0, NULL, 0.0, FSDP_F32, fsdp_device_of(g)) : NULL;
+  if (!zero) return -1;
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {
+    if (!n->needs_grad[k]) continue;
+    fsdp_tensor* full = k == 0 ? where_forward("where", c, g, zero) : where_forward("where", c, zero, g);
+    rc = full ? reduce_grad(n, k, full, &gin[k]) : -1;
+    fsdp_tensor_release(full);
+  }
+  fsdp_tensor_release(zero);
+  return rc;
+}
+
+static fsdp_tensor* where_op(const char* op, const char* bwname, fsdp_tensor* c, fsdp_tensor* a, fsdp_tensor* b) {
+  CHECK_NULL(c && a && b, "%s: input tensor is NULL", op);
+  CHECK_NULL(c->dtype == FSDP_BOOL, "%s: the condition must be a bool tensor (a comparison's result), got %s %s", op,
+             DT(c), SH(c));
+  CHECK_NULL(fsdp_is_float(a->dtype) && fsdp_is_float(b->dtype),
+             "%s: expected float tensors (float32, bfloat16 or float16), got %s %s and %s %s", op, DT(a), SH(a), DT(b),
+             SH(b));
+  if (fsdp_check_same_device(op, c, a) || fsdp_check_same_device(op, a, b)) return NULL;
+  if (fsdp_check_data(op, c)) return NULL;
+  fsdp_tensor* y = where_forward(op, c, a, b);
+  fsdp_tensor* out = y ? fsdp_as_contig_dtype(y, fsdp_result_dtype(a, b)) : NULL;
+  fsdp_tensor_release(y);
+  fsdp_node* n = out ? fsdp_node_new(bwname, where_backward, 2, (fsdp_tensor*[]){a, b}) : NULL;
+  if (n) {
+    save_shapes(n, a, b);
+    fsdp_node_save(n, c);
+    fsdp_node_set_output(n, out);
+  }
+  return out;
+}
+
+fsdp_tensor* fsdp_where(fsdp_tensor* cond, fsdp_tensor* a, fsdp_tensor* b) {
+  return where_op("where", "WhereBackward", cond, a, b);
+}
+
+// a with `value` where mask holds; mask broadcasts to a's shape (not the other way round)
+fsdp_tensor* fsdp_masked_fill(fsdp_tensor* a, fsdp_tensor* mask, double value) {
+  CHECK_NULL(a && mask, "masked_fill: input tensor is NULL");
+  if (fsdp_check_float("masked_fill", a)) return NULL;
+  CHECK_NULL(mask->dtype == FSDP_BOOL, "masked_fill: the mask must be a bool tensor (a comparison's result), got %s %s",
+             DT(mask), SH(mask));
+  int nd;
+  int64_t shape[FSDP_MAX_DIMS];
+  if (fsdp_broadcast_shape("masked_fill", a, mask, &nd, shape)) return NULL;
+  CHECK_NULL(nd == a->ndim && memcmp(shape, a->shape, (size_t)nd * sizeof(int64_t)) == 0,
+             "masked_fill: mask of shape %s does not broadcast to the input's shape %s", SH(mask), SH(a));
+  fsdp_tensor* v = fsdp_full(0, NULL, value, a->dtype, fsdp_device_of(a));
+  fsdp_tensor* out = v ? where_op("masked_fill", "MaskedFillBackward", mask, v, a) : NULL;
+  fsdp_tensor_release(v);
+  return out;
+}
+
+// a with the elements above (tril) or below (triu) diagonal k of its last two dims zeroed: the
+// mask (j - i <= k, or >= k) is made from two aranges by the comparison ops, on a's device
+static fsdp_tensor* tri_op(const char* op, const char* bwname, fsdp_tensor* a, int64_t k, int upper) {
+  CHECK_NULL(a, "%s: input tensor is NULL", op);
+  CHECK_NULL(a->ndim >= 2, "%s: expected a tensor with at least 2 dims, got shape %s", op, SH(a));
+  if (fsdp_check_float(op, a)) return NULL;
+  int64_t R = a->shape[a->ndim - 2], Cn = a->shape[a->ndim - 1], col[2] = {R, 1}, row[2] = {1, Cn};
+  int prev = fsdp_is_grad_enabled();
+  fsdp_set_grad_enabled(0);
+  fsdp_tensor* ri = fsdp_arange(0, (double)R, 1, FSDP_F32);
+  fsdp_tensor* ci = ri ? fsdp_arange(0, (double)Cn, 1, FSDP_F32) : NULL;
+  fsdp_tensor* rv = ci ? fsdp_view(ri, 2, col) : NULL;
+  fsdp_tensor* cv = rv ? fsdp_view(ci, 2, row) : NULL;
+  fsdp_tensor* d = cv ? fsdp_sub(cv, rv) : NULL;  // (R, C): j - i
+  fsdp_tensor* kt = d ? fsdp_full(0, NULL, (double)k, FSDP_F32, FSDP_CPU) : NULL;
+  fsdp_tensor* m = kt ? (upper ? fsdp_ge(d, kt) : fsdp_le(d, kt)) : NULL;
+  fsdp_tensor* md = m ? fsdp_to_device(m, fsdp_device_of(a)) : NULL;
+  fsdp_tensor* zero = md ? fsdp_full(0, NULL, 0.0, a->dtype, fsdp_device_of(a)) : NULL;
+  fsdp_set_grad_enabled(prev);
+  fsdp_tensor* out = zero ? where_op(op, bwname, md, a, zero) : NULL;
+  fsdp_tensor* tmp[] = {ri, ci, rv, cv, d, kt, m, md, zero};
+  for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) fsdp_tensor_release(tmp[i]);
+  return out;
+}
+fsdp_tensor* fsdp_tril(fsdp_tensor* a, int64_t k) { return tri_op("tril", "TrilBackward", a, k, 0); }
+fsdp_tensor* fsdp_triu(fsdp_tensor* a, int64_t k) { return tri_op("triu", "TriuBackward", a, k, 1); }
+
+// ---- clamp, minimum, maximum, min ---------------------------------------------------------------------------
+fsdp_tensor* fsdp_clamp_min(fsdp_tensor* a, double lo) {
+  return unary_op("clamp", "ClampMinBackward", FSDP_UN_CLAMP_MIN, a, lo);
+}
+fsdp_tensor* fsdp_clamp_max(fsdp_tensor* a, double hi) {
+  return unary_op("clamp", "ClampMaxBackward", FSDP_UN_CLAMP_MAX, a, hi);
+}
+
+// saved: [0] = a, [1] = b. PyTorch's rule: the gradient goes to the larger (maximum) or smaller
+// (minimum) operand, split evenly on ties: weight MAX_TIE(a, b) for a, MAX_TIE(b, a) for b
+// (minimum swaps them)
+typedef struct {
+  fsdp_shape_rec in[2];  // a, b (first, as binary_params, for reduce_grad)
+  int minimum;           // 1 for minimum
+} minmax_params;
+
+static int minmax_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  minmax_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  fsdp_tensor* a = fsdp_node_saved(n, 0);
+  fsdp_tensor* b = a ? fsdp_node_saved(n, 1) : NULL;
+  if (!b) return -1;
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {
+    if (!n->needs_grad[k]) continue;
+    int first = k ^ p.minimum;  // weight MAX_TIE(a, b) for (maximum, a) and (minimum, b)
+    fsdp_tensor* w = first == 0 ? binary_forward(FSDP_BIN_MAX_TIE, a, b) : binary_forward(FSDP_BIN_MAX_TIE, b, a);
+    fsdp_tensor* full = w ? fsdp_mul(g, w) : NULL;
+    rc = full ? reduce_grad(n, k, full, &gin[k]) : -1;
+    fsdp_tensor_release(w);
+    fsdp_tensor_release(full);
+  }
+  return rc;
+}
+
+static fsdp_tensor* minmax_op(int minimum, fsdp_tensor* a, fsdp_tensor* b) {
+  int op = minimum ? FSDP_BIN_MIN : FSDP_BIN_MAX;
+  if (check_binary(bin_names[op], a, b)) return NULL;
+  fsdp_tensor* y = binary_forward(op, a, b);
+  fsdp_tensor* out = y ? fsdp_as_contig_dtype(y, fsdp_result_dtype(a, b)) : NULL;
+  fsdp_tensor_release(y);
+  fsdp_node* n =
+      out ? fsdp_node_new(minimum ? "MinimumBackward" : "MaximumBackward", minmax_backward, 2, (fsdp_tensor*[]){a, b})
+          : NULL;
+  if (n) {
+    minmax_params p = {.in = {fsdp_shape_rec_of(a), fsdp_shape_rec_of(b)}, .minimum = minimum};
+    fsdp_node_set_params(n, &p, sizeof p);
+    fsdp_node_save(n, a);
+    fsdp_node_save(n, b);
+    fsdp_node_set_output(n, out);
+  }
+  return out;
+}
+fsdp_tensor* fsdp_minimum(fsdp_tensor* a, fsdp_tensor* b) { return minmax_op(1, a, b); }
+fsdp_tensor* fsdp_maximum(fsdp_tensor* a, fsdp_tensor* b) { return minmax_op(0, a, b); }
+
+// min over one dim (or all of a) is -max(-a): the same first-index and even-share rules, with
+// autograd through the negations
+fsdp_tensor* fsdp_min(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indices) {
+  if (indices) *indices = NULL;
+  CHECK_NULL(a, "min: input tensor is NULL");
+  if (fsdp_check_float("min", a)) return NULL;
+  fsdp_tensor* na = fsdp_neg(a);
+  fsdp_tensor* m = na ? max_impl("min", na, dim, keepdim, indices, 1) : NULL;
+  fsdp_tensor_release(na);
+  fsdp_tensor* out = m ? fsdp_neg(m) : NULL;
+  fsdp_tensor_release(m);
+  if (!out && indices && *indices) {
+    fsdp_tensor_release(*indices);
+    *indices = NULL;
+  }
+  return out;
+}
+fsdp_tensor* fsdp_min_all(fsdp_tensor* a) {
+  CHECK_NULL(a, "min: input tensor is NULL");
+  if (fsdp_check_float("min", a)) return NULL;
+  CHECK_NULL(fsdp_tensor_numel(a) > 0, "min: cannot take the min of an empty tensor of shape %s", SH(a));
+  fsdp_tensor* na = fsdp_neg(a);
+  fsdp_tensor* m = na ? fsdp_max_all(na) : NULL;
+  fsdp_tensor_release(na);
+  fsdp_tensor* out = m ? fsdp_neg(m) : NULL;
+  fsdp_tensor_release(m);
+  return out;
+}
+
+// ---- cumsum --------------------------------------------------------------------------------------------------
+typedef struct {
+  int dim;  // 0-based
+} cumsum_params;
+
+// float32 running sums of a along d (from the end when reverse); a new contiguous tensor
+static fsdp_tensor* cumsum_run(fsdp_tensor* a, int d, int reverse) {
+  fsdp_tensor* x = fsdp_as_contig(a);
+  fsdp_tensor* y = x ? fsdp_new(x->ndim, x->shape, FSDP_F32, fsdp_device_of(x)) : NULL;
+  if (y) {
+    int64_t outer, red, inner;
+    split_dims(x, d, &outer, &red, &inner);
+    fsdp_backend_of(y)->elem->cumsum_dim(fsdp_f32(y), fsdp_f32(x), outer, red, inner, reverse);
+  }
+  fsdp_tensor_release(x);
+  return y;
+}
+
+// the gradient of a running sum is the running sum of the gradient from the end
+static int cumsum_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
+  cumsum_params p;
+  fsdp_node_params(n, &p, sizeof p);
+  gin[0] = cumsum_run(g, p.dim, 1);
+  return gin[0] ? 0 : -1;
+}
+
+fsdp_tensor* fsdp_cumsum(fsdp_tensor* a, int dim) {
+  CHECK_NULL(a, "cumsum: input tensor is NULL");
+  if (fsdp_check_float("cumsum", a)) return NULL;
+  int d = a->ndim == 0 && (dim == 0 || dim == -1) ? 0 : fsdp_wrap_dim("cumsum", dim, a->ndim);
+  if (d < 0) return NULL;
+  fsdp_tensor* out = fsdp_round_to(cumsum_run(a, d, 0), a->dtype);
+  fsdp_node* n = out ? fsdp_node_new("CumsumBackward", cumsum_backward, 1, &a) : NULL;
+  if (n) {
+    fsdp_node_set_params(n, &(cumsum_params){.dim = d}, sizeof(cumsum_params));
+    fsdp_node_set_output(n, out);
+  }
+  return out;
 }

@@ -623,7 +623,7 @@ fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device) {
   if (fsdp_check_data("to", a)) return NULL;
   fsdp_tensor* out = fsdp_copy_to_device(a, device);
   if (!out) return NULL;
-  if (a->dtype != FSDP_I64) to_copy_node(a, out);
+  if (fsdp_is_float(a->dtype)) to_copy_node(a, out);
   return out;
 }
 
@@ -640,6 +640,6 @@ fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
     fsdp_tensor_release(out);
     return NULL;
   }
-  if (dtype != FSDP_I64) to_copy_node(a, out);  // integer outputs never require grad
+  if (fsdp_is_float(dtype)) to_copy_node(a, out);  // integer and bool outputs never require grad
   return out;
 }

@@ -22,6 +22,7 @@ local function img() return fsdp.randn(1, 2, 4, 4) end
 local function cw() return fsdp.randn(3, 2, 3, 3) end
 local function one() return fsdp.ones(1) end
 local function qkv() return fsdp.randn(1, 2, 4) end
+local function mask23() return fsdp.randn(2, 3):gt(0) end
 
 -- The bad values for an argument of each kind (those a kind accepts are left out):
 --   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
@@ -72,6 +73,15 @@ local methods = {
   to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, cuda = { x23 }, float = { x23 }, long = { x23 },
   bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { "D?", "dim", v(1) } },
   log_softmax = { x23, { "D?", "dim", v(1) } },
+  ne = { x23, { "TN", "other", x23 } }, lt = { x23, { "TN", "other", x23 } }, le = { x23, { "TN", "other", x23 } },
+  gt = { x23, { "TN", "other", x23 } }, ge = { x23, { "TN", "other", x23 } },
+  where = { x23, { "T", "condition", mask23 }, { "TN", "other", x23 } },
+  masked_fill = { x23, { "T", "mask", mask23 }, { "N", "value", v(0) } },
+  clamp = { x23, { "N?", "min", v(0) }, { "N?", "max", v(1) } },
+  minimum = { x23, { "TN", "other", x23 } }, maximum = { x23, { "TN", "other", x23 } },
+  min = { x23 }, cumsum = { x23, { "D?", "dim", v(1) } },
+  tril = { x23, { "N?", "diagonal", v(0) } }, triu = { x23, { "N?", "diagonal", v(0) } },
+  select = { x23, { "D?", "dim", v(1) }, { nil, "index", v(1) } }, bool = { x23 },
 }
 
 -- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------
@@ -84,6 +94,10 @@ local fsdp_fns = {
   arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},
   is_grad_enabled = {}, set_grad_enabled = {}, memory_stats = {}, reset_peak_memory_stats = {},
   backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {},
+  where = { { "T", "condition", mask23 }, { "TN", "input", x23 }, { "TN", "other", x23 } },
+  minimum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
+  maximum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
+  tril = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } }, triu = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } },
 }
 -- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
 local comm_fns = { init = true, rank = true, world_size = true, local_rank = true, local_world_size = true,

@@ -249,11 +249,22 @@ DEFINE_BINARY(bin_sub, x - y)
 DEFINE_BINARY(bin_mul, x* y)
 DEFINE_BINARY(bin_div, x / y)
 DEFINE_BINARY(bin_eq, x == y ? 1.0f : 0.0f)
+DEFINE_BINARY(bin_ne, x != y ? 1.0f : 0.0f)
+DEFINE_BINARY(bin_lt, x < y ? 1.0f : 0.0f)
+DEFINE_BINARY(bin_le, x <= y ? 1.0f : 0.0f)
+DEFINE_BINARY(bin_gt, x > y ? 1.0f : 0.0f)
+DEFINE_BINARY(bin_ge, x >= y ? 1.0f : 0.0f)
+// NaN propagates (PyTorch's minimum/maximum)
+DEFINE_BINARY(bin_min, x != x || y != y ? x + y : (x < y ? x : y))
+DEFINE_BINARY(bin_max, x != x || y != y ? x + y : (x > y ? x : y))
+DEFINE_BINARY(bin_max_tie, x > y ? 1.0f : (x == y ? 0.5f : 0.0f))
 
 typedef void (*binary_fn)(float*, const float*, const float*, int, const int64_t*, const int64_t*, const int64_t*);
 static const binary_fn binary_fns[] = {
-    [FSDP_BIN_ADD] = bin_add, [FSDP_BIN_SUB] = bin_sub, [FSDP_BIN_MUL] = bin_mul,
-    [FSDP_BIN_DIV] = bin_div, [FSDP_BIN_EQ] = bin_eq,
+    [FSDP_BIN_ADD] = bin_add,         [FSDP_BIN_SUB] = bin_sub, [FSDP_BIN_MUL] = bin_mul, [FSDP_BIN_DIV] = bin_div,
+    [FSDP_BIN_EQ] = bin_eq,           [FSDP_BIN_NE] = bin_ne,   [FSDP_BIN_LT] = bin_lt,   [FSDP_BIN_LE] = bin_le,
+    [FSDP_BIN_GT] = bin_gt,           [FSDP_BIN_GE] = bin_ge,   [FSDP_BIN_MIN] = bin_min, [FSDP_BIN_MAX] = bin_max,
+    [FSDP_BIN_MAX_TIE] = bin_max_tie,
 };
 static void cpu_binary(int op, float* out, const float* a, const float* b, int ndim, const int64_t* shape,
                        const int64_t* stride_a, const int64_t* stride_b) {
@@ -390,6 +401,8 @@ static void cpu_unary(int op, float* out, const float* x, int64_t n, double pd) 
     case FSDP_UN_ADD_SCALAR: UNARY_LOOP(v + p); break;
     case FSDP_UN_MUL_SCALAR: UNARY_LOOP(v * p); break;
     case FSDP_UN_RDIV_SCALAR: UNARY_LOOP(p / v); break;
+    case FSDP_UN_CLAMP_MIN: UNARY_LOOP(v < p ? p : v); break;  // NaN stays NaN
+    case FSDP_UN_CLAMP_MAX: UNARY_LOOP(v > p ? p : v); break;
   }
 }
 
@@ -443,6 +456,8 @@ static void cpu_unary_backward(int op, float* gx, const float* gy, const float* 
     case FSDP_UN_ADD_SCALAR: UNARY_BW_LOOP(g); break;
     case FSDP_UN_MUL_SCALAR: UNARY_BW_LOOP(g * p); break;
     case FSDP_UN_RDIV_SCALAR: UNARY_BW_LOOP(-g * p / (x[i] * x[i])); break;
+    case FSDP_UN_CLAMP_MIN: UNARY_BW_LOOP(x[i] >= p ? g : 0.0f); break;
+    case FSDP_UN_CLAMP_MAX: UNARY_BW_LOOP(x[i] <= p ? g : 0.0f); break;
   }
 }
 
@@ -607,6 +622,50 @@ static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_
     }
 }
 
+// ---- where, cumsum ------------------------------------------------------------------------------------
+// rows over all dims but the last; each row's offsets from its multi-index
+static void cpu_where(float* out, const uint8_t* c, const float* a, const float* b, int ndim, const int64_t* shape,
+                      const int64_t* sc, const int64_t* sa, const int64_t* sb) {
+  int64_t n = fsdp_shape_numel(ndim, shape);
+  if (n == 0) return;
+  if (ndim == 0) {
+    out[0] = c[0] ? a[0] : b[0];
+    return;
+  }
+  int64_t len = shape[ndim - 1], rows = n / len;
+  int64_t ic = sc[ndim - 1], ia = sa[ndim - 1], ib = sb[ndim - 1];
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t oc = 0, oa = 0, ob = 0, rem = r;
+    for (int d = ndim - 2; d >= 0; d--) {
+      int64_t k = rem % shape[d];
+      rem /= shape[d];
+      oc += k * sc[d];
+      oa += k * sa[d];
+      ob += k * sb[d];
+    }
+    float* po = out + r * len;
+    for (int64_t i = 0; i < len; i++) po[i] = c[oc + i * ic] ? a[oa + i * ia] : b[ob + i * ib];
+  }
+}
+
+// each (o, j) line is a sequential sum; lines run in parallel
+static void cpu_cumsum_dim(float* out, const float* in, int64_t outer, int64_t red, int64_t inner, int reverse) {
+  int64_t lines = outer * inner;
+#pragma omp parallel for if (lines * red > PAR_MIN && lines > 1)
+  for (int64_t w = 0; w < lines; w++) {
+    int64_t o = w / inner, j = w % inner;
+    const float* p = in + o * red * inner + j;
+    float* q = out + o * red * inner + j;
+    double s = 0.0;
+    for (int64_t k = 0; k < red; k++) {
+      int64_t r = reverse ? red - 1 - k : k;
+      s += p[r * inner];
+      q[r * inner] = (float)s;
+    }
+  }
+}
+
 const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .copy_strided = cpu_copy_strided,
     .scatter_strided = cpu_scatter_strided,
@@ -622,4 +681,6 @@ const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .index_check = cpu_index_check,
     .index_select = cpu_index_select,
     .index_add = cpu_index_add,
+    .where = cpu_where,
+    .cumsum_dim = cpu_cumsum_dim,
 };

@@ -33,6 +33,7 @@ __device__ static inline double load_elem(const char* p, int dt) {
     case 0: return *(const float*)p;                       // FSDP_F32
     case 1: return (double)*(const int64_t*)p;             // FSDP_I64
     case 2: return fsdp_bf16_to_f32(*(const uint16_t*)p);  // FSDP_BF16
+    case 4: return *(const uint8_t*)p ? 1.0 : 0.0;         // FSDP_BOOL
     default: return fsdp_f16_to_f32(*(const uint16_t*)p);  // FSDP_F16
   }
 }
@@ -41,10 +42,11 @@ __device__ static inline void store_elem(char* p, int dt, double v) {
     case 0: *(float*)p = (float)v; break;
     case 1: *(int64_t*)p = (int64_t)v; break;
     case 2: *(uint16_t*)p = fsdp_f32_to_bf16((float)v); break;
+    case 4: *(uint8_t*)p = v != 0.0; break;
     default: *(uint16_t*)p = fsdp_f32_to_f16((float)v); break;
   }
 }
-static int dtype_size(int dt) { return dt == 0 ? 4 : dt == 1 ? 8 : 2; }
+static int dtype_size(int dt) { return dt == 0 ? 4 : dt == 1 ? 8 : dt == 4 ? 1 : 2; }
 
 // the offset (in elements) of element i, in row-major order over g's shape, with strides st
 __device__ static inline int64_t strided_offset(int64_t i, const geom& g, const int64_t* st) {
@@ -55,11 +57,12 @@ __device__ static inline int64_t strided_offset(int64_t i, const geom& g, const 
   }
   return off;
 }
-// one element of es bytes (8, 4 or 2) from s to o
+// one element of es bytes (8, 4, 2 or 1) from s to o
 __device__ static inline void copy_elem(char* o, const char* s, int es) {
   if (es == 8) *(int64_t*)o = *(const int64_t*)s;
   else if (es == 4) *(float*)o = *(const float*)s;
-  else *(uint16_t*)o = *(const uint16_t*)s;
+  else if (es == 2) *(uint16_t*)o = *(const uint16_t*)s;
+  else *o = *s;
 }
 
 // ---- copies and fills -------------------------------------------------------------------------------
@@ -143,6 +146,14 @@ __global__ static void binary_k(int op, float* out, const float* a, const float*
       case FSDP_BIN_SUB: r = x - y; break;
       case FSDP_BIN_MUL: r = x * y; break;
       case FSDP_BIN_DIV: r = x / y; break;
+      case FSDP_BIN_NE: r = x != y ? 1.0f : 0.0f; break;
+      case FSDP_BIN_LT: r = x < y ? 1.0f : 0.0f; break;
+      case FSDP_BIN_LE: r = x <= y ? 1.0f : 0.0f; break;
+      case FSDP_BIN_GT: r = x > y ? 1.0f : 0.0f; break;
+      case FSDP_BIN_GE: r = x >= y ? 1.0f : 0.0f; break;
+      case FSDP_BIN_MIN: r = x != x || y != y ? x + y : (x < y ? x : y); break;
+      case FSDP_BIN_MAX: r = x != x || y != y ? x + y : (x > y ? x : y); break;
+      case FSDP_BIN_MAX_TIE: r = x > y ? 1.0f : (x == y ? 0.5f : 0.0f); break;
       default: r = x == y ? 1.0f : 0.0f; break;  // FSDP_BIN_EQ
     }
     out[i] = r;
@@ -185,6 +196,8 @@ __device__ static inline float unary_f(int op, float v, float p) {
       return powf(v, p);
     case FSDP_UN_ADD_SCALAR: return v + p;
     case FSDP_UN_MUL_SCALAR: return v * p;
+    case FSDP_UN_CLAMP_MIN: return v < p ? p : v;
+    case FSDP_UN_CLAMP_MAX: return v > p ? p : v;
     default: return p / v;  // FSDP_UN_RDIV_SCALAR
   }
 }
@@ -224,6 +237,8 @@ __device__ static inline float unary_grad(int op, float g, const float* x, const
       return g * p * powf(x[i], p - 1.0f);
     case FSDP_UN_ADD_SCALAR: return g;
     case FSDP_UN_MUL_SCALAR: return g * p;
+    case FSDP_UN_CLAMP_MIN: return x[i] >= p ? g : 0.0f;
+    case FSDP_UN_CLAMP_MAX: return x[i] <= p ? g : 0.0f;
     default: return -g * p / (x[i] * x[i]);  // FSDP_UN_RDIV_SCALAR
   }
 }
@@ -380,8 +395,47 @@ static void cuda_index_add(float* gx, const float* gy, const int64_t* idx, int64
   FSDP_CUDA_LAUNCHED("index_add");
 }
 
+// ---- where, cumsum ----------------------------------------------------------------------------------
+// gc carries the condition's strides in its sa
+__global__ static void where_k(float* out, const uint8_t* c, const float* a, const float* b, geom g, geom gc,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = c[strided_offset(i, gc, gc.sa)] ? a[strided_offset(i, g, g.sa)] : b[strided_offset(i, g, g.sb)];
+}
+static void cuda_where(float* out, const uint8_t* c, const float* a, const float* b, int ndim, const int64_t* shape,
+                       const int64_t* sc, const int64_t* sa, const int64_t* sb) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  if (n == 0) return;
+  where_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(out, c, a, b, make_geom(ndim, shape, sa, sb),
+                                                             make_geom(ndim, shape, sc, NULL), n);
+  FSDP_CUDA_LAUNCHED("where");
+}
+
+// one thread per (o, j) line, summing along it in double
+__global__ static void cumsum_dim_k(float* out, const float* in, int64_t outer, int64_t red, int64_t inner,
+                                    int reverse) {
+  int64_t lines = outer * inner;
+  for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < lines; w += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o = w / inner, j = w % inner;
+    const float* p = in + o * red * inner + j;
+    float* q = out + o * red * inner + j;
+    double s = 0.0;
+    for (int64_t k = 0; k < red; k++) {
+      int64_t r = reverse ? red - 1 - k : k;
+      s += p[r * inner];
+      q[r * inner] = (float)s;
+    }
+  }
+}
+static void cuda_cumsum_dim(float* out, const float* in, int64_t outer, int64_t red, int64_t inner, int reverse) {
+  if (outer * red * inner == 0) return;
+  cumsum_dim_k<<<fsdp_cuda_blocks(outer * inner), 256, 0, fsdp_cuda_stream>>>(out, in, outer, red, inner, reverse);
+  FSDP_CUDA_LAUNCHED("cumsum");
+}
+
 const fsdp_elem_kernels fsdp_cuda_elem_kernels = {
-    cuda_copy_strided, cuda_scatter_strided, cuda_fill,           cuda_axpy,      cuda_scale,
-    cuda_binary,       cuda_unary,           cuda_unary_backward, cuda_sum_dim,   cuda_max_dim,
-    cuda_scatter_dim,  cuda_index_check,     cuda_index_select,   cuda_index_add,
+    cuda_copy_strided, cuda_scatter_strided, cuda_fill,    cuda_axpy,       cuda_scale,       cuda_binary,
+    cuda_unary,        cuda_unary_backward,  cuda_sum_dim, cuda_max_dim,    cuda_scatter_dim, cuda_index_check,
+    cuda_index_select, cuda_index_add,       cuda_where,   cuda_cumsum_dim,
 };

@@ -375,6 +375,11 @@ V(elem, index_select,
   (o, i, es, ix, a, ni, nx, b))
 V(elem, index_add, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
   (gx, gy, ix, a, ni, nx, b))
+V(elem, where,
+  (float* o, const uint8_t* c, const float* a, const float* b, int n, const int64_t* sh, const int64_t* sc,
+   const int64_t* sa, const int64_t* sb),
+  (o, c, a, b, n, sh, sc, sa, sb))
+V(elem, cumsum_dim, (float* o, const float* i, int64_t a, int64_t r, int64_t b, int rev), (o, i, a, r, b, rev))
 
 V(linalg, gemm_many, (int n, const fsdp_gemm_args* g), (n, g))
 R(linalg, int, gemm_tiles, (int n, const fsdp_gemm_args* g, const int* lim), (n, g, lim))
@@ -438,8 +443,9 @@ V(optim, adam, (const fsdp_adam_hparams* h, float* p, const float* g, float* m, 
   (h, p, g, m, v, vm, n))
 
 static const fsdp_elem_kernels td_elem = {
-    td_copy_strided,   td_scatter_strided, td_fill,    td_axpy,        td_scale,       td_binary,       td_unary,
-    td_unary_backward, td_sum_dim,         td_max_dim, td_scatter_dim, td_index_check, td_index_select, td_index_add,
+    td_copy_strided, td_scatter_strided, td_fill,    td_axpy,       td_scale,       td_binary,
+    td_unary,        td_unary_backward,  td_sum_dim, td_max_dim,    td_scatter_dim, td_index_check,
+    td_index_select, td_index_add,       td_where,   td_cumsum_dim,
 };
 static const fsdp_linalg_kernels td_linalg = {
     td_gemm_many,
