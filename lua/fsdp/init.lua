@@ -519,7 +519,7 @@ function fsdp.stack(list, dim)
   local shape0 = fsdp._held_shape(list[1])
   local parts = {}
   dim = dim or 1
-  local cd = fsdp.Tensor._dim_in(dim, #shape0 + 1, "stack")
+  local cd = fsdp.Tensor._dim_in(dim, #shape0 + 1, "stack", #shape0)
   for i = 1, #list do
     fsdp._t(list[i], "stack", ("tensors[%d]"):format(i))
     local s = fsdp._held_shape(list[i])

@@ -407,7 +407,7 @@ function methods.unsqueeze(t, d)
   local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
   local nd = held_ndim(p) + 1
-  return (wrap(C.fsdp_unsqueeze(p, Tensor._dim_in(d, nd, "unsqueeze"))))
+  return (wrap(C.fsdp_unsqueeze(p, Tensor._dim_in(d, nd, "unsqueeze", nd - 1))))
 end
 -- x:squeeze() drops every size-1 dim; x:squeeze(d) or x:squeeze{d1, d2} the given ones (a dim of
 -- another size stays, as in PyTorch)
@@ -482,12 +482,13 @@ end
 -- ---- selection, sorting, sampling, splitting (ops/select.c; index VALUES 0-based) ------------------------
 -- a Lua dim (1-based, negative from the end) of a tensor with nd dims -> C's 0-based dim, checked
 -- here so that an error counts dims as the user does; nd is ndim + 1 where a new dim goes in
-function Tensor._dim_in(d, nd, fn)
+-- (unsqueeze, stack: `ndim` then says the tensor's own number for the message)
+function Tensor._dim_in(d, nd, fn, ndim)
   local c = dim(d, nd, fn)
   local n = math.max(nd, 1)
   if d > n or d < -n then
     error(("%s: dimension %d out of range for a tensor with %d dims (1-based: 1..%d, or -%d..-1 from the end)")
-      :format(fn, d, nd, n, n), 3)
+      :format(fn, d, ndim or nd, n, n), 3)
   end
   return c % n
 end
