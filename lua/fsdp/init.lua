@@ -516,6 +516,7 @@ end
 -- from the end; default 1), as cat of their unsqueezed views
 function fsdp.stack(list, dim)
   if type(list) ~= "table" or #list == 0 then arg_error("stack", "tensors", "a non-empty list of tensors", list, 2) end
+  fsdp._t(list[1], "stack", "tensors[1]")
   local shape0 = fsdp._held_shape(list[1])
   local parts = {}
   dim = dim or 1
