@@ -453,8 +453,7 @@ static void cuda_scatter_add_dim(const fsdp_gather_geom* g, float* dst, const fl
 }
 
 const fsdp_elem_kernels fsdp_cuda_elem_kernels = {
-    cuda_copy_strided, cuda_scatter_strided, cuda_fill,           cuda_axpy,      cuda_scale,
-    cuda_binary,       cuda_unary,           cuda_unary_backward, cuda_sum_dim,   cuda_max_dim,
-    cuda_scatter_dim,  cuda_index_check,     cuda_index_select,   cuda_index_add, cuda_argsort_rows,
-    cuda_gather_dim,   cuda_scatter_add_dim,
+    cuda_copy_strided, cuda_scatter_strided, cuda_fill,         cuda_axpy,       cuda_scale,           cuda_binary,
+    cuda_unary,        cuda_unary_backward,  cuda_sum_dim,      cuda_max_dim,    cuda_scatter_dim,     cuda_index_check,
+    cuda_index_select, cuda_index_add,       cuda_argsort_rows, cuda_gather_dim, cuda_scatter_add_dim,
 };
