@@ -278,6 +278,8 @@ describe("split, chunk, stack, tile and repeat", function()
     assert.same({ 3, 1, 2 }, x:squeeze(1):shape())
     assert.same({ 3, 2 }, x:squeeze { 1, -2 }:shape())
     assert.same({ 1, 3, 1, 2 }, x:squeeze(2):shape()) -- not size 1: unchanged
+    assert.same({ 1, 3, 1, 2 }, x:squeeze {}:shape())
+    assert.same({}, fsdp.tensor(5):squeeze():shape())
     assert.same({ 1, 3, 1, 2, 1 }, x:unsqueeze(-1):shape())
     assert.same({ 1, 1, 3, 1, 2 }, x:unsqueeze(1):shape())
     local c = fsdp.zeros { 3, 1 }

@@ -418,17 +418,18 @@ function methods.squeeze(t, d)
   if d == nil then
     for i = 1, nd do list[i] = i - 1 end
   elseif type(d) == "table" then
-    for i = 1, #d do list[i] = Tensor._dim_in(d[i], nd, "squeeze") % math.max(nd, 1) end
+    for i = 1, #d do list[i] = Tensor._dim_in(d[i], nd, "squeeze") end
   else
-    list[1] = Tensor._dim_in(d, nd, "squeeze") % math.max(nd, 1)
+    list[1] = Tensor._dim_in(d, nd, "squeeze")
   end
-  if nd == 0 then return (wrap(C.fsdp_squeeze(p, list[1] or 0))) end
+  if nd == 0 then return (wrap(C.fsdp_squeeze(p, 0))) end
+  if #list == 0 then return (t:reshape(fsdp._held_shape(t))) end  -- squeeze{}: nothing to drop
   table.sort(list)
   local r = t
   for i = #list, 1, -1 do  -- from the last, so the earlier dims keep their numbers
     if list[i] ~= list[i + 1] and C.fsdp_tensor_size(r.p, list[i]) == 1 then r = wrap(C.fsdp_squeeze(r.p, list[i])) end
   end
-  if r == t then r = wrap(C.fsdp_squeeze(p, list[1] or 0)) end  -- nothing to drop: a view all the same
+  if r == t then r = wrap(C.fsdp_squeeze(p, list[1])) end  -- no listed dim has size 1: a view all the same
   return r
 end
 function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
