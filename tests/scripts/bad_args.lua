@@ -23,11 +23,14 @@ local function cw() return fsdp.randn(3, 2, 3, 3) end
 local function one() return fsdp.ones(1) end
 local function qkv() return fsdp.randn(1, 2, 4) end
 local function mask23() return fsdp.randn(2, 3):gt(0) end
+local function gidx() return fsdp.tensor({ { 0 }, { 2 } }, "int64") end
+local function probs3() return fsdp.ones(3) end
 
 -- The bad values for an argument of each kind (those a kind accepts are left out):
 --   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
 --   FN a function         TB? a tensor, nil or an options table
 --   N  a number           N?  a number or nil (a default)   D?  a dim (nil: the method's default)
+--   DL? a dim, a list of dims or nil   DO? a dim, an options table or nil   O? an options table or nil
 local bad_values = {
   T = { "nil", "number", "string", "table" },
   ["T?"] = { "number", "string", "table" },
@@ -37,6 +40,9 @@ local bad_values = {
   N = { "nil", "string", "table" },
   ["N?"] = { "string", "table" },
   ["D?"] = { "string", "table" },
+  ["DL?"] = { "string" },       -- a dim, a list of dims or nil
+  ["DO?"] = { "string" },       -- a dim, an options table or nil
+  ["O?"] = { "number", "string" },  -- an options table or nil
 }
 local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
 
@@ -67,7 +73,7 @@ local methods = {
   expand_as = { one, { "T", "other", x23 } }, flatten = { x23 },
   transpose = { x23, { nil, "dim0", v(1) }, { nil, "dim1", v(2) } }, t = { x23 },
   permute = { x23, { nil, "dims", v(2) }, { nil, "dims", v(1) } }, unsqueeze = { x23, { "D?", "dim", v(1) } },
-  squeeze = { one, { "D?", "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
+  squeeze = { one, { "DL?", "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
   narrow = { x23, { "D?", "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
   index_select = { x23, { "D?", "dim", v(1) }, { "T", "index", idx } },
   to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, cuda = { x23 }, float = { x23 }, long = { x23 },
@@ -82,12 +88,22 @@ local methods = {
   min = { x23 }, cumsum = { x23, { "D?", "dim", v(1) } },
   tril = { x23, { "N?", "diagonal", v(0) } }, triu = { x23, { "N?", "diagonal", v(0) } },
   select = { x23, { "D?", "dim", v(1) }, { nil, "index", v(1) } }, bool = { x23 },
+  topk = { x23, { "N", "k", v(1) }, { "DO?", "dim", v(1) } }, sort = { x23, { "DO?", "dim", v(1) } },
+  argsort = { x23, { "DO?", "dim", v(1) } },
+  gather = { x23, { "D?", "dim", v(2) }, { "T", "index", gidx } },
+  scatter_add = { x23, { "D?", "dim", v(2) }, { "T", "index", gidx }, { "T", "src", x23 } },
+  multinomial = { probs3, { "N", "num_samples", v(1) }, { "O?", "options", v(nil) } },
+  split = { x23, { nil, "split_size_or_sections", v(1) }, { "D?", "dim", v(1) } },
+  chunk = { x23, { "N", "chunks", v(2) }, { "D?", "dim", v(1) } },
+  tile = { x23, { nil, "repeats", v(2) } }, ["repeat"] = { x23, { nil, "repeats", v(2) }, { nil, "repeats", v(2) } },
 }
 
 -- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------
 local fsdp_fns = {
   zeros_like = { { "T", "input", x23 } }, ones_like = { { "T", "input", x23 } },
   cat = { { "T?", "tensors[2]", x23, list = true } },  -- {x, nil} is {x}
+  stack = { { "T?", "tensors[2]", x23, list = true } },
+  multinomial = { { "T", "probs", probs3 }, { "N", "num_samples", v(1) }, { "O?", "options", v(nil) } },
   no_grad = { { "FN", "fn", v(function() end) } },
   -- no tensor argument (shape, dtype and number arguments are checked by fsdp._shape and the C ops)
   tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
