@@ -25,6 +25,53 @@ static int64_t pool_out_size(int64_t in, int k, int pad, int stride, int dil, in
 // like every op's); else, and for any other dtype, on float32 copies.
 static uint16_t* bf16_ptr(const fsdp_tensor* t) { return (uint16_t*)fsdp_ptr(t); }
 
+// the device's conv2d_backward on tensors (x may be NULL when gw is; gx, gw, gb as the kernel takes
+// them): on the bf16 operands where all are bf16 and the device has a bf16 kernel, else on float32
+// copies. 0, or -1 with the error set
+static int run_conv_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, fsdp_tensor* gy, fsdp_tensor* x,
+                             fsdp_tensor* w) {
+  const fsdp_linalg_kernels* k = fsdp_backend_of(w)->linalg;
+  fsdp_tensor *xc = NULL, *wc = NULL, *gyc = NULL;
+  int rc = 1;
+  if (gy->dtype == FSDP_BF16 && w->dtype == FSDP_BF16 && (!x || x->dtype == FSDP_BF16)) {
+    gyc = fsdp_as_contig_dtype(gy, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
+    xc = x ? fsdp_as_contig_dtype(x, FSDP_BF16) : NULL;
+    rc = gyc && wc && (!x || xc)
+             ? k->conv2d_backward_bf16(g, gx, gw, gb, bf16_ptr(gyc), xc ? bf16_ptr(xc) : NULL, bf16_ptr(wc))
+             : -1;
+  }
+  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
+    fsdp_tensor_release(xc), fsdp_tensor_release(wc), fsdp_tensor_release(gyc);
+    gyc = fsdp_as_contig(gy), wc = fsdp_as_contig(w), xc = x ? fsdp_as_contig(x) : NULL;
+    rc = gyc && wc && (!x || xc)
+             ? k->conv2d_backward(g, gx, gw, gb, fsdp_f32(gyc), xc ? fsdp_f32(xc) : NULL, fsdp_f32(wc))
+             : -1;
+  }
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(wc);
+  fsdp_tensor_release(gyc);
+  return rc ? -1 : 0;
+}
+
+// the device's conv2d_forward on tensors (b: float32 or NULL), bf16 as above
+static int run_conv_forward(const fsdp_conv_geom* g, float* y, fsdp_tensor* x, fsdp_tensor* w, const float* b) {
+  const fsdp_linalg_kernels* k = fsdp_backend_of(w)->linalg;
+  fsdp_tensor *xc = NULL, *wc = NULL;
+  int rc = 1;
+  if (x->dtype == FSDP_BF16 && w->dtype == FSDP_BF16) {
+    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
+    rc = xc && wc ? k->conv2d_forward_bf16(g, y, bf16_ptr(xc), bf16_ptr(wc), b) : -1;
+  }
+  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
+    fsdp_tensor_release(xc), fsdp_tensor_release(wc);
+    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w);
+    rc = xc && wc ? k->conv2d_forward(g, y, fsdp_f32(xc), fsdp_f32(wc), b) : -1;
+  }
+  fsdp_tensor_release(xc);
+  fsdp_tensor_release(wc);
+  return rc ? -1 : 0;
+}
+
 static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* w = x ? fsdp_node_saved(node, 1) : NULL;
@@ -32,28 +79,14 @@ static int conv2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor**
   fsdp_conv_geom g;
   fsdp_node_params(node, &g, sizeof g);
   int dev = fsdp_device_of(x);
-  const fsdp_linalg_kernels* k = fsdp_backend_of(x)->linalg;
-  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL, *xc = NULL, *wc = NULL, *gy = NULL;
+  fsdp_tensor *gx = NULL, *gw = NULL, *gb = NULL;
   int rc = -1;
   if (node->needs_grad[0] && !(gx = fsdp_new(4, x->shape, FSDP_F32, dev))) goto done;
   if (node->needs_grad[1] && !(gw = fsdp_new(4, w->shape, FSDP_F32, dev))) goto done;
   if (node->needs_grad[2] && !(gb = fsdp_new(1, &g.O, FSDP_F32, dev))) goto done;
-  float *gxp = gx ? fsdp_f32(gx) : NULL, *gwp = gw ? fsdp_f32(gw) : NULL, *gbp = gb ? fsdp_f32(gb) : NULL;
-  rc = 1;
-  if (x->dtype == FSDP_BF16 && w->dtype == FSDP_BF16 && grad_out->dtype == FSDP_BF16) {
-    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
-    gy = fsdp_as_contig_dtype(grad_out, FSDP_BF16);
-    rc = xc && wc && gy ? k->conv2d_backward_bf16(&g, gxp, gwp, gbp, bf16_ptr(gy), bf16_ptr(xc), bf16_ptr(wc)) : -1;
-  }
-  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
-    fsdp_tensor_release(xc), fsdp_tensor_release(wc), fsdp_tensor_release(gy);
-    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w), gy = fsdp_as_contig(grad_out);
-    rc = xc && wc && gy ? k->conv2d_backward(&g, gxp, gwp, gbp, fsdp_f32(gy), fsdp_f32(xc), fsdp_f32(wc)) : -1;
-  }
+  rc = run_conv_backward(&g, gx ? fsdp_f32(gx) : NULL, gw ? fsdp_f32(gw) : NULL, gb ? fsdp_f32(gb) : NULL, grad_out, x,
+                         w);
 done:
-  fsdp_tensor_release(xc);
-  fsdp_tensor_release(wc);
-  fsdp_tensor_release(gy);
   if (rc) {
     fsdp_tensor_release(gx);
     fsdp_tensor_release(gw);
@@ -116,23 +149,9 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
                       .dw = d[1],
                       .groups = groups};
 
-  int dev = fsdp_device_of(x);
-  const fsdp_linalg_kernels* k = fsdp_backend_of(x)->linalg;
-  fsdp_tensor *bc = b ? fsdp_as_contig(b) : NULL, *xc = NULL, *wc = NULL;
-  fsdp_tensor* y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, dev);
-  int rc = y && (!b || bc) ? 1 : -1;
-  const float* bp = bc ? fsdp_f32(bc) : NULL;
-  if (rc == 1 && x->dtype == FSDP_BF16) {
-    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
-    rc = xc && wc ? k->conv2d_forward_bf16(&g, fsdp_f32(y), bf16_ptr(xc), bf16_ptr(wc), bp) : -1;
-  }
-  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
-    fsdp_tensor_release(xc), fsdp_tensor_release(wc);
-    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w);
-    rc = xc && wc ? k->conv2d_forward(&g, fsdp_f32(y), fsdp_f32(xc), fsdp_f32(wc), bp) : -1;
-  }
-  fsdp_tensor_release(xc);
-  fsdp_tensor_release(wc);
+  fsdp_tensor* bc = b ? fsdp_as_contig(b) : NULL;
+  fsdp_tensor* y = fsdp_new(4, (int64_t[]){N, O, g.OH, g.OW}, FSDP_F32, fsdp_device_of(x));
+  int rc = y && (!b || bc) ? run_conv_forward(&g, fsdp_f32(y), x, w, bc ? fsdp_f32(bc) : NULL) : -1;
   fsdp_tensor_release(bc);
   if (rc) {
     fsdp_tensor_release(y);
@@ -161,52 +180,6 @@ fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const i
 // convolution's weight gradient with input grad_y and output gradient x). The bias is added after, by
 // an add node, in float32 before the one rounding to the input's dtype.
 
-// the device's conv2d_backward on tensors (x may be NULL when gw is): on bf16 operands where all are
-// bf16 and the device has a bf16 kernel, else on float32 copies. 0, or -1 with the error set
-static int run_conv_backward(const fsdp_conv_geom* g, float* gx, float* gw, fsdp_tensor* gy, fsdp_tensor* x,
-                             fsdp_tensor* w) {
-  const fsdp_linalg_kernels* k = fsdp_backend_of(w)->linalg;
-  fsdp_tensor *xc = NULL, *wc = NULL, *gyc = NULL;
-  int rc = 1;
-  if (gy->dtype == FSDP_BF16 && w->dtype == FSDP_BF16 && (!x || x->dtype == FSDP_BF16)) {
-    gyc = fsdp_as_contig_dtype(gy, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
-    xc = x ? fsdp_as_contig_dtype(x, FSDP_BF16) : NULL;
-    rc = gyc && wc && (!x || xc)
-             ? k->conv2d_backward_bf16(g, gx, gw, NULL, bf16_ptr(gyc), xc ? bf16_ptr(xc) : NULL, bf16_ptr(wc))
-             : -1;
-  }
-  if (rc == 1) {  // float32, or bf16 the device leaves to float32 copies
-    fsdp_tensor_release(xc), fsdp_tensor_release(wc), fsdp_tensor_release(gyc);
-    gyc = fsdp_as_contig(gy), wc = fsdp_as_contig(w), xc = x ? fsdp_as_contig(x) : NULL;
-    rc = gyc && wc && (!x || xc)
-             ? k->conv2d_backward(g, gx, gw, NULL, fsdp_f32(gyc), xc ? fsdp_f32(xc) : NULL, fsdp_f32(wc))
-             : -1;
-  }
-  fsdp_tensor_release(xc);
-  fsdp_tensor_release(wc);
-  fsdp_tensor_release(gyc);
-  return rc ? -1 : 0;
-}
-
-// the device's conv2d_forward (no bias) on tensors, bf16 as above
-static int run_conv_forward(const fsdp_conv_geom* g, float* y, fsdp_tensor* x, fsdp_tensor* w) {
-  const fsdp_linalg_kernels* k = fsdp_backend_of(w)->linalg;
-  fsdp_tensor *xc = NULL, *wc = NULL;
-  int rc = 1;
-  if (x->dtype == FSDP_BF16 && w->dtype == FSDP_BF16) {
-    xc = fsdp_as_contig_dtype(x, FSDP_BF16), wc = fsdp_as_contig_dtype(w, FSDP_BF16);
-    rc = xc && wc ? k->conv2d_forward_bf16(g, y, bf16_ptr(xc), bf16_ptr(wc), NULL) : -1;
-  }
-  if (rc == 1) {
-    fsdp_tensor_release(xc), fsdp_tensor_release(wc);
-    xc = fsdp_as_contig(x), wc = fsdp_as_contig(w);
-    rc = xc && wc ? k->conv2d_forward(g, y, fsdp_f32(xc), fsdp_f32(wc), NULL) : -1;
-  }
-  fsdp_tensor_release(xc);
-  fsdp_tensor_release(wc);
-  return rc ? -1 : 0;
-}
-
 static int conv_transpose2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tensor** grad_in) {
   fsdp_tensor* x = fsdp_node_saved(node, 0);
   fsdp_tensor* w = x ? fsdp_node_saved(node, 1) : NULL;
@@ -219,9 +192,9 @@ static int conv_transpose2d_backward(fsdp_node* node, fsdp_tensor* grad_out, fsd
   if (node->needs_grad[0] && !(gx = fsdp_new(4, x->shape, FSDP_F32, dev))) rc = -1;
   if (!rc && node->needs_grad[1] && !(gw = fsdp_new(4, w->shape, FSDP_F32, dev))) rc = -1;
   // grad_x (N, Cin, H, W) = conv2d(grad_y (N, Cout, OH, OW), w)
-  if (!rc && gx) rc = run_conv_forward(&g, fsdp_f32(gx), grad_out, w);
+  if (!rc && gx) rc = run_conv_forward(&g, fsdp_f32(gx), grad_out, w, NULL);
   // grad_w: the weight gradient of that convolution, its output gradient being x
-  if (!rc && gw) rc = run_conv_backward(&g, NULL, fsdp_f32(gw), x, grad_out, w);
+  if (!rc && gw) rc = run_conv_backward(&g, NULL, fsdp_f32(gw), NULL, x, grad_out, w);
   if (rc) {
     fsdp_tensor_release(gx);
     fsdp_tensor_release(gw);
@@ -302,7 +275,7 @@ fsdp_tensor* fsdp_conv_transpose2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* 
                       .dw = d[1],
                       .groups = groups};
   fsdp_tensor* y = fsdp_new(4, (int64_t[]){N, Cout, OH, OW}, FSDP_F32, fsdp_device_of(x));
-  if (!y || run_conv_backward(&g, fsdp_f32(y), NULL, x, NULL, w)) {
+  if (!y || run_conv_backward(&g, fsdp_f32(y), NULL, NULL, x, NULL, w)) {
     fsdp_tensor_release(y);
     return NULL;
   }
