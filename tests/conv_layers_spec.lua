@@ -146,6 +146,21 @@ describe("nn.ConvTranspose2d", function()
     assert.equal(0, (a - b):abs():max():item())
   end)
 
+  it("takes forward(x, output_size) and picks the output_padding that reaches it, as PyTorch", function()
+    fsdp.manual_seed(11)
+    local m = nn.ConvTranspose2d(3, 2, 3, { stride = 3, padding = 1 })
+    local x = fsdp.randn(1, 3, 4, 5)
+    assert.same({ 1, 2, 10, 13 }, m(x):shape())  -- (4 - 1) * 3 - 2 + 2 + 1
+    local y = m(x, { 12, 14 })                     -- output_padding (2, 1)
+    assert.same({ 1, 2, 12, 14 }, y:shape())
+    local ref = F.conv_transpose2d(x, m.weight, m.bias, { stride = 3, padding = 1, output_padding = { 2, 1 } })
+    assert.equal(0, (y - ref):abs():max():item())
+    assert.same({ 1, 2, 12, 14 }, m(x, { 1, 2, 12, 14 }):shape())
+    H.assert_error(function() m(x, { 13, 14 }) end, "ConvTranspose2d", "output size of (13, 14)", "(10, 13) to (12, 15)",
+      "(1, 3, 4, 5)")
+    H.assert_error(function() m(x, { 12 }) end, "ConvTranspose2d", "output_size")
+  end)
+
   it("initializes within PyTorch's bound 1/sqrt(out_channels/groups * kh * kw)", function()
     fsdp.manual_seed(4)
     local m = nn.ConvTranspose2d(64, 8, 3, { groups = 2 })

@@ -163,9 +163,33 @@ function ConvTranspose2d:__init(in_channels, out_channels, kernel_size, ...)
     self:register_parameter("bias", nil)
   end
 end
-function ConvTranspose2d:forward(x)
+-- forward(x[, output_size]): output_size {h, w} (or {N, C, h, w}) picks the output_padding that
+-- reaches it, as PyTorch's does; it must lie within stride - 1 of the smallest output
+function ConvTranspose2d:output_padding_for(x, output_size)
+  if output_size == nil then return self.output_padding end
+  local cls = "ConvTranspose2d"
+  local n = type(output_size) == "table" and #output_size or 0
+  if n ~= 2 and n ~= 4 then
+    error(("%s: output_size must be {h, w} or {N, C, h, w}, got %s"):format(cls, tostring(output_size)), 3)
+  end
+  local want, min, max = { output_size[n - 1], output_size[n] }, {}, {}
+  for i = 1, 2 do
+    local k, s, p, d = self.kernel_size[i], self.stride[i], self.padding[i], self.dilation[i]
+    min[i] = (x:size(-3 + i) - 1) * s - 2 * p + d * (k - 1) + 1
+    max[i] = min[i] + s - 1
+  end
+  for i = 1, 2 do
+    if type(want[i]) ~= "number" or want[i] < min[i] or want[i] > max[i] then
+      error(("%s: requested an output size of %s, but valid sizes range from %s to %s (for an input of %s)")
+        :format(cls, pair_str(want), pair_str(min), pair_str(max), "(" .. table.concat(x:shape(), ", ") .. ")"), 3)
+    end
+  end
+  return { want[1] - min[1], want[2] - min[2] }
+end
+function ConvTranspose2d:forward(x, output_size)
+  local output_padding = self:output_padding_for(x, output_size)
   return (F.conv_transpose2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
-    output_padding = self.output_padding, groups = self.groups, dilation = self.dilation }))
+    output_padding = output_padding, groups = self.groups, dilation = self.dilation }))
 end
 function ConvTranspose2d:extra_repr()
   local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
