@@ -315,6 +315,23 @@ describe("nn.Dropout2d", function()
     assert.equal(0, F.dropout2d(x, 1):abs():max():item())
   end)
 
+  it("draws the same channels when activation checkpointing reruns it in backward", function()
+    local conv = nn.Conv2d(3, 6, 3, { padding = 1 })
+    local drop = nn.Dropout2d(0.5)
+    local x = fsdp.randn(2, 3, 5, 5)
+    local function grads(checkpointed)
+      conv:zero_grad()
+      fsdp.manual_seed(12)
+      local f = function(b) return drop(conv(b)):pow(2) end
+      local y = checkpointed and fsdp.checkpoint(f, x) or f(x)
+      y:sum():backward()
+      return conv.weight.grad:clone()
+    end
+    local plain, ckpt = grads(false), grads(true)
+    assert.is_true(plain:abs():max():item() > 0)
+    assert.equal(0, (plain - ckpt):abs():max():item())
+  end)
+
   it("keeps bfloat16 and rounds the kept channels' scale as PyTorch does", function()
     fsdp.manual_seed(10)
     local x = (fsdp.randn(3, 8, 2, 2) + 10):bfloat16()
