@@ -308,6 +308,10 @@ fsdp_tensor* fsdp_linear(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b);  // x 
 // x (N,C,H,W), w (O,C/groups,kh,kw), b (O) or NULL; stride/padding/dilation are [h, w]
 fsdp_tensor* fsdp_conv2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride, const int* padding,
                          const int* dilation, int groups);
+// PyTorch's conv_transpose2d: x (N,Cin,H,W), w (Cin,Cout/groups,kh,kw), b (Cout) or NULL; output
+// (N, Cout, (H-1)*stride - 2*padding + dilation*(kh-1) + output_padding + 1, likewise W)
+fsdp_tensor* fsdp_conv_transpose2d(fsdp_tensor* x, fsdp_tensor* w, fsdp_tensor* b, const int* stride,
+                                   const int* padding, const int* output_padding, const int* dilation, int groups);
 fsdp_tensor* fsdp_max_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding,
                              const int* dilation, int ceil_mode);
 fsdp_tensor* fsdp_avg_pool2d(fsdp_tensor* x, const int* kernel, const int* stride, const int* padding, int ceil_mode,
@@ -325,6 +329,8 @@ fsdp_tensor* fsdp_mse_loss(fsdp_tensor* a, fsdp_tensor* b);
 fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, fsdp_tensor* b, double eps);
 fsdp_tensor* fsdp_embedding(fsdp_tensor* weight, fsdp_tensor* index, int64_t padding_idx);
 fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training);
+// whole channels of x (N,C,H,W) or (C,H,W) zeroed with probability p, the rest scaled by 1/(1-p)
+fsdp_tensor* fsdp_dropout2d(fsdp_tensor* x, double p, int training);
 // q (B..,Tq,D), k (B..,Tk,D), v (B..,Tk,Dv); mask NULL or broadcastable additive f32 (Tq,Tk);
 // scale <= 0 means 1/sqrt(D)
 fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,

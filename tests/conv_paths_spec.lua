@@ -15,7 +15,7 @@ local saved = { FSDP_CONV_ALGO = os.getenv("FSDP_CONV_ALGO"), FSDP_CONV_LAYOUT =
 -- path: "im2col" (ours), or oneDNN: "plain", "blocked" (forced layouts), "default" (the rules of
 -- onednn.c, Winograd for 3x3 stride-1 float32 layers included), "direct" (the rules without Winograd)
 local function set_path(path)
-  setenv("FSDP_CONV_ALGO", (path == "im2col" or path == "direct") and path or nil)
+  setenv("FSDP_CONV_ALGO", (path == "im2col" or path == "direct" or path == "winograd") and path or nil)
   setenv("FSDP_CONV_LAYOUT", (path == "plain" or path == "blocked") and path or nil)
 end
 
@@ -51,10 +51,17 @@ describe("conv2d through oneDNN", function()
     { "no padding, odd sizes", { 3, 16, 13, 11 }, { 24, 16, 3, 3 }, {} },
     { "groups 2, dilation 2", { 2, 32, 12, 12 }, { 32, 16, 3, 3 }, { padding = 2, dilation = 2, groups = 2 } },
     { "one input channel", { 4, 1, 28, 28 }, { 32, 1, 3, 3 }, { padding = 1 } },
+    -- groups: Winograd (ours and oneDNN's) and the 1x1 GEMMs decline them, oneDNN takes grouped weights
+    { "depthwise 3x3", { 2, 32, 14, 14 }, { 32, 1, 3, 3 }, { padding = 1, groups = 32 } },
+    { "depthwise x2, stride 2", { 2, 16, 13, 13 }, { 32, 1, 3, 3 }, { stride = 2, padding = 1, groups = 16 } },
+    { "groups 2, 3x3 stride 1 (a Winograd shape)", { 2, 32, 10, 10 }, { 32, 16, 3, 3 }, { padding = 1, groups = 2 } },
+    { "grouped 1x1", { 2, 32, 8, 8 }, { 64, 8, 1, 1 }, { groups = 4 } },
   }
   for _, c in ipairs(cases) do
     local name, xs, ws, o = unpack(c)
-    for _, path in ipairs { "plain", "blocked", "default", "direct" } do
+    local paths = { "plain", "blocked", "default", "direct" }
+    if o.groups then paths[#paths + 1] = "winograd" end  -- forced, it must leave grouped layers to im2col
+    for _, path in ipairs(paths) do
       it(("%s matches im2col: %s"):format(path, name), function()
         fsdp.manual_seed(#name)
         local x, w, b = fsdp.randn(unpack(xs)), fsdp.randn(unpack(ws)), fsdp.randn(ws[1])
@@ -183,4 +190,47 @@ describe("conv2d through oneDNN", function()
       assert.equal(0, (r.w - a.w):abs():max():item())
     end
   end)
+end)
+
+-- conv_transpose2d runs on the same kernels (its forward is a convolution's input gradient, its
+-- backward a convolution's forward and weight gradient): each path against im2col
+describe("conv_transpose2d through every convolution path", function()
+  after_each(function() for k, v in pairs(saved) do setenv(k, v) end end)
+
+  -- y and the gradients of sum(conv_transpose2d(x, w, b) * gy)
+  local function run_t(path, x, w, b, gy, o)
+    set_path(path)
+    local xl, wl, bl = x:clone(), w:clone(), b:clone()
+    xl.requires_grad, wl.requires_grad, bl.requires_grad = true, true, true
+    local y = F.conv_transpose2d(xl, wl, bl, o)
+    ;(y * gy):sum():backward()
+    return { y = y, x = xl.grad, w = wl.grad, b = bl.grad }
+  end
+
+  -- x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw), options
+  local cases = {
+    { "3x3 stride 2, 32 -> 16 (a decoder upsampling)", { 2, 32, 7, 7 }, { 32, 16, 3, 3 },
+      { stride = 2, padding = 1, output_padding = 1 } },
+    { "3x3 stride 1, 16 -> 16 (a Winograd shape)", { 2, 16, 9, 9 }, { 16, 16, 3, 3 }, { padding = 1 } },
+    { "depthwise", { 2, 16, 8, 8 }, { 16, 1, 3, 3 }, { padding = 1, groups = 16 } },
+    { "groups 4, 4x4 stride 2", { 1, 32, 6, 6 }, { 32, 4, 4, 4 }, { stride = 2, padding = 1, groups = 4 } },
+    { "1x1 stride 2", { 2, 16, 5, 5 }, { 16, 24, 1, 1 }, { stride = 2, output_padding = 1 } },
+  }
+  for _, c in ipairs(cases) do
+    local name, xs, ws, o = unpack(c)
+    for _, path in ipairs { "plain", "blocked", "default", "direct", "winograd" } do
+      it(("%s matches im2col: %s"):format(path, name), function()
+        fsdp.manual_seed(#name)
+        local groups = o.groups or 1
+        local x, w, b = fsdp.randn(unpack(xs)), fsdp.randn(unpack(ws)), fsdp.randn(ws[2] * groups)
+        local gy = fsdp.randn(unpack(F.conv_transpose2d(x, w, b, o):shape()))
+        local ref = run_t("im2col", x, w, b, gy, o)
+        local got = run_t(path, x, w, b, gy, o)
+        assert_rel(got.y, ref.y, 1e-5, "forward")
+        assert_rel(got.x, ref.x, 1e-5, "input gradient")
+        assert_rel(got.w, ref.w, 1e-5, "weight gradient")
+        assert_rel(got.b, ref.b, 1e-5, "bias gradient")
+      end)
+    end
+  end
 end)

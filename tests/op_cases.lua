@@ -358,6 +358,16 @@ ops.conv2d = {
   end,
   ref = R.conv2d,
 }
+ops.conv_transpose2d = {
+  call = function(p, x, w, b)
+    if p.positional then
+      return F.conv_transpose2d(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+    end
+    return F.conv_transpose2d(x, w, b, { stride = p.stride, padding = p.padding, output_padding = p.output_padding,
+      groups = p.groups, dilation = p.dilation })
+  end,
+  ref = R.conv_transpose2d,
+}
 ops.max_pool2d = {
   call = function(p, x)
     return F.max_pool2d(x, p.kernel, { stride = p.stride, padding = p.padding, dilation = p.dilation,
@@ -381,6 +391,7 @@ ops.adaptive_avg_pool2d = {
 ops.layer_norm = { call = function(p, x, w, b) return F.layer_norm(x, p.shape, w, b, p.eps) end, ref = R.layer_norm }
 ops.embedding = { call = function(p, idx, w) return F.embedding(idx, w, p.padding_idx) end, ref = R.embedding }
 ops.dropout = { call = function(p, x) return F.dropout(x, p.p, p.training) end, ref = R.dropout }
+ops.dropout2d = { call = function(p, x) return F.dropout2d(x, p.p, p.training) end, ref = R.dropout2d }
 ops.cross_entropy = {
   call = function(p, x, t)
     return F.cross_entropy(x, t, { ignore_index = p.ignore_index, label_smoothing = p.label_smoothing })
@@ -967,6 +978,33 @@ for _, cc in ipairs(conv_cases) do
   C(with_bias)
   C(without)
 end
+-- ---- conv_transpose2d: x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw); with and without a bias
+local convt_cases = {
+  { x = { 2, 3, 4, 4 }, w = { 3, 2, 3, 3 }, o = {} },
+  { x = { 1, 2, 3, 4 }, w = { 2, 3, 3, 3 }, o = { stride = 2, padding = 1, output_padding = 1 } },
+  { x = { 2, 4, 3, 3 }, w = { 4, 3, 2, 3 }, o = { stride = { 2, 1 }, padding = { 0, 1 }, groups = 2 } },
+  { x = { 1, 2, 4, 3 }, w = { 2, 2, 3, 2 }, o = { dilation = 2, output_padding = 1 } }, -- output_padding < dilation
+  { x = { 2, 3, 4, 5 }, w = { 3, 1, 3, 3 }, o = { padding = 1, groups = 3 } },         -- depthwise
+  { x = { 2, 4, 3, 3 }, w = { 4, 5, 1, 1 }, o = { stride = 2, output_padding = 1 } },  -- 1x1, strided
+  { x = { 1, 16, 4, 4 }, w = { 16, 16, 3, 3 }, o = { padding = 1 } },                   -- a Winograd geometry
+  { x = { 1, 2, 3, 3 }, w = { 2, 3, 3, 3 }, o = { stride = 2, padding = 1, groups = 1, dilation = 1, positional = true } },
+  { x = { 0, 2, 3, 3 }, w = { 2, 3, 3, 3 }, o = {} },                                   -- an empty batch
+}
+for _, cc in ipairs(convt_cases) do
+  local ngroups = cc.o.groups or 1
+  local with_bias = { "conv_transpose2d", T(cc.x), T(cc.w), T { cc.w[2] * ngroups }, tol = { 1e-4, 1e-4 } }
+  local without = { "conv_transpose2d", T(cc.x), T(cc.w), tol = { 1e-4, 1e-4 } }
+  for k, v in pairs(cc.o) do
+    with_bias[k] = v
+    without[k] = v
+  end
+  C(with_bias)
+  C(without)
+end
+C { "conv_transpose2d", T { 1, 16, 3, 3, dtype = "bfloat16" }, T { 16, 8, 3, 3, dtype = "bfloat16" },
+  T { 8, dtype = "bfloat16" }, stride = 2, padding = 1 }
+C { "conv_transpose2d", transposed(T { 2, 3, 4, 4 }), T { 3, 2, 3, 3 }, stride = 2, tol = { 1e-4, 1e-4 } }
+
 local x33 = V { { { { 1, 2, 3 }, { 4, 5, 6 }, { 7, 8, 9 } } } }
 C { "conv2d", x33, V { { { { 1, 0 }, { 0, 1 } } } }, V { 1 }, want = { { { { 7, 9 }, { 13, 15 } } } }, tol = exact }
 C { "conv2d", x33, V { { { { 1, 0 }, { 0, 1 } } } }, padding = 1, tol = exact }
@@ -1130,6 +1168,10 @@ C { "dropout", T { 2, 3, dtype = "bfloat16" }, p = 0.5, training = false }
 C { "dropout", I { 1, 2, 3 }, p = 0.3, training = false }
 C { "dropout", transposed(T { 7, 13 }), p = 0.2, training = false }
 C { "dropout", T { 0, 3 }, p = 0.5, training = false }
+C { "dropout2d", T { 2, 3, 4, 4 }, p = 0.5, training = false }
+C { "dropout2d", T { 3, 4, 4 }, p = 0, training = true }
+C { "dropout2d", T { 2, 3, 2, 2 }, p = 1 }
+C { "dropout2d", T { 2, 3, 2, 2, dtype = "bfloat16" }, p = 0.5, training = false }
 
 -- ---- stride-0 (expanded) operands ---------------------------------------------------------------
 -- broadcast inputs read in place by ops that usually see dense ones (a batch of one image or

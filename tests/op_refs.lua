@@ -737,6 +737,55 @@ function R.conv2d(p, x, w, b)
   return array({ N, O, OH, OW }, out, x.dtype)
 end
 
+-- x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw): every input pixel scatters its weighted kernel
+-- into the output at stride steps (PyTorch's definition, independent of the conv2d reference)
+function R.conv_transpose2d(p, x, w, b)
+  local sh, sw = pair(p.stride, 1)
+  local dh, dw = pair(p.dilation, 1)
+  local ph, pw = pair(p.padding, 0)
+  local oph, opw = pair(p.output_padding, 0)
+  local N, Cin, H, W = unpack(x.shape)
+  local _, Cg, kh, kw = unpack(w.shape)
+  local groups = p.groups or 1
+  local Cout, Ig = Cg * groups, Cin / groups
+  local OH = (H - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+  local OW = (W - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+  local out = {}
+  for n = 0, N - 1 do
+    for oc = 0, Cout - 1 do
+      for i = 0, OH * OW - 1 do
+        out[(n * Cout + oc) * OH * OW + i + 1] = b and b.data[oc + 1] or 0
+      end
+    end
+  end
+  for n = 0, N - 1 do
+    for ic = 0, Cin - 1 do
+      local g = math.floor(ic / Ig)
+      for ih = 0, H - 1 do
+        for iw = 0, W - 1 do
+          local xv = x.data[((n * Cin + ic) * H + ih) * W + iw + 1]
+          for c = 0, Cg - 1 do
+            local oc = g * Cg + c
+            for i = 0, kh - 1 do
+              local oh = ih * sh - ph + i * dh
+              if oh >= 0 and oh < OH then
+                for j = 0, kw - 1 do
+                  local ow = iw * sw - pw + j * dw
+                  if ow >= 0 and ow < OW then
+                    local at = ((n * Cout + oc) * OH + oh) * OW + ow + 1
+                    out[at] = out[at] + xv * w.data[((ic * Cg + c) * kh + i) * kw + j + 1]
+                  end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return array({ N, Cout, OH, OW }, out, x.dtype)
+end
+
 -- PyTorch's pooling output size (a last window starting inside the right padding is dropped)
 local function pool_size(n, k, pad, s, d, ceil)
   local num = n + 2 * pad - d * (k - 1) - 1
@@ -919,6 +968,9 @@ function R.dropout(p, x)
   assert(p.training == false or p.p == 0, "reference: dropout in training mode is random")
   return R.identity(p, x)
 end
+
+-- dropout2d in its deterministic settings: p = 1 (all zero), eval or p = 0 (identity)
+R.dropout2d = R.dropout
 
 -- ---- losses (mean over the targets that are not ignored) ----------------------------------------
 -- logits (N, C, S...) or (C); target (N, S...) or (); label smoothing from PyTorch's formula

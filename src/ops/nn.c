@@ -1,7 +1,7 @@
 /*
  * ops/nn.c -- neural-network ops with their backward: softmax, log_softmax, cross_entropy
- * (fused log_softmax + nll, label smoothing), nll_loss, mse_loss, layer_norm, embedding, dropout
- * and scaled_dot_product_attention.
+ * (fused log_softmax + nll, label smoothing), nll_loss, mse_loss, layer_norm, embedding, dropout,
+ * dropout2d and scaled_dot_product_attention.
  *
  * The op layer is device independent: it checks shapes and dtypes, allocates outputs, records the
  * autograd node and reaches the loops only through the device's kernel tables (core/kernels_nn.h, and
@@ -563,6 +563,30 @@ fsdp_tensor* fsdp_dropout(fsdp_tensor* x, double p, int training) {
   return y;
 }
 
+// ---- dropout2d ----------------------------------------------------------------------------------------------------
+// One keep mask value per channel, (N, C, 1, 1) or (C, 1, 1): 1/(1-p) or 0, from the dropout kernel on
+// ones (the same seeded mask on every device), in x's dtype as PyTorch makes it; y = x * mask through
+// the mul op, whose node gives the backward.
+fsdp_tensor* fsdp_dropout2d(fsdp_tensor* x, double p, int training) {
+  const char* op = "dropout2d";
+  CHECK_NULL(x, "%s: input is nil", op);
+  CHECK_NULL(p >= 0.0 && p <= 1.0, "%s: probability has to be between 0 and 1, but got %g", op, p);
+  if (fsdp_check_float(op, x)) return NULL;
+  CHECK_NULL(x->ndim == 4 || x->ndim == 3, "%s: expected a 4-D (N, C, H, W) or 3-D (C, H, W) input, got %s", op, SH(x));
+  if (!training || p == 0.0) {
+    fsdp_tensor_retain(x);
+    return x;
+  }  // identity
+  int nd = x->ndim;
+  int64_t shape[4] = {x->shape[0], nd == 4 ? x->shape[1] : 1, 1, 1};  // (N, C, 1, 1) or (C, 1, 1)
+  fsdp_tensor* mask = fsdp_full(nd, shape, 1.0, FSDP_F32, fsdp_device_of(x));
+  uint64_t seed = fsdp_rng_next();
+  if (mask) fsdp_backend_of(mask)->nn->dropout(fsdp_f32(mask), fsdp_f32(mask), fsdp_tensor_numel(mask), (float)p, seed);
+  mask = fsdp_round_to(mask, x->dtype);
+  fsdp_tensor* y = mask ? fsdp_mul(x, mask) : NULL;
+  fsdp_tensor_release(mask);
+  return y;
+}
 // ---- scaled dot-product attention ------------------------------------------------------------------------------------
 // Forward: S = scale * q k^T (+ mask, causal), P = softmax(S), O = dropout(P) v.
 // Backward: dV = Pd^T dO, dPd = dO V^T, dP = dropout(dPd), dS = P * (dP - rowsum(dP * P)),

@@ -140,6 +140,9 @@ local F_fns = {
   flatten = { { "T", "input", x23 } },
   scaled_dot_product_attention = { { "T", "query", qkv }, { "T", "key", qkv }, { "T", "value", qkv },
     { "TB?", "attn_mask", v(nil) } },
+  conv_transpose2d = { { "T", "input", img }, { "T", "weight", function() return fsdp.randn(2, 3, 3, 3) end },
+    { "T?", "bias", v(nil) } },
+  dropout2d = { { "T", "input", img } },
 }
 
 -- ---- cases ----------------------------------------------------------------------------------------------
@@ -252,6 +255,7 @@ local layers = {
   LayerNorm = { { 3 }, { 1 }, { x23 } }, Embedding = { { 3, 2 }, { 1, 2 }, { idx } },
   CrossEntropyLoss = { {}, {}, { x23, idx } }, NLLLoss = { {}, {}, { x23, idx } }, MSELoss = { {}, {}, { x23, x23 } },
   Sequential = { nil, {}, { x32 } }, ModuleList = { nil, {}, nil },
+  ConvTranspose2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } }, Dropout2d = { {}, {}, { img } },
 }
 local layer_names = {}
 for k, cls in pairs(nn) do

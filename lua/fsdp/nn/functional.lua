@@ -102,6 +102,24 @@ function F.conv2d(x, w, b, ...)
   return (wrap(C.fsdp_conv2d(px, pw, pb, stride, padding, dilation, groups)))
 end
 
+-- F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation) (PyTorch's order) or
+-- F.conv_transpose2d(x, w, b, {stride =, padding =, output_padding =, groups =, dilation =})
+-- x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw), b (Cout) or nil
+function F.conv_transpose2d(x, w, b, ...)
+  local op = "conv_transpose2d"
+  local px, pw, pb = T(x, op, "input"), T(w, op, "weight"), P(b, op, "bias")
+  local o = args_of({ "stride", "padding", "output_padding", "groups", "dilation" }, ...)
+  local stride = pair(op, "stride", o.stride, 1)
+  local padding = pair(op, "padding", o.padding, 0)
+  local output_padding = pair(op, "output_padding", o.output_padding, 0)
+  local dilation = pair(op, "dilation", o.dilation, 1)
+  local groups = o.groups or 1
+  if type(groups) ~= "number" or groups ~= math.floor(groups) or groups < 1 then
+    error(("%s: groups must be a positive integer dividing both channel counts, got %s"):format(op, tostring(groups)), 2)
+  end
+  return (wrap(C.fsdp_conv_transpose2d(px, pw, pb, stride, padding, output_padding, dilation, groups)))
+end
+
 -- ---- activations --------------------------------------------------------------------------------------
 function F.relu(x) return (wrap(C.fsdp_relu(T(x, "relu", "input")))) end
 function F.tanh(x) return (wrap(C.fsdp_tanh(T(x, "tanh", "input")))) end
@@ -173,9 +191,13 @@ function F.embedding(idx, weight, opts)
   if pad == nil then
     pad = -1
   else
+    if type(pad) ~= "number" or pad ~= math.floor(pad) then
+      error(("embedding: padding_idx must be an integer (0-based, negative from the end), got %s"):format(tostring(pad)), 2)
+    end
+    local given = pad
     if pad < 0 then pad = pad + V end
     if pad < 0 or pad >= V then
-      error(("embedding: padding_idx %d out of range for %d embeddings"):format(pad, V), 2)
+      error(("embedding: padding_idx %d out of range for %d embeddings"):format(given, V), 2)
     end
   end
   return (wrap(C.fsdp_embedding(pw, pi, pad)))
@@ -188,6 +210,18 @@ function F.dropout(x, p, training)
   p = p or 0.5
   if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
   return (wrap(C.fsdp_dropout(px, p, training == false and 0 or 1)))
+end
+
+-- F.dropout2d(x, p = 0.5, training = true): whole channels of x (N, C, H, W) or (C, H, W) zeroed
+-- with probability p, the others scaled by 1 / (1 - p); the mask comes from fsdp's seeded RNG
+function F.dropout2d(x, p, training)
+  local px = T(x, "dropout2d", "input")
+  if is_opts(p) then training, p = p.training, p.p end
+  p = p or 0.5
+  if type(p) ~= "number" or p < 0 or p > 1 then
+    error(("dropout2d: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
+  end
+  return (wrap(C.fsdp_dropout2d(px, p, training == false and 0 or 1)))
 end
 
 -- ---- pooling and shape ------------------------------------------------------------------------------------

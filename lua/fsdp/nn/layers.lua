@@ -118,6 +118,91 @@ function Conv2d:extra_repr()
   return s
 end
 
+-- ---- ConvTranspose2d ------------------------------------------------------------------------------------
+-- nn.ConvTranspose2d(in_channels, out_channels, kernel_size[, stride, padding, output_padding, groups,
+-- bias, dilation]) or nn.ConvTranspose2d(cin, cout, k, {stride =, padding =, output_padding =, groups =,
+-- bias =, dilation =}); sizes are ints or {h, w}. weight (cin, cout/groups, kh, kw), bias (cout);
+-- output size (H - 1)*stride - 2*padding + dilation*(k - 1) + output_padding + 1
+local ConvTranspose2d = Module:extend("ConvTranspose2d")
+L.ConvTranspose2d = ConvTranspose2d
+function ConvTranspose2d:__init(in_channels, out_channels, kernel_size, ...)
+  local cls = "ConvTranspose2d"
+  local o = args_of({ "stride", "padding", "output_padding", "groups", "bias", "dilation", "padding_mode" }, ...)
+  check_int(cls, "in_channels", in_channels)
+  check_int(cls, "out_channels", out_channels)
+  local groups = check_int(cls, "groups", o.groups or 1)
+  if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
+    error(("%s: in_channels (%d) and out_channels (%d) must be divisible by groups (%d)")
+      :format(cls, in_channels, out_channels, groups), 2)
+  end
+  if o.padding_mode ~= nil and o.padding_mode ~= "zeros" then
+    error(("%s: only padding_mode = \"zeros\" is supported, got %q"):format(cls, tostring(o.padding_mode)), 2)
+  end
+  self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+  self.kernel_size = pair_of(check_size(cls, "kernel_size", kernel_size))
+  self.stride = pair_of(check_size(cls, "stride", o.stride or 1))
+  self.padding = pair_of(o.padding or 0)
+  self.output_padding = pair_of(o.output_padding or 0)
+  self.dilation = pair_of(check_size(cls, "dilation", o.dilation or 1))
+  for i = 1, 2 do
+    check_int(cls, "padding", self.padding[i], 0)
+    check_int(cls, "output_padding", self.output_padding[i], 0)
+    local op, s, d = self.output_padding[i], self.stride[i], self.dilation[i]
+    if op >= s and op >= d then
+      error(("%s: output_padding %s must be smaller than either stride %s or dilation %s"):format(cls,
+        pair_str(self.output_padding), pair_str(self.stride), pair_str(self.dilation)), 2)
+    end
+  end
+  local kh, kw = self.kernel_size[1], self.kernel_size[2]
+  -- PyTorch's fan_in of this weight layout: its dim 2 times the kernel
+  local fan_in = out_channels / groups * kh * kw
+  self.weight = uniform_param({ in_channels, out_channels / groups, kh, kw }, fan_in)
+  if o.bias ~= false then
+    self.bias = uniform_param({ out_channels }, fan_in)
+  else
+    self:register_parameter("bias", nil)
+  end
+end
+-- forward(x[, output_size]): output_size {h, w} (or {N, C, h, w}) picks the output_padding that
+-- reaches it, as PyTorch's does; it must lie within stride - 1 of the smallest output
+function ConvTranspose2d:output_padding_for(x, output_size)
+  if output_size == nil then return self.output_padding end
+  local cls = "ConvTranspose2d"
+  local n = type(output_size) == "table" and #output_size or 0
+  if n ~= 2 and n ~= 4 then
+    error(("%s: output_size must be {h, w} or {N, C, h, w}, got %s"):format(cls, tostring(output_size)), 3)
+  end
+  local want, min, max = { output_size[n - 1], output_size[n] }, {}, {}
+  for i = 1, 2 do
+    local k, s, p, d = self.kernel_size[i], self.stride[i], self.padding[i], self.dilation[i]
+    min[i] = (x:size(-3 + i) - 1) * s - 2 * p + d * (k - 1) + 1
+    max[i] = min[i] + s - 1
+  end
+  for i = 1, 2 do
+    if type(want[i]) ~= "number" or want[i] < min[i] or want[i] > max[i] then
+      error(("%s: requested an output size of %s, but valid sizes range from %s to %s (for an input of %s)")
+        :format(cls, pair_str(want), pair_str(min), pair_str(max), "(" .. table.concat(x:shape(), ", ") .. ")"), 3)
+    end
+  end
+  return { want[1] - min[1], want[2] - min[2] }
+end
+function ConvTranspose2d:forward(x, output_size)
+  local output_padding = self:output_padding_for(x, output_size)
+  return (F.conv_transpose2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
+    output_padding = output_padding, groups = self.groups, dilation = self.dilation }))
+end
+function ConvTranspose2d:extra_repr()
+  local s = ("%d, %d, kernel_size=%s, stride=%s"):format(self.in_channels, self.out_channels,
+    pair_str(self.kernel_size), pair_str(self.stride))
+  local p, op = self.padding, self.output_padding
+  if p[1] ~= 0 or p[2] ~= 0 then s = s .. ", padding=" .. pair_str(p) end
+  if op[1] ~= 0 or op[2] ~= 0 then s = s .. ", output_padding=" .. pair_str(op) end
+  if self.dilation[1] ~= 1 or self.dilation[2] ~= 1 then s = s .. ", dilation=" .. pair_str(self.dilation) end
+  if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+  if self.bias == nil then s = s .. ", bias=False" end
+  return s
+end
+
 -- ---- activations and other parameter-free layers -----------------------------------------------------------
 local function simple(name, fn)
   local cls = Module:extend(name)
@@ -182,6 +267,23 @@ function Dropout:__init(...)
 end
 function Dropout:forward(x) return (F.dropout(x, self.p, self.training)) end
 function Dropout:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
+
+-- nn.Dropout2d(p = 0.5): zeroes whole channels of (N, C, H, W) or (C, H, W) in training mode only
+local Dropout2d = Module:extend("Dropout2d")
+L.Dropout2d = Dropout2d
+function Dropout2d:__init(...)
+  local o = args_of({ "p", "inplace" }, ...)
+  local p = o.p or 0.5
+  if type(p) ~= "number" then
+    error(("Dropout2d: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
+  end
+  if p < 0 or p > 1 then
+    error(("Dropout2d: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
+  end
+  self.p = p
+end
+function Dropout2d:forward(x) return (F.dropout2d(x, self.p, self.training)) end
+function Dropout2d:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
 
 -- ---- pooling ---------------------------------------------------------------------------------------------------
 -- nn.MaxPool2d(kernel_size[, stride = kernel_size, padding = 0, dilation = 1, return_indices, ceil_mode])
@@ -267,6 +369,10 @@ function Embedding:__init(num_embeddings, embedding_dim, ...)
   self.embedding_dim = check_int("Embedding", "embedding_dim", embedding_dim)
   local pad = o.padding_idx
   if pad ~= nil then
+    if type(pad) ~= "number" or pad ~= math.floor(pad) then
+      error(("Embedding: padding_idx must be an integer (0-based, negative from the end), got %s")
+        :format(tostring(pad)), 2)
+    end
     if pad < 0 then pad = pad + num_embeddings end
     if pad < 0 or pad >= num_embeddings then
       error(("Embedding: padding_idx %d out of range for %d embeddings"):format(o.padding_idx, num_embeddings), 2)
