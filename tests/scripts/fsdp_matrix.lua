@@ -906,10 +906,18 @@ local function bn_eval_aux(S, k)
 end
 local function sync_all_reduces(ctx)
   if N == 1 then return end
+  -- bytes: (C + 1) + C + 2C floats per layer, C = 4, 4, 6
+  local bytes = 0
+  for _, c in ipairs { 4, 4, 6 } do bytes = bytes + (4 * c + 1) * 4 end
+  local plan = fsdp.summary(ctx.fs.model, { print = false }).step.all_reduce
+  if plan.count ~= 3 * BN_LAYERS or plan.bytes ~= bytes then
+    ctx.fail(("fsdp.summary plans %d all-reduces (%d B), expected %d (%d B)"):format(plan.count, plan.bytes,
+      3 * BN_LAYERS, bytes))
+  end
   for k, got in ipairs(ctx.comm) do
-    if got.all_reduce.count ~= 3 * BN_LAYERS then
-      ctx.fail(("step %d: %d all-reduces, expected %d (3 per SyncBatchNorm)"):format(k, got.all_reduce.count,
-        3 * BN_LAYERS))
+    if got.all_reduce.count ~= 3 * BN_LAYERS or got.all_reduce.bytes ~= bytes then
+      ctx.fail(("step %d: %d all-reduces (%d B), expected %d (3 per SyncBatchNorm, %d B)"):format(k,
+        got.all_reduce.count, got.all_reduce.bytes, 3 * BN_LAYERS, bytes))
     end
   end
 end

@@ -345,6 +345,13 @@ BatchNorm2d._dims = { 4 }
 local SyncBatchNorm = BatchNorm:extend("SyncBatchNorm")
 L.SyncBatchNorm = SyncBatchNorm
 function SyncBatchNorm:forward(x) return self:_run(F.sync_batch_norm, x) end
+-- what one training step all-reduces over `world` ranks (fsdp.summary's plan): the forward's
+-- [sum | count] (C + 1) and sum of squares (C), the backward's two gradient sums (2C), float32
+function SyncBatchNorm:_step_collectives(world)
+  local C = self.num_features
+  if world <= 1 or not (self.training or not self.track_running_stats) then return {} end
+  return { { "all_reduce", (C + 1) * 4 }, { "all_reduce", C * 4 }, { "all_reduce", 2 * C * 4 } }
+end
 local function to_sync(m)
   local s = SyncBatchNorm(m.num_features, { eps = m.eps, affine = m.affine, track_running_stats = m.track_running_stats })
   s.momentum = m.momentum
