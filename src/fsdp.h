@@ -297,8 +297,8 @@ fsdp_tensor* fsdp_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_ten
                              fsdp_tensor* b, int training, double momentum, double eps);
 // the same with the statistics of the global batch in training: the per-channel sums (and the
 // count) are all-reduced over the communicator, and so are the backward's two gradient sums
-fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var,
-                                  fsdp_tensor* w, fsdp_tensor* b, int training, double momentum, double eps);
+fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,
+                                  fsdp_tensor* b, int training, double momentum, double eps);
 // x (N, C, ...) normalized over each of num_groups groups of channels; w, b (C) may be NULL
 fsdp_tensor* fsdp_group_norm(fsdp_tensor* x, int64_t num_groups, fsdp_tensor* w, fsdp_tensor* b, double eps);
 // x / sqrt(mean(x^2) + eps) * w over the last normalized_ndim dims; w may be NULL

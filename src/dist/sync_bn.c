@@ -20,8 +20,8 @@ static int all_reduce_sum(fsdp_tensor* t, void* ctx) {
   return rc;
 }
 
-fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var,
-                                  fsdp_tensor* w, fsdp_tensor* b, int training, double momentum, double eps) {
+fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,
+                                  fsdp_tensor* b, int training, double momentum, double eps) {
   int many = fsdp_comm_is_initialized() && fsdp_comm_world_size() > 1;
   return fsdp_batch_norm_reduced("sync_batch_norm", x, running_mean, running_var, w, b, training, momentum, eps,
                                  many ? all_reduce_sum : NULL, NULL);

@@ -26,8 +26,9 @@ static int check_channel(const char* op, const char* what, const fsdp_tensor* p,
   if (fsdp_check_float(op, p) || fsdp_check_same_device(op, p, x)) return -1;
   CHECK_INT(p->dtype == x->dtype || p->dtype == FSDP_F32,
             "%s: %s %s %s must have the input's dtype or float32 (input %s %s)", op, what, DT(p), SH(p), DT(x), SH(x));
-  CHECK_INT(p->ndim == 1 && p->shape[0] == C, "%s: %s of shape %s must have shape (%lld) for input %s with %lld channels",
-            op, what, SH(p), (long long)C, SH(x), (long long)C);
+  CHECK_INT(p->ndim == 1 && p->shape[0] == C,
+            "%s: %s of shape %s must have shape (%lld) for input %s with %lld channels", op, what, SH(p), (long long)C,
+            SH(x), (long long)C);
   return 0;
 }
 
@@ -61,9 +62,9 @@ static int batch_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
   }
   if (ok) {
     const float* gsum = p.training ? fsdp_f32(gg ? gg : g) : NULL;
-    k->batch_norm_backward(dx ? fsdp_f32(dx) : NULL, dw ? fsdp_f32(dw) : NULL, db ? fsdp_f32(db) : NULL,
-                           fsdp_f32(dy), fsdp_f32(x), fsdp_f32(mean), fsdp_f32(invstd), w ? fsdp_f32(w) : NULL,
-                           fsdp_f32(g), gsum, fsdp_f32(s1), p.N, p.C, p.S);
+    k->batch_norm_backward(dx ? fsdp_f32(dx) : NULL, dw ? fsdp_f32(dw) : NULL, db ? fsdp_f32(db) : NULL, fsdp_f32(dy),
+                           fsdp_f32(x), fsdp_f32(mean), fsdp_f32(invstd), w ? fsdp_f32(w) : NULL, fsdp_f32(g), gsum,
+                           fsdp_f32(s1), p.N, p.C, p.S);
   }
   fsdp_tensor_release(dy);
   fsdp_tensor_release(g);
@@ -181,8 +182,7 @@ fsdp_tensor* fsdp_batch_norm_reduced(const char* op, fsdp_tensor* x, fsdp_tensor
 
 fsdp_tensor* fsdp_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,
                              fsdp_tensor* b, int training, double momentum, double eps) {
-  return fsdp_batch_norm_reduced("batch_norm", x, running_mean, running_var, w, b, training, momentum, eps, NULL,
-                                 NULL);
+  return fsdp_batch_norm_reduced("batch_norm", x, running_mean, running_var, w, b, training, momentum, eps, NULL, NULL);
 }
 
 // ---- group norm ----------------------------------------------------------------------------------

@@ -93,9 +93,9 @@ static void cpu_batch_norm_backward_sums(float* g, const float* dy, const float*
   }
 }
 
-static void cpu_batch_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                                    const float* mean, const float* invstd, const float* w, const float* g_local,
-                                    const float* g, const float* s1, int64_t N, int64_t C, int64_t S) {
+static void cpu_batch_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                    const float* invstd, const float* w, const float* g_local, const float* g,
+                                    const float* s1, int64_t N, int64_t C, int64_t S) {
   for (int64_t c = 0; c < C; c++) {
     if (dw) dw[c] = g_local[C + c] * invstd[c];
     if (db) db[c] = g_local[c];
@@ -121,8 +121,8 @@ static void cpu_batch_norm_backward(float* dx, float* dw, float* db, const float
 
 // ---- group norm ----------------------------------------------------------------------------------
 // each (n, group) is a contiguous block of (C / G) * S values
-static void cpu_group_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                                   const float* b, int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
+static void cpu_group_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                   int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
   int64_t Cg = C / G, D = Cg * S;
 #pragma omp parallel for schedule(static) if (N * C * S > PAR_MIN)
   for (int64_t r = 0; r < N * G; r++) {
@@ -148,9 +148,8 @@ static void cpu_group_norm_forward(float* y, float* mean, float* rstd, const flo
 
 // xhat = (x - mean) * rstd, g = dy * w[c]; per (n, group): dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
 // dw[c] = sum over n, s of dy * xhat; db[c] = sum of dy
-static void cpu_group_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                                    const float* mean, const float* rstd, const float* w, int64_t N, int64_t C,
-                                    int64_t S, int64_t G) {
+static void cpu_group_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                    const float* rstd, const float* w, int64_t N, int64_t C, int64_t S, int64_t G) {
   int64_t Cg = C / G, D = Cg * S;
   if (dx) {
 #pragma omp parallel for schedule(static) if (N * C * S > PAR_MIN)
@@ -230,7 +229,7 @@ static void cpu_rms_norm_backward(float* dx, float* dw, const float* dy, const f
     }
   }
   if (!dw) return;
-  // columns are split between threads so each thread owns its slice of dw
+    // columns are split between threads so each thread owns its slice of dw
 #pragma omp parallel if (M * D > PAR_MIN)
   {
     int nt = omp_get_num_threads(), id = omp_get_thread_num();

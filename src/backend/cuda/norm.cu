@@ -143,8 +143,8 @@ static void cuda_batch_norm_backward(float* dx, float* dw, float* db, const floa
 }
 
 // ---- group norm: one block per (n, group) ------------------------------------------------------
-__global__ static void gn_forward_k(float* y, float* mean, float* rstd, const float* x, const float* w,
-                                    const float* b, int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
+__global__ static void gn_forward_k(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                    int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
   __shared__ double sh[NT];
   int64_t Cg = C / G, D = Cg * S;
   for (int64_t r = blockIdx.x; r < N * G; r += gridDim.x) {
@@ -166,8 +166,8 @@ __global__ static void gn_forward_k(float* y, float* mean, float* rstd, const fl
     }
   }
 }
-static void cuda_group_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                                    const float* b, int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
+static void cuda_group_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                    int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
   if (N * C * S == 0) return;
   gn_forward_k<<<grid_of(N * G), NT, 0, fsdp_cuda_stream>>>(y, mean, rstd, x, w, b, N, C, S, G, eps);
   FSDP_CUDA_LAUNCHED("group_norm");
@@ -270,7 +270,7 @@ static void cuda_rms_norm_backward(float* dx, float* dw, const float* dy, const 
 }
 
 const fsdp_norm_kernels fsdp_cuda_norm_kernels = {
-    cuda_batch_norm_sums,     cuda_batch_norm_stats,   cuda_batch_norm_apply,
+    cuda_batch_norm_sums,          cuda_batch_norm_stats,    cuda_batch_norm_apply,
     cuda_batch_norm_backward_sums, cuda_batch_norm_backward, cuda_group_norm_forward,
-    cuda_group_norm_backward, cuda_rms_norm_forward,   cuda_rms_norm_backward,
+    cuda_group_norm_backward,      cuda_rms_norm_forward,    cuda_rms_norm_backward,
 };
