@@ -15,7 +15,8 @@ Writes tests/golden/norm.safetensors (float32 and int64 tensors, names below):
   gn.*    GroupNorm(3, 6) with random weight/bias on x (2, 6, 3, 3): y, and dx, dw, db of sum(y * r)
   rms.*   RMSNorm(5) with random weight on x (3, 4, 5): PyTorch 1.13 has no nn.RMSNorm, so the
           formula of PyTorch 2.4+: x / sqrt(mean(x^2) + eps) * w, eps = torch.finfo(float32).eps;
-          y, and dx, dw of sum(y * r); y_eps for eps = 0.1
+          y, and dx, dw of sum(y * r); y_eps for eps = 0.1; y_small on x_small = x / 1000 (where
+          the default eps is a tenth of mean(x^2))
 """
 import os
 import sys
@@ -87,6 +88,9 @@ def main():
     dx, dw = grads(y, r, x, w)
     out += [("rms.weight", w), ("rms.x", x), ("rms.r", r), ("rms.y", y), ("rms.dx", dx), ("rms.dw", dw),
             ("rms.y_eps", rms(x, 0.1))]
+    # small values, where the default eps matters: mean(x^2) ~ 1e-6 against eps 1.19e-7
+    xs = x.detach() * 1e-3
+    out += [("rms.x_small", xs), ("rms.y_small", rms(xs, torch.finfo(xs.dtype).eps))]
     save_safetensors(os.path.join(HERE, "norm.safetensors"), out, {"torch": torch.__version__})
     print("wrote", len(out), "tensors")
 
