@@ -307,13 +307,19 @@ function BatchNorm:_check_input(x)
       table.concat(x:shape(), ", ")), 3)
   end
 end
--- the momentum of this step (PyTorch's exponential_average_factor), counting the batch
+-- the momentum of this step (PyTorch's exponential_average_factor), counting the batch. The count
+-- is remembered with the buffer's version, so it is read back (a device wait on a GPU) only after
+-- someone else wrote the buffer (load_state_dict, a checkpoint)
 function BatchNorm:_step_momentum()
   local m = self.momentum or 0.0
   local use_batch = self.training or not self.track_running_stats
-  if self.training and self.track_running_stats and self.num_batches_tracked ~= nil then
-    local n = self.num_batches_tracked:item() + 1
-    fsdp.no_grad(function() self.num_batches_tracked:fill_(n) end)
+  local nbt = self.num_batches_tracked
+  if self.training and self.track_running_stats and nbt ~= nil then
+    local seen = rawget(self, "_nbt_seen")
+    local n = (seen and seen.t == nbt and seen.version == nbt:version()) and seen.n or nbt:item()
+    n = n + 1
+    fsdp.no_grad(function() nbt:fill_(n) end)
+    rawset(self, "_nbt_seen", { t = nbt, n = n, version = nbt:version() })
     if self.momentum == nil then m = 1.0 / n end
   end
   return use_batch, m
