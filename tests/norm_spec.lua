@@ -141,6 +141,35 @@ describe("BatchNorm state and modes", function()
     assert.equal(10, m2["1"].num_batches_tracked:item())
   end)
 
+  it("a saved state_dict loads into PyTorch's model with strict keys (and the same running stats)", function()
+    if os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") ~= 0 then
+      pending("/usr/bin/python3 with torch is not installed")
+      return
+    end
+    local m = net()
+    m(fsdp.randn { 4, 2, 5, 5 })
+    local dir = H.mkdtemp("norm_sd")
+    fsdp.save(dir .. "/bn.safetensors", m:state_dict())
+    local py = ([[
+import sys; sys.path.insert(0, "%s/tests/golden")
+from gen import load_safetensors
+import torch.nn as nn
+sd, _ = load_safetensors("%s/bn.safetensors")
+m = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU())
+m.load_state_dict(sd, strict=True)
+print("OK", int(m[1].num_batches_tracked), float(m[1].running_var[0]))
+]]):format(H.root, dir)
+    local f = assert(io.open(dir .. "/check.py", "w"))
+    f:write(py)
+    f:close()
+    local _, out = H.sh("/usr/bin/python3 " .. dir .. "/check.py")
+    os.execute("rm -rf '" .. dir .. "'")
+    local n, v = out:match("OK (%d+) ([%d%.e%-]+)")
+    assert(n, "PyTorch did not load the state_dict:\n" .. out)
+    assert.equal(1, tonumber(n))
+    H.assert_close({ tonumber(v) }, { m["1"].running_var:tolist()[1] }, 1e-6, 1e-6, "running_var[1] in PyTorch")
+  end)
+
   it("model:train()/eval() switch between batch and running statistics", function()
     local m = net()
     local x = fsdp.randn { 4, 2, 5, 5 }
