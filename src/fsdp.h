@@ -336,6 +336,21 @@ fsdp_tensor* fsdp_dropout2d(fsdp_tensor* x, double p, int training);
 fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,
                                                int causal, double dropout_p, double scale);
 
+// ---- normalization ops (ops/norm.c; the synchronized batch norm in dist/sync_bn.c) -------------
+// x (N, C, ...): training normalizes with the batch statistics and moves running_mean/var (when
+// given, float32 or x's dtype, (C)) toward them by momentum; eval uses the running statistics.
+// w, b (C) may be NULL. PyTorch's F.batch_norm.
+fsdp_tensor* fsdp_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,
+                             fsdp_tensor* b, int training, double momentum, double eps);
+// the same with the statistics of the global batch in training: the per-channel sums (and the
+// count) are all-reduced over the communicator, and so are the backward's two gradient sums
+fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,
+                                  fsdp_tensor* b, int training, double momentum, double eps);
+// x (N, C, ...) normalized over each of num_groups groups of channels; w, b (C) may be NULL
+fsdp_tensor* fsdp_group_norm(fsdp_tensor* x, int64_t num_groups, fsdp_tensor* w, fsdp_tensor* b, double eps);
+// x / sqrt(mean(x^2) + eps) * w over the last normalized_ndim dims; w may be NULL
+fsdp_tensor* fsdp_rms_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, double eps);
+
 // ---- optimizer updates (in place on param and state, no autograd) ------------------------------
 // PyTorch's torch.optim.SGD: first_step tells whether the momentum buffer is uninitialized
 int fsdp_sgd_step(fsdp_tensor* param, fsdp_tensor* grad, fsdp_tensor* momentum_buf, double lr, double momentum,

@@ -389,6 +389,21 @@ ops.adaptive_avg_pool2d = {
 
 -- normalization, embedding, dropout, losses, attention (F)
 ops.layer_norm = { call = function(p, x, w, b) return F.layer_norm(x, p.shape, w, b, p.eps) end, ref = R.layer_norm }
+ops.batch_norm = {
+  call = function(p, x, rm, rv, w, b)
+    return F.batch_norm(x, rm, rv, w, b, { training = p.training, eps = p.eps })
+  end,
+  ref = R.batch_norm,
+}
+-- one rank: batch_norm (tests/scripts/fsdp_matrix.lua checks it over several)
+ops.sync_batch_norm = {
+  call = function(p, x, rm, rv, w, b)
+    return F.sync_batch_norm(x, rm, rv, w, b, { training = p.training, eps = p.eps })
+  end,
+  ref = R.batch_norm,
+}
+ops.group_norm = { call = function(p, x, w, b) return F.group_norm(x, p.groups, w, b, p.eps) end, ref = R.group_norm }
+ops.rms_norm = { call = function(p, x, w) return F.rms_norm(x, p.shape, w, p.eps) end, ref = R.rms_norm }
 ops.embedding = { call = function(p, idx, w) return F.embedding(idx, w, p.padding_idx) end, ref = R.embedding }
 ops.dropout = { call = function(p, x) return F.dropout(x, p.p, p.training) end, ref = R.dropout }
 ops.dropout2d = { call = function(p, x) return F.dropout2d(x, p.p, p.training) end, ref = R.dropout2d }
@@ -1086,6 +1101,38 @@ C { "layer_norm", T { 4, 3 }, shape = 3 }
 C { "layer_norm", T { 2, 3 }, T { 3, const = true }, shape = 3 } -- a frozen weight
 C { "layer_norm", narrowed(T { 7, 13 }), T { 13 }, T { 13 }, shape = 13 }
 C { "layer_norm", T { 0, 3 }, T { 3 }, T { 3 }, shape = 3 }
+
+-- ---- batch_norm, group_norm, rms_norm -----------------------------------------------------------
+-- batch_norm in training (batch statistics; no running stats here: those are tests/norm_spec.lua's)
+-- and in eval (the running statistics as constant inputs)
+local bnx = T { 4, 3, 5, lo = -1, hi = 3 }
+local run_m, run_v = T { 3, const = true }, T({ 3, const = true }, { lo = 0.5, hi = 2 })
+C { "batch_norm", bnx, none, none, T { 3 }, T { 3 }, training = true }
+C { "batch_norm", T { 6, 4 }, none, none, T { 4 }, T { 4 }, training = true }
+C { "batch_norm", T { 3, 2, 3, 4 }, none, none, T { 2 }, none, training = true, eps = 0.1 }
+C { "batch_norm", T { 3, 2, 3, 4 }, none, none, training = true }
+C { "batch_norm", transposed(T { 5, 3 }), none, none, T { 3 }, T { 3 }, training = true }
+C { "batch_norm", bnx, run_m, run_v, T { 3 }, T { 3 }, training = false }
+C { "batch_norm", T { 4, 3, 5, dtype = "bfloat16" }, none, none, T { 3 }, T { 3 }, training = true, nograd = true }
+local r3 = 1 / math.sqrt(2 / 3 + 1e-5) -- per channel (1, 2, 3): mean 2, variance 2/3
+C { "batch_norm", V { { 1 }, { 2 }, { 3 } }, none, none, training = true, want = { { -r3 }, { 0 }, { r3 } },
+  tol = { 1e-6, 0 } }
+C { "sync_batch_norm", bnx, none, none, T { 3 }, T { 3 }, training = true }
+C { "sync_batch_norm", bnx, run_m, run_v, T { 3 }, none, training = false }
+C { "group_norm", T { 2, 6, 5, lo = -1, hi = 3 }, T { 6 }, T { 6 }, groups = 3 }
+C { "group_norm", T { 2, 4, 3, 3 }, T { 4 }, none, groups = 2, eps = 0.1 }
+C { "group_norm", T { 3, 4 }, groups = 1 }
+C { "group_norm", T { 2, 4, 3 }, T { 4 }, T { 4 }, groups = 4 }
+C { "group_norm", narrowed(T { 3, 8 }), T { 8 }, T { 8 }, groups = 2 }
+C { "group_norm", T { 2, 6, 5, dtype = "bfloat16" }, T { 6 }, T { 6 }, groups = 3, nograd = true }
+C { "rms_norm", T { 2, 3, 4 }, T { 4 }, shape = 4, eps = 1e-6 }
+C { "rms_norm", T { 2, 3, 4 }, shape = 4, eps = 1e-6 }
+C { "rms_norm", T { 2, 3, 4 }, T { 3, 4 }, shape = { 3, 4 }, eps = 0.5 }
+C { "rms_norm", transposed(T { 6, 5 }), T { 5 }, shape = 5, eps = 1e-6 }
+C { "rms_norm", T { 0, 3 }, T { 3 }, shape = 3 }
+C { "rms_norm", T { 4, 8, dtype = "bfloat16" }, T { 8 }, shape = 8, nograd = true }
+local rms3 = 1 / math.sqrt(14 / 3 + 1e-6) -- (1, 2, 3): mean square 14/3
+C { "rms_norm", V { { 1, 2, 3 } }, shape = 3, eps = 1e-6, want = { rms3, 2 * rms3, 3 * rms3 }, tol = { 1e-6, 0 } }
 
 -- ---- embedding ----------------------------------------------------------------------------------
 local emb = V { { 0, 1 }, { 10, 11 }, { 20, 21 }, { 30, 31 } }

@@ -1459,4 +1459,82 @@ function R.tile(p, a)
   end)
 end
 
+-- ---- batch_norm, group_norm, rms_norm (x (N, C, ...) / (..., D)) -------------------------------
+-- batch_norm: p.training (batch statistics, biased variance) or the running ones rm, rv
+function R.batch_norm(p, x, rm, rv, w, b)
+  local N, C = x.shape[1], x.shape[2]
+  local S = #x.data / math.max(N * C, 1)
+  local eps = p.eps or 1e-5
+  local out = {}
+  for c = 0, C - 1 do
+    local mu, var
+    if p.training then
+      mu, var = 0, 0
+      for n = 0, N - 1 do
+        for s = 1, S do mu = mu + x.data[(n * C + c) * S + s] end
+      end
+      mu = mu / (N * S)
+      for n = 0, N - 1 do
+        for s = 1, S do var = var + (x.data[(n * C + c) * S + s] - mu) ^ 2 end
+      end
+      var = var / (N * S)
+    else
+      mu, var = rm.data[c + 1], rv.data[c + 1]
+    end
+    for n = 0, N - 1 do
+      for s = 1, S do
+        local i = (n * C + c) * S + s
+        local y = (x.data[i] - mu) / math.sqrt(var + eps)
+        if w then y = y * w.data[c + 1] end
+        if b then y = y + b.data[c + 1] end
+        out[i] = y
+      end
+    end
+  end
+  return array(copy(x.shape), out, x.dtype)
+end
+
+function R.group_norm(p, x, w, b)
+  local N, C, G = x.shape[1], x.shape[2], p.groups
+  local S = #x.data / math.max(N * C, 1)
+  local D = C / G * S
+  local eps = p.eps or 1e-5
+  local out = {}
+  for r = 0, N * G - 1 do
+    local mu, var = 0, 0
+    for d = 1, D do mu = mu + x.data[r * D + d] end
+    mu = mu / D
+    for d = 1, D do var = var + (x.data[r * D + d] - mu) ^ 2 end
+    var = var / D
+    for d = 1, D do
+      local c = (r % G) * (C / G) + math.floor((d - 1) / S)
+      local y = (x.data[r * D + d] - mu) / math.sqrt(var + eps)
+      if w then y = y * w.data[c + 1] end
+      if b then y = y + b.data[c + 1] end
+      out[r * D + d] = y
+    end
+  end
+  return array(copy(x.shape), out, x.dtype)
+end
+
+function R.rms_norm(p, x, w)
+  local k = type(p.shape) == "table" and #p.shape or 1
+  local D = 1
+  for i = #x.shape - k + 1, #x.shape do D = D * x.shape[i] end
+  -- PyTorch's default: torch.finfo(x.dtype).eps
+  local eps = p.eps or ({ bfloat16 = 0.0078125, float16 = 0.0009765625 })[x.dtype] or 1.1920928955078125e-07
+  local out = {}
+  for m = 0, #x.data / D - 1 do
+    local ms = 0
+    for d = 1, D do ms = ms + x.data[m * D + d] ^ 2 end
+    ms = ms / D
+    for d = 1, D do
+      local y = x.data[m * D + d] / math.sqrt(ms + eps)
+      if w then y = y * w.data[d] end
+      out[m * D + d] = y
+    end
+  end
+  return array(copy(x.shape), out, x.dtype)
+end
+
 return R

@@ -411,6 +411,7 @@ end
 --     reshard_after_forward, param_dtype, params = {{name, shape, numel, local_numel, trainable}},
 --     elements = {full, this_rank, trainable, frozen}, bytes = {shards, gathered, grads, optimizer},
 --     step = {all_gather = {count, bytes}, reduce_scatter = ..., all_reduce = ...}}
+--     buffers = {count, elements} (the unit's modules' buffers: every rank holds them whole),
 --   plan.step: the same counts summed: what one training step's collectives are (fsdp.comm_stats
 --   counts them the same way: payload bytes, the full gathered or reduced buffer)
 -- One step = forward, backward, gradient reduction. A unit gathers each of its two groups
@@ -426,6 +427,37 @@ local function human(b)
   return ("%d B"):format(b)
 end
 local KINDS = { "all_gather", "reduce_scatter", "all_reduce" }
+
+-- the modules of unit module m that no unit nested in it holds (m itself included)
+local function own_modules(m)
+  local r, inner = {}, {}
+  for name, x in m:named_modules() do
+    local held = false
+    for _, pre in ipairs(inner) do
+      if name:sub(1, #pre) == pre then held = true; break end
+    end
+    if not held and name ~= "" and rawget(x, "_fsdp_unit") then inner[#inner + 1] = name .. "."; held = true end
+    if not held then r[#r + 1] = x end
+  end
+  return r
+end
+-- buffers (replicated on every rank, never sharded) and the collectives a module issues itself per
+-- training step (m:_step_collectives(world) -> {{kind, bytes}, ...}: SyncBatchNorm's all-reduces)
+local function module_extras(e, m, world)
+  local bufs = rawget(m, "_buffers")
+  for _, name in ipairs(bufs and bufs.names or {}) do
+    local t = bufs.values[name]
+    if t ~= nil then
+      e.buffers.count = e.buffers.count + 1
+      e.buffers.elements = e.buffers.elements + t:numel()
+    end
+  end
+  local f = m._step_collectives
+  for _, c in ipairs(type(f) == "function" and f(m, world) or {}) do
+    e.step[c[1]].count = e.step[c[1]].count + 1
+    e.step[c[1]].bytes = e.step[c[1]].bytes + c[2]
+  end
+end
 
 function W.summary(model, opts)
   if type(model) ~= "table" or not rawget(model, "_modules") then
@@ -454,8 +486,9 @@ function W.summary(model, opts)
     local e = { path = u.path, module = module_label(u.module), parent = u.parent and u.parent.path, sharding = sharding,
       world = Wu, reshard_after_forward = reshard, param_dtype = pdt, params = {},
       elements = { full = 0, this_rank = 0, trainable = 0, frozen = 0 },
-      bytes = { shards = 0, gathered = 0, grads = 0, optimizer = 0 }, step = {} }
+      bytes = { shards = 0, gathered = 0, grads = 0, optimizer = 0 }, step = {}, buffers = { count = 0, elements = 0 } }
     for _, k in ipairs(KINDS) do e.step[k] = { count = 0, bytes = 0 } end
+    for _, m in ipairs(own_modules(u.module)) do module_extras(e, m, world) end
     local S, F = { 0, 0 }, { 0, 0 }  -- per group (1 trainable, 2 frozen): shard and full elements
     local ps, pnames = own_params(u.module)  -- (the unit's parameters, in its order)
     for i = 0, C.fsdp_unit_num_params(u.c) - 1 do
@@ -526,6 +559,10 @@ function W.summary(model, opts)
         e.reshard_after_forward and "" or "no ")
       lines[#lines + 1] = ("%s  params %d: %d elements (%d trainable, %d frozen), %d on this rank"):format(ind,
         #e.params, e.elements.full, e.elements.trainable, e.elements.frozen, e.elements.this_rank)
+      if e.buffers.count > 0 then
+        lines[#lines + 1] = ("%s  buffers %d: %d elements, on every rank (not sharded)"):format(ind, e.buffers.count,
+          e.buffers.elements)
+      end
       lines[#lines + 1] = ("%s  bytes: shards %s, gathered %s while it computes, grads %s, optimizer %s"):format(ind,
         human(e.bytes.shards), human(e.bytes.gathered), human(e.bytes.grads),
         opts.optimizer and human(e.bytes.optimizer) or "(pass {optimizer = opt})")

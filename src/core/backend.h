@@ -14,6 +14,7 @@
 #include "core/kernels_elem.h"
 #include "core/kernels_linalg.h"
 #include "core/kernels_nn.h"
+#include "core/kernels_norm.h"
 #include "core/kernels_optim.h"
 #include <stddef.h>
 
@@ -58,6 +59,7 @@ typedef struct fsdp_backend {
   const fsdp_linalg_kernels* linalg;
   const fsdp_nn_kernels* nn;
   const fsdp_optim_kernels* optim;
+  const fsdp_norm_kernels* norm;
 } fsdp_backend;
 
 #ifdef __cplusplus

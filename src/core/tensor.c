@@ -260,7 +260,8 @@ int fsdp_backend_check(const fsdp_backend* b) {
   } tables[] = {{"elem", b->elem, sizeof *b->elem},
                 {"linalg", b->linalg, sizeof *b->linalg},
                 {"nn", b->nn, sizeof *b->nn},
-                {"optim", b->optim, sizeof *b->optim}};
+                {"optim", b->optim, sizeof *b->optim},
+                {"norm", b->norm, sizeof *b->norm}};
   for (size_t i = 0; i < sizeof tables / sizeof *tables; i++) {
     CHECK_INT(tables[i].table, "backend %s: no %s kernel table", b->name, tables[i].family);
     CHECK_INT(table_complete(tables[i].table, tables[i].size, &missing),

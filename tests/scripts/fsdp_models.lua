@@ -144,4 +144,41 @@ M.tied = {
   batch = M.transformer.batch, loss = M.transformer.loss,
 }
 
+-- (6) a conv net with batch norms (issue 19): BatchNorm2d after each conv, BatchNorm1d in the head;
+--     names trunk.{0,3}.{weight,bias}, trunk.{1,4}.{weight,bias,running_mean,running_var,
+--     num_batches_tracked}, head.{2,5}.*, head.3.* (4 rows per BatchNorm at 2 ranks, 2 at 4)
+--     With head_bn = false the head has no BatchNorm1d (bnconv2d): a rank's slice at 4 ranks is 2
+--     rows, whose batch statistics make the gradient ill-conditioned (rounding grows ~1e3-fold)
+local BNNet = nn.Module:extend("BNNet")
+function BNNet:__init(head_bn)
+  self.trunk = nn.Sequential(nn.Conv2d(1, 4, 3, { padding = 1 }), nn.BatchNorm2d(4), nn.ReLU(),
+    nn.Conv2d(4, 4, 3, { padding = 1 }), nn.BatchNorm2d(4, { momentum = 0.3 }), nn.ReLU())
+  if head_bn then  -- (no bias before a batch norm: its gradient is zero up to rounding)
+    self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 6, { bias = false }),
+      nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 10))
+  else
+    self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 10))
+  end
+end
+function BNNet:forward(x) return self.head(self.trunk(x)) end
+M.bnconv = {
+  build = function()
+    fsdp.manual_seed(16)
+    return BNNet(true)
+  end,
+  batch = function(seed)
+    fsdp.manual_seed(3000 + seed)
+    return fsdp.randn{M.GLOBAL_B, 1, 5, 5} * 2 + 0.5, fsdp.randint(0, 10, {M.GLOBAL_B})
+  end,
+  loss = M.conv.loss,
+}
+
+M.bnconv2d = {
+  build = function()
+    fsdp.manual_seed(16)
+    return BNNet(false)
+  end,
+  batch = M.bnconv.batch, loss = M.bnconv.loss,
+}
+
 return M

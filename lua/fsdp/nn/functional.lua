@@ -182,6 +182,57 @@ function F.layer_norm(x, normalized_shape, w, b, eps)
   return (wrap(C.fsdp_layer_norm(px, k, pw, pb, eps or 1e-5)))
 end
 
+-- F.batch_norm(x, running_mean, running_var, weight, bias, training = false, momentum = 0.1, eps = 1e-5)
+-- (PyTorch's order; keywords in a trailing table): x (N, C, ...); training normalizes with the
+-- batch statistics and updates the running ones in place (when given), eval uses them
+local function batch_norm(op, cfn, x, ...)
+  local o = args_of({ "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps" }, ...)
+  local px = T(x, op, "input")
+  local momentum = o.momentum
+  if momentum == nil then momentum = 0.1 end
+  if type(momentum) ~= "number" then error(("%s: momentum must be a number, got %s"):format(op, type(momentum)), 3) end
+  return (wrap(cfn(px, P(o.running_mean, op, "running_mean"), P(o.running_var, op, "running_var"),
+    P(o.weight, op, "weight"), P(o.bias, op, "bias"), o.training and 1 or 0, momentum, o.eps or 1e-5)))
+end
+function F.batch_norm(x, ...) return batch_norm("batch_norm", C.fsdp_batch_norm, x, ...) end
+-- the same with the global batch's statistics in training: the per-channel sums are all-reduced
+-- over every rank (in forward and in backward), as torch.nn.SyncBatchNorm; one rank: batch_norm
+function F.sync_batch_norm(x, ...)
+  fsdp.world_size()  -- the communicator exists before the op asks it
+  return batch_norm("sync_batch_norm", C.fsdp_sync_batch_norm, x, ...)
+end
+
+-- F.group_norm(x, num_groups, weight, bias, eps = 1e-5): x (N, C, ...), C divisible by num_groups
+function F.group_norm(x, num_groups, ...)
+  local o = args_of({ "weight", "bias", "eps" }, ...)
+  local px = T(x, "group_norm", "input")
+  if type(num_groups) ~= "number" or num_groups ~= math.floor(num_groups) then
+    error(("group_norm: num_groups must be an integer, got %s"):format(tostring(num_groups)), 2)
+  end
+  return (wrap(C.fsdp_group_norm(px, num_groups, P(o.weight, "group_norm", "weight"), P(o.bias, "group_norm", "bias"),
+    o.eps or 1e-5)))
+end
+
+-- PyTorch's default RMSNorm eps: torch.finfo(x.dtype).eps
+local finfo_eps = { float32 = 1.1920928955078125e-07, bfloat16 = 0.0078125, float16 = 0.0009765625 }
+F._finfo_eps = finfo_eps
+-- F.rms_norm(x, normalized_shape, weight, eps = finfo(x.dtype).eps): x / sqrt(mean(x^2) + eps) * weight
+-- over the trailing dims given by normalized_shape (an int or a table)
+function F.rms_norm(x, normalized_shape, ...)
+  local o = args_of({ "weight", "eps" }, ...)
+  local px, pw = T(x, "rms_norm", "input"), P(o.weight, "rms_norm", "weight")
+  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
+  if type(ns) ~= "table" then error("rms_norm: normalized_shape must be an integer or a table of integers", 2) end
+  local xs = x:shape()
+  local k = #ns
+  local ok = k >= 1 and k <= #xs
+  for i = 1, k do if not ok or xs[#xs - k + i] ~= ns[i] then ok = false; break end end
+  if not ok then
+    error(("rms_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
+  end
+  return (wrap(C.fsdp_rms_norm(px, k, pw, o.eps or finfo_eps[x.dtype] or finfo_eps.float32)))
+end
+
 -- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
 -- indices idx (any shape) -> (idx..., D). The padding row gets no gradient.
 function F.embedding(idx, weight, opts)

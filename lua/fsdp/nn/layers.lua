@@ -359,6 +359,181 @@ function LayerNorm:extra_repr()
     tostring(self.eps), pybool(self.elementwise_affine))
 end
 
+-- nn.BatchNorm1d/2d(num_features[, {eps = 1e-5, momentum = 0.1, affine = true, track_running_stats = true}]):
+-- weight (C) = 1, bias (C) = 0; buffers running_mean (C) = 0, running_var (C) = 1 and
+-- num_batches_tracked (int64, 0-dim), PyTorch's names. Training (model:train()) normalizes with the
+-- batch statistics and updates the running ones (momentum = false/nil in the options table: the
+-- cumulative average, PyTorch's momentum=None); eval (model:eval()) uses the running statistics.
+local norm_opts = { "eps", "momentum", "affine", "track_running_stats" }
+local BatchNorm = Module:extend("_BatchNorm")
+L._BatchNorm = BatchNorm
+function BatchNorm:__init(num_features, ...)
+  local o = args_of(norm_opts, ...)
+  local cls = self.__name
+  self.num_features = check_int(cls, "num_features", num_features)
+  self.eps = o.eps or 1e-5
+  -- PyTorch's momentum=None (a cumulative average) is spelled momentum = false (a nil key is absent)
+  if o.momentum == false then self.momentum = nil else self.momentum = o.momentum or 0.1 end
+  if self.momentum ~= nil and type(self.momentum) ~= "number" then
+    error(("%s: momentum must be a number or false, got %s"):format(cls, type(self.momentum)), 2)
+  end
+  self.affine = o.affine ~= false
+  self.track_running_stats = o.track_running_stats ~= false
+  if self.affine then
+    self.weight = Parameter(fsdp.ones(num_features))
+    self.bias = Parameter(fsdp.zeros(num_features))
+  else
+    self:register_parameter("weight", nil)
+    self:register_parameter("bias", nil)
+  end
+  if self.track_running_stats then
+    self:register_buffer("running_mean", fsdp.zeros(num_features))
+    self:register_buffer("running_var", fsdp.ones(num_features))
+    self:register_buffer("num_batches_tracked", fsdp.tensor(0, "int64"))
+  else
+    self:register_buffer("running_mean", nil)
+    self:register_buffer("running_var", nil)
+    self:register_buffer("num_batches_tracked", nil)
+  end
+end
+-- the input's dims this class accepts (nil: any with a channel dim)
+BatchNorm._dims = nil
+function BatchNorm:_check_input(x)
+  local nd = fsdp.is_tensor(x) and #x:shape() or nil
+  local ok = self._dims == nil or nd == nil
+  for _, d in ipairs(self._dims or {}) do ok = ok or nd == d end
+  if not ok then
+    local want = {}
+    for _, d in ipairs(self._dims) do want[#want + 1] = d .. "D" end
+    error(("%s: expected %s input, got %dD input of shape (%s)"):format(self.__name, table.concat(want, " or "), nd,
+      table.concat(x:shape(), ", ")), 3)
+  end
+end
+-- the momentum of this step (PyTorch's exponential_average_factor), counting the batch. The count
+-- is remembered with the buffer's version, so it is read back (a device wait on a GPU) only after
+-- someone else wrote the buffer (load_state_dict, a checkpoint)
+function BatchNorm:_step_momentum()
+  local m = self.momentum or 0.0
+  local use_batch = self.training or not self.track_running_stats
+  local nbt = self.num_batches_tracked
+  if self.training and self.track_running_stats and nbt ~= nil then
+    local seen = rawget(self, "_nbt_seen")
+    local n = (seen and seen.t == nbt and seen.version == nbt:version()) and seen.n or nbt:item()
+    n = n + 1
+    fsdp.no_grad(function() nbt:fill_(n) end)
+    rawset(self, "_nbt_seen", { t = nbt, n = n, version = nbt:version() })
+    if self.momentum == nil then m = 1.0 / n end
+  end
+  return use_batch, m
+end
+function BatchNorm:_run(fn, x)
+  self:_check_input(x)
+  local use_batch, m = self:_step_momentum()
+  -- running stats are updated when training with them; eval without them uses the batch's
+  local track = self.training or not use_batch
+  local rm, rv = track and self.running_mean or nil, track and self.running_var or nil
+  return (fn(x, rm, rv, self.weight, self.bias, { training = use_batch, momentum = m, eps = self.eps }))
+end
+function BatchNorm:forward(x) return self:_run(F.batch_norm, x) end
+function BatchNorm:extra_repr()
+  return ("%d, eps=%s, momentum=%s, affine=%s, track_running_stats=%s"):format(self.num_features, tostring(self.eps),
+    self.momentum == nil and "None" or tostring(self.momentum), pybool(self.affine), pybool(self.track_running_stats))
+end
+local BatchNorm1d = BatchNorm:extend("BatchNorm1d")
+L.BatchNorm1d = BatchNorm1d
+BatchNorm1d._dims = { 2, 3 }
+local BatchNorm2d = BatchNorm:extend("BatchNorm2d")
+L.BatchNorm2d = BatchNorm2d
+BatchNorm2d._dims = { 4 }
+
+-- nn.SyncBatchNorm(num_features[, {same options}]): batch norm over the global batch (every rank's
+-- per-channel sums all-reduced in forward and backward); any input with a channel dim.
+-- nn.SyncBatchNorm.convert_sync_batchnorm(module) replaces every BatchNorm1d/2d in module (or module
+-- itself) by a SyncBatchNorm holding the same parameters and buffers, and returns the result.
+local SyncBatchNorm = BatchNorm:extend("SyncBatchNorm")
+L.SyncBatchNorm = SyncBatchNorm
+function SyncBatchNorm:forward(x) return self:_run(F.sync_batch_norm, x) end
+-- what one training step all-reduces over `world` ranks (fsdp.summary's plan): the forward's
+-- [sum | count] (C + 1) and sum of squares (C), the backward's two gradient sums (2C), float32
+function SyncBatchNorm:_step_collectives(world)
+  local C = self.num_features
+  if world <= 1 or not (self.training or not self.track_running_stats) then return {} end
+  return { { "all_reduce", (C + 1) * 4 }, { "all_reduce", C * 4 }, { "all_reduce", 2 * C * 4 } }
+end
+local function to_sync(m)
+  local s = SyncBatchNorm(m.num_features, { eps = m.eps, affine = m.affine, track_running_stats = m.track_running_stats })
+  s.momentum = m.momentum
+  for _, kind in ipairs { "_parameters", "_buffers" } do
+    for _, name in ipairs { "weight", "bias", "running_mean", "running_var", "num_batches_tracked" } do
+      local t = rawget(m, kind).values[name]
+      if t ~= nil then s[name] = t end
+    end
+  end
+  rawset(s, "training", m.training)
+  return s
+end
+function SyncBatchNorm.convert_sync_batchnorm(module)
+  if not is_module(module) then
+    error(("SyncBatchNorm.convert_sync_batchnorm: expected a Module, got %s"):format(type(module)), 2)
+  end
+  if module.__name == "BatchNorm1d" or module.__name == "BatchNorm2d" then return to_sync(module) end
+  for name, child in module:named_children() do
+    local c = SyncBatchNorm.convert_sync_batchnorm(child)
+    if c ~= child then module[name] = c end
+  end
+  return module
+end
+
+-- nn.GroupNorm(num_groups, num_channels[, {eps = 1e-5, affine = true}]): weight (C) = 1, bias (C) = 0
+local GroupNorm = Module:extend("GroupNorm")
+L.GroupNorm = GroupNorm
+function GroupNorm:__init(num_groups, num_channels, ...)
+  local o = args_of({ "eps", "affine" }, ...)
+  self.num_groups = check_int("GroupNorm", "num_groups", num_groups)
+  self.num_channels = check_int("GroupNorm", "num_channels", num_channels)
+  if num_channels % num_groups ~= 0 then
+    error(("GroupNorm: num_channels %d must be divisible by num_groups %d"):format(num_channels, num_groups), 2)
+  end
+  self.eps = o.eps or 1e-5
+  self.affine = o.affine ~= false
+  if self.affine then
+    self.weight = Parameter(fsdp.ones(num_channels))
+    self.bias = Parameter(fsdp.zeros(num_channels))
+  else
+    self:register_parameter("weight", nil)
+    self:register_parameter("bias", nil)
+  end
+end
+function GroupNorm:forward(x) return (F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)) end
+function GroupNorm:extra_repr()
+  return ("%d, %d, eps=%s, affine=%s"):format(self.num_groups, self.num_channels, tostring(self.eps), pybool(self.affine))
+end
+
+-- nn.RMSNorm(normalized_shape[, {eps = nil, elementwise_affine = true}]): weight (normalized_shape) = 1;
+-- eps nil means torch.finfo(input dtype).eps, as PyTorch
+local RMSNorm = Module:extend("RMSNorm")
+L.RMSNorm = RMSNorm
+function RMSNorm:__init(normalized_shape, ...)
+  local o = args_of({ "eps", "elementwise_affine" }, ...)
+  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
+  if type(ns) ~= "table" or #ns == 0 then error("RMSNorm: normalized_shape must be an integer or a table of integers", 2) end
+  for _, v in ipairs(ns) do check_int("RMSNorm", "normalized_shape", v) end
+  self.normalized_shape = ns
+  self.eps = o.eps
+  self.elementwise_affine = o.elementwise_affine ~= false
+  if self.elementwise_affine then
+    self.weight = Parameter(fsdp.ones(ns))
+  else
+    self:register_parameter("weight", nil)
+  end
+end
+function RMSNorm:forward(x) return (F.rms_norm(x, self.normalized_shape, self.weight, self.eps)) end
+function RMSNorm:extra_repr()
+  local ns = self.normalized_shape
+  return ("(%s%s), eps=%s, elementwise_affine=%s"):format(table.concat(ns, ", "), #ns == 1 and "," or "",
+    self.eps == nil and "None" or tostring(self.eps), pybool(self.elementwise_affine))
+end
+
 -- nn.Embedding(num_embeddings, embedding_dim[, {padding_idx =}]): weight (num, dim) ~ N(0, 1), the
 -- padding row (0-based, negative from the end) zeroed and excluded from gradients
 local Embedding = Module:extend("Embedding")

@@ -77,6 +77,7 @@ static const fsdp_backend cpu_backend = {
     .linalg = &fsdp_cpu_linalg_kernels,
     .nn = &fsdp_cpu_nn_kernels,
     .optim = &fsdp_cpu_optim_kernels,
+    .norm = &fsdp_cpu_norm_kernels,
 };
 
 // registered before anything of libfsdp.so can run (a constructor runs when the library loads);

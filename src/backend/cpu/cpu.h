@@ -10,6 +10,7 @@ extern const fsdp_elem_kernels fsdp_cpu_elem_kernels;
 extern const fsdp_linalg_kernels fsdp_cpu_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cpu_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cpu_optim_kernels;
+extern const fsdp_norm_kernels fsdp_cpu_norm_kernels;
 
 // GEMMs on bfloat16 operands (bf16.c): the linalg table's gemm_bf16_many
 int fsdp_cpu_gemm_bf16_many(int n, const fsdp_gemm_bf16_args* g);

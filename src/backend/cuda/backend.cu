@@ -139,6 +139,7 @@ static const fsdp_backend cuda_backend = {
     &fsdp_cuda_linalg_kernels,
     &fsdp_cuda_nn_kernels,
     &fsdp_cuda_optim_kernels,
+    &fsdp_cuda_norm_kernels,
 };
 
 // ---- the library's entry points -----------------------------------------------------------------

@@ -45,5 +45,6 @@ extern const fsdp_elem_kernels fsdp_cuda_elem_kernels;
 extern const fsdp_linalg_kernels fsdp_cuda_linalg_kernels;
 extern const fsdp_nn_kernels fsdp_cuda_nn_kernels;
 extern const fsdp_optim_kernels fsdp_cuda_optim_kernels;
+extern const fsdp_norm_kernels fsdp_cuda_norm_kernels;
 
 #endif

@@ -442,6 +442,36 @@ V(nn, embedding_backward, (float* gw, const float* gy, const int64_t* ix, int64_
 V(nn, dropout, (float* y, const float* x, int64_t n, float p, uint64_t seed), (y, x, n, p, seed))
 V(nn, attn_softmax, (const fsdp_attn_geom* g, float* P, const float* m, const int64_t* boff), (g, P, m, boff))
 
+V(norm, batch_norm_sums, (float* o, const float* x, const float* s1, int64_t N, int64_t C, int64_t S),
+  (o, x, s1, N, C, S))
+V(norm, batch_norm_stats,
+  (float* mu, float* is, float* rm, float* rv, const float* s1, const float* s2, int64_t C, float eps, float m),
+  (mu, is, rm, rv, s1, s2, C, eps, m))
+V(norm, batch_norm_apply,
+  (float* y, const float* x, const float* mu, const float* is, const float* w, const float* b, int64_t N, int64_t C,
+   int64_t S),
+  (y, x, mu, is, w, b, N, C, S))
+V(norm, batch_norm_backward_sums,
+  (float* g, const float* dy, const float* x, const float* mu, int64_t N, int64_t C, int64_t S),
+  (g, dy, x, mu, N, C, S))
+V(norm, batch_norm_backward,
+  (float* dx, float* dw, float* db, const float* dy, const float* x, const float* mu, const float* is, const float* w,
+   const float* gl, const float* g, const float* s1, int64_t N, int64_t C, int64_t S),
+  (dx, dw, db, dy, x, mu, is, w, gl, g, s1, N, C, S))
+V(norm, group_norm_forward,
+  (float* y, float* mu, float* rs, const float* x, const float* w, const float* b, int64_t N, int64_t C, int64_t S,
+   int64_t G, float eps),
+  (y, mu, rs, x, w, b, N, C, S, G, eps))
+V(norm, group_norm_backward,
+  (float* dx, float* dw, float* db, const float* dy, const float* x, const float* mu, const float* rs, const float* w,
+   int64_t N, int64_t C, int64_t S, int64_t G),
+  (dx, dw, db, dy, x, mu, rs, w, N, C, S, G))
+V(norm, rms_norm_forward, (float* y, float* rs, const float* x, const float* w, int64_t M, int64_t D, float eps),
+  (y, rs, x, w, M, D, eps))
+V(norm, rms_norm_backward,
+  (float* dx, float* dw, const float* dy, const float* x, const float* rs, const float* w, int64_t M, int64_t D),
+  (dx, dw, dy, x, rs, w, M, D))
+
 V(optim, sgd, (const fsdp_sgd_hparams* h, float* p, const float* g, float* buf, int64_t n), (h, p, g, buf, n))
 V(optim, adam, (const fsdp_adam_hparams* h, float* p, const float* g, float* m, float* v, float* vm, int64_t n),
   (h, p, g, m, v, vm, n))
@@ -480,6 +510,17 @@ static const fsdp_nn_kernels td_nn = {
     td_attn_softmax,
 };
 static const fsdp_optim_kernels td_optim = {td_sgd, td_adam};
+static const fsdp_norm_kernels td_norm = {
+    .batch_norm_sums = td_batch_norm_sums,
+    .batch_norm_stats = td_batch_norm_stats,
+    .batch_norm_apply = td_batch_norm_apply,
+    .batch_norm_backward_sums = td_batch_norm_backward_sums,
+    .batch_norm_backward = td_batch_norm_backward,
+    .group_norm_forward = td_group_norm_forward,
+    .group_norm_backward = td_group_norm_backward,
+    .rms_norm_forward = td_rms_norm_forward,
+    .rms_norm_backward = td_rms_norm_backward,
+};
 
 static const fsdp_backend td_backend = {
     .name = "testdev",
@@ -503,6 +544,7 @@ static const fsdp_backend td_backend = {
     .linalg = &td_linalg,
     .nn = &td_nn,
     .optim = &td_optim,
+    .norm = &td_norm,
 };
 
 // a fault inside the arena is the host touching device memory: say so (with the C stack, which
