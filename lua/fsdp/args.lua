@@ -46,9 +46,15 @@ local function parse(where, spec, open, ...)
     error(("%s%d arguments given, it takes at most %d"):format(prefix, n, positional), 3)
   end
   local r, known = {}, {}
+  for _, s in ipairs(spec) do known[s[1]] = true end
+  for k, v in pairs(kw) do
+    if not known[k] then
+      if not open then error(("%sunknown option %s"):format(prefix, tostring(k)), 3) end
+      r[k] = v
+    end
+  end
   for i, s in ipairs(spec) do
     local name = s[1]
-    known[name] = true
     local v = kw[name]
     if i <= n and vals[i] ~= nil then
       if v ~= nil then error(("%s%s given twice (by position and by name)"):format(prefix, name), 3) end
@@ -57,12 +63,6 @@ local function parse(where, spec, open, ...)
     if v == nil then v = s[2] end
     if v == nil and not s.optional and not open then error(("%s%s is required"):format(prefix, name), 3) end
     r[name] = v
-  end
-  for k, v in pairs(kw) do
-    if not known[k] then
-      if not open then error(("%sunknown option %s"):format(prefix, tostring(k)), 3) end
-      r[k] = v
-    end
   end
   return r
 end
