@@ -124,6 +124,22 @@ describe("keyword forms of positional arguments", function()
   end)
 end)
 
+describe("fsdp.args", function()
+  local args = require "fsdp.args"
+  it("merges positional and named arguments, with defaults; a list is positional, {} in a list's place too", function()
+    local spec = { { "a" }, { "b", 2 }, { "c", optional = true, list = true }, { "d", false, kw = true } }
+    assert.are.same({ a = 1, b = 2, d = false }, args("f", spec, 1))
+    assert.are.same({ a = 1, b = 3, c = { 4 }, d = true }, args("f", spec, 1, 3, { 4 }, { d = true }))
+    assert.are.same({ a = 1, b = 2, c = {}, d = false }, args("f", spec, 1, nil, {}))
+    assert.are.same({ a = 5, b = 2, d = false }, args("f", spec, { a = 5 }))
+    H.assert_error(function() return args("f", spec, 1, 2, 3, 4) end, "f: 4 arguments given, it takes at most 3")
+    H.assert_error(function() return args("f", spec, { b = 1 }) end, "f: a is required")
+  end)
+  it("reads the older names-only form leniently", function()
+    assert.are.same({ stride = 2, padding = 1, other = 3 }, F._args({ "stride", "padding" }, 2, { padding = 1, other = 3 }))
+  end)
+end)
+
 describe("inplace", function()
   it("is accepted by ReLU and Dropout, positionally or by name, and changes nothing", function()
     local x = fsdp.randn(3, 4)
@@ -288,6 +304,8 @@ describe("containers and classes", function()
     H.assert_error(function() return l:insert(9, nn.ReLU()) end, "ModuleList:insert(9)", "out of range")
     H.assert_error(function() return l[9] end, "ModuleList:get(9)", "out of range")
     assert.are.equal(b, nn.Sequential(a, b)[2])
+    local Stack = nn.ModuleList:extend("Stack")  -- a subclass indexes the same way
+    assert.are.equal(b, Stack({ a, b })[-1])
   end)
 
   it("m:isinstance(cls) follows the class hierarchy of Module:extend", function()

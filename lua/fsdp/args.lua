@@ -25,6 +25,19 @@ local function is_options(v)
   return type(v) == "table" and getmetatable(v) == nil and not is_tensor(v) and v[1] == nil
 end
 
+-- raises msg at the first caller outside lua/fsdp (the user's line), whatever the depth of
+-- library frames in between (a layer's __init under Module.new, an F function, an optimizer)
+local lib = debug.getinfo(1, "S").source:match("^(@.*)args%.lua$")
+local function raise(msg)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if info == nil or info.what == "C" then error(msg, 0) end
+    if lib == nil or info.source:sub(1, #lib) ~= lib then error(msg, level) end
+    level = level + 1
+  end
+end
+
 local function parse(where, spec, open, ...)
   local n = select("#", ...)
   local vals = { ... }
@@ -43,13 +56,13 @@ local function parse(where, spec, open, ...)
   end
   local prefix = where and (where .. ": ") or ""
   if n > positional then
-    error(("%s%d arguments given, it takes at most %d"):format(prefix, n, positional), 3)
+    raise(("%s%d arguments given, it takes at most %d"):format(prefix, n, positional))
   end
   local r, known = {}, {}
   for _, s in ipairs(spec) do known[s[1]] = true end
   for k, v in pairs(kw) do
     if not known[k] then
-      if not open then error(("%sunknown option %s"):format(prefix, tostring(k)), 3) end
+      if not open then raise(("%sunknown option %s"):format(prefix, tostring(k))) end
       r[k] = v
     end
   end
@@ -57,11 +70,11 @@ local function parse(where, spec, open, ...)
     local name = s[1]
     local v = kw[name]
     if i <= n and vals[i] ~= nil then
-      if v ~= nil then error(("%s%s given twice (by position and by name)"):format(prefix, name), 3) end
+      if v ~= nil then raise(("%s%s given twice (by position and by name)"):format(prefix, name)) end
       v = vals[i]
     end
     if v == nil then v = s[2] end
-    if v == nil and not s.optional and not open then error(("%s%s is required"):format(prefix, name), 3) end
+    if v == nil and not s.optional and not open then raise(("%s%s is required"):format(prefix, name)) end
     r[name] = v
   end
   return r

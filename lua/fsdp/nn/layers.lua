@@ -1,5 +1,6 @@
 -- The standard layers: PyTorch's positional constructor arguments, keyword options in a trailing
--- table, PyTorch's default initialization, PyTorch's parameter names and shapes.
+-- table that may name the positional ones too (fsdp.args: nn.Linear({in_features = 4, out_features
+-- = 8})), PyTorch's default initialization, PyTorch's parameter names and shapes.
 local fsdp = require "fsdp"
 local Module = require "fsdp.nn.module"
 local F = require "fsdp.nn.functional"

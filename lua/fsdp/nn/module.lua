@@ -119,7 +119,7 @@ function Module.extend(parent, name)
   cls.__is_class = true
   cls.__parent = parent
   cls.__class_index = cls
-  cls.__index = instance_index
+  cls.__index = rawget(parent, "__index") or instance_index  -- (ModuleList's also reads list[i])
   cls.__newindex = instance_newindex
   cls.__call = parent.__call
   cls.__tostring = parent.__tostring
