@@ -38,6 +38,8 @@ local function raise(msg)
   end
 end
 
+local NONE = {}  -- no options table given (never written)
+
 local function parse(where, spec, open, ...)
   local n = select("#", ...)
   local vals = { ... }
@@ -45,7 +47,7 @@ local function parse(where, spec, open, ...)
   for _, s in ipairs(spec) do
     if not s.kw then positional = positional + 1 end
   end
-  local kw = {}
+  local kw = NONE
   local last = vals[n]
   if n > 0 and is_options(last) then
     local slot = spec[n]
@@ -58,12 +60,15 @@ local function parse(where, spec, open, ...)
   if n > positional then
     raise(("%s%d arguments given, it takes at most %d"):format(prefix, n, positional))
   end
-  local r, known = {}, {}
-  for _, s in ipairs(spec) do known[s[1]] = true end
-  for k, v in pairs(kw) do
-    if not known[k] then
-      if not open then raise(("%sunknown option %s"):format(prefix, tostring(k))) end
-      r[k] = v
+  local r = {}
+  if kw ~= NONE then  -- (pairs only when there are options: the hot path stays compiled)
+    local known = {}
+    for _, s in ipairs(spec) do known[s[1]] = true end
+    for k, v in pairs(kw) do
+      if not known[k] then
+        if not open then raise(("%sunknown option %s"):format(prefix, tostring(k))) end
+        r[k] = v
+      end
     end
   end
   for i, s in ipairs(spec) do
