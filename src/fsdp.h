@@ -9,7 +9,8 @@
  *   Nothing here exits or aborts on user error: the caller is a Lua VM.
  *
  *   Dimensions are 0-based in C; negative dims count from the end (-1 is the last).
- *   The Lua layer converts its 1-based dims before calling.
+ *   The Lua layer converts its 1-based dims before calling. Error messages speak to the Lua
+ *   user: they name dims, start positions and list positions 1-based (C's dim 0 is "dim 1").
  *
  *   Ops that take tensors requiring grad record an autograd node (see core/autograd.c);
  *   fsdp_backward() runs the graph and fires engine events that FSDP listens to.

@@ -230,6 +230,10 @@ function W.wrap(module, opts)
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
   rawset(module, "_fsdp_unit", u)
   rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
+  -- and module:forward(x) runs it too (as PyTorch's FSDP(module).forward(x) does): __call runs the
+  -- forward kept here
+  rawset(module, "_inner_forward", module.forward)
+  rawset(module, "forward", function(m, ...) return m(...) end)
   if opts.checkpoint then rawset(module, "_checkpointed", true) end
   all_units[#all_units + 1] = u
   return module

@@ -584,10 +584,13 @@ int fsdp_tensor_is_contiguous(const fsdp_tensor* t) {
 bool fsdp_same_shape(const fsdp_tensor* a, const fsdp_tensor* b) {
   return a->ndim == b->ndim && memcmp(a->shape, b->shape, a->ndim * sizeof(int64_t)) == 0;
 }
+// dim: 0-based, or negative from the end. Messages name dims (and list positions) as the Lua user
+// counts them, 1-based: dim 0 is "dim 1", a negative dim stays as given.
 int fsdp_wrap_dim(const char* op, int dim, int ndim) {
   int n = ndim > 0 ? ndim : 1;
-  CHECK_INT(dim >= -n && dim < n, "%s: dimension %d out of range for a tensor with %d dims (0-based in C)", op, dim,
-            ndim);
+  CHECK_INT(dim >= -n && dim < n,
+            "%s: dimension %d out of range for a tensor with %d dims (1-based, negative from the end)", op,
+            dim >= 0 ? dim + 1 : dim, ndim);
   return dim < 0 ? dim + n : dim;
 }
 int fsdp_check_f32(const char* op, const fsdp_tensor* t) {

@@ -10,7 +10,7 @@ int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor
     int ia = a->ndim - n + i, ib = b->ndim - n + i;
     int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
     CHECK_INT(sa == sb || sa == 1 || sb == 1, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", op,
-              SH(a), SH(b), i, (long long)sa, (long long)sb);
+              SH(a), SH(b), i + 1, (long long)sa, (long long)sb);
     shape[i] = sa == 1 ? sb : sa;
   }
   *ndim = n;

@@ -332,7 +332,8 @@ static int reduce_mask(const char* op, const fsdp_tensor* a, int ndims, const in
   for (int k = 0; k < ndims; k++) {
     int d = fsdp_wrap_dim(op, dims[k], a->ndim);
     if (d < 0) return -1;
-    CHECK_INT(!mask[d], "%s: dim %d appears more than once in the list of dims for a tensor of shape %s", op, d, SH(a));
+    CHECK_INT(!mask[d], "%s: dim %d appears more than once in the list of dims for a tensor of shape %s", op, d + 1,
+              SH(a));
     mask[d] = 1;
   }
   return 0;
@@ -521,7 +522,7 @@ static fsdp_tensor* max_impl(const char* op, fsdp_tensor* a, int dim, int keepdi
   if (d < 0) return NULL;
   int64_t outer, red, inner;
   split_dims(a, d, &outer, &red, &inner);
-  CHECK_NULL(red > 0, "%s: cannot take the max over dim %d of size 0 (tensor of shape %s)", op, d, SH(a));
+  CHECK_NULL(red > 0, "%s: cannot take the max over dim %d of size 0 (tensor of shape %s)", op, d + 1, SH(a));
   int64_t shape[FSDP_MAX_DIMS];
   int nd = 0;
   for (int k = 0; k < a->ndim; k++)

@@ -207,7 +207,7 @@ fsdp_tensor* fsdp_flatten(fsdp_tensor* a, int start_dim, int end_dim) {
   }
   int s = fsdp_wrap_dim("flatten", start_dim, a->ndim), e = fsdp_wrap_dim("flatten", end_dim, a->ndim);
   if (s < 0 || e < 0) return NULL;
-  CHECK_NULL(s <= e, "flatten: start_dim %d comes after end_dim %d for a tensor of shape %s", s, e, SH(a));
+  CHECK_NULL(s <= e, "flatten: start_dim %d comes after end_dim %d for a tensor of shape %s", s + 1, e + 1, SH(a));
   int64_t shape[FSDP_MAX_DIMS];
   int nd = 0;
   for (int d = 0; d < s; d++) shape[nd++] = a->shape[d];
@@ -255,7 +255,8 @@ fsdp_tensor* fsdp_permute(fsdp_tensor* a, int ndim, const int* dims) {
   for (int d = 0; d < ndim; d++) {
     perm[d] = fsdp_wrap_dim("permute", dims[d], a->ndim);
     if (perm[d] < 0) return NULL;
-    CHECK_NULL(!seen[perm[d]], "permute: dim %d repeats in the permutation for a tensor of shape %s", perm[d], SH(a));
+    CHECK_NULL(!seen[perm[d]], "permute: dim %d repeats in the permutation for a tensor of shape %s", perm[d] + 1,
+               SH(a));
     seen[perm[d]] = 1;
   }
   return permute_impl("PermuteBackward", a, perm);
@@ -409,9 +410,9 @@ fsdp_tensor* fsdp_narrow(fsdp_tensor* a, int dim, int64_t start, int64_t length)
   int d = fsdp_wrap_dim("narrow", dim, a->ndim);
   if (d < 0) return NULL;
   CHECK_NULL(start >= 0 && length >= 0 && start <= a->shape[d] && length <= a->shape[d] - start,
-             "narrow: start %lld (0-based) with length %lld is out of bounds for dim %d of size %lld in a tensor "
+             "narrow: start %lld (1-based) with length %lld is out of bounds for dim %d of size %lld in a tensor "
              "of shape %s",
-             (long long)start, (long long)length, d, (long long)a->shape[d], SH(a));
+             (long long)start + 1, (long long)length, d + 1, (long long)a->shape[d], SH(a));
   int64_t shape[FSDP_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
   shape[d] = length;
@@ -449,7 +450,7 @@ static int cat_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
 
 fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
   CHECK_NULL(n > 0 && ts, "cat: expected a non-empty list of tensors");
-  for (int k = 0; k < n; k++) CHECK_NULL(ts[k], "cat: tensor %d of %d is NULL", k, n);
+  for (int k = 0; k < n; k++) CHECK_NULL(ts[k], "cat: tensor %d of %d is NULL", k + 1, n);
   const fsdp_tensor* t0 = ts[0];
   CHECK_NULL(t0->ndim > 0, "cat: zero-dimensional tensor (tensor 0, shape %s) cannot be concatenated", SH(t0));
   int d = fsdp_wrap_dim("cat", dim, t0->ndim);
@@ -460,12 +461,12 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim) {
   for (int k = 0; k < n; k++) {
     const fsdp_tensor* t = ts[k];
     CHECK_NULL(t->ndim == t0->ndim && t->dtype == t0->dtype && fsdp_device_of(t) == fsdp_device_of(t0),
-               "cat: tensor %d (%s %s) does not match tensor 0 (%s %s) in number of dims, dtype or device", k, DT(t),
-               SH(t), DT(t0), SH(t0));
+               "cat: tensor %d (%s %s) does not match tensor 1 (%s %s) in number of dims, dtype or device", k + 1,
+               DT(t), SH(t), DT(t0), SH(t0));
     for (int j = 0; j < t0->ndim; j++)
       CHECK_NULL(j == d || t->shape[j] == t0->shape[j],
-                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 0 has %s", d, k, SH(t),
-                 SH(t0));
+                 "cat: sizes must match except in dim %d, but tensor %d has shape %s and tensor 1 has %s", d + 1, k + 1,
+                 SH(t), SH(t0));
     shape[d] += t->shape[d];
   }
   // a node holds at most FSDP_NODE_MAX_INPUTS inputs: cat long lists that need grad in chunks

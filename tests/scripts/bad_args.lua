@@ -33,7 +33,7 @@ local function probs3() return fsdp.ones(3) end
 --   DL? a dim, a list of dims or nil   DO? a dim, an options table or nil   O? an options table or nil
 local bad_values = {
   T = { "nil", "number", "string", "table" },
-  ["T?"] = { "number", "string", "table" },
+  ["T?"] = { "number", "string", "list" },  -- (an empty {} after the tensors is an empty options table)
   TN = { "nil", "string", "table" },
   ["TB?"] = { "number", "string" },
   FN = { "nil", "number", "string", "table" },
@@ -44,7 +44,7 @@ local bad_values = {
   ["DO?"] = { "string" },       -- a dim, an options table or nil
   ["O?"] = { "number", "string" },  -- an options table or nil
 }
-local values = { number = 1, string = "s", table = {} }  -- "nil" -> nil
+local values = { number = 1, string = "s", table = {}, list = { 1 } }  -- "nil" -> nil
 
 -- ---- tensor methods: self maker, then each argument as {kind, name, valid value maker} ----------------
 -- (an argument without a kind is not a tensor argument and keeps its valid value)
@@ -267,7 +267,7 @@ local layers = {
   SyncBatchNorm = { { 2 }, { 1 }, { img } }, _BatchNorm = { { 3 }, { 1 }, { x23 } },
   GroupNorm = { { 1, 3 }, { 1, 2 }, { x23 } }, RMSNorm = { { 3 }, { 1 }, { x23 } },
   CrossEntropyLoss = { {}, {}, { x23, idx } }, NLLLoss = { {}, {}, { x23, idx } }, MSELoss = { {}, {}, { x23, x23 } },
-  Sequential = { nil, {}, { x32 } }, ModuleList = { nil, {}, nil },
+  Sequential = { nil, {}, { x32 } }, ModuleList = { nil, {}, nil }, ModuleDict = { nil, {}, nil },
   ConvTranspose2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } }, Dropout2d = { {}, {}, { img } },
 }
 local layer_names = {}
@@ -286,6 +286,7 @@ for _, name in ipairs(layer_names) do
     local function make()
       if name == "Sequential" then return cls(nn.Linear(2, 3)) end
       if name == "ModuleList" then return cls({ nn.Linear(2, 3) }) end
+      if name == "ModuleDict" then return cls({ { "a", nn.Linear(2, 3) } }) end
       return cls(unpack(ctor))
     end
     for _, pos in ipairs(numeric) do
@@ -297,7 +298,7 @@ for _, name in ipairs(layer_names) do
         end, "error", { name })
       end
     end
-    if name == "Sequential" or name == "ModuleList" then
+    if name == "Sequential" or name == "ModuleList" or name == "ModuleDict" then
       for _, kind in ipairs { "number", "string" } do
         add(("nn.%s(%s)"):format(name, kind), function() return cls(values[kind]) end, "error", { name })
       end
@@ -349,6 +350,29 @@ for _, name in ipairs { "SGD", "Adam", "AdamW" } do
     if opt.param_groups[1].lr ~= 0.1 then error("lr is " .. tostring(opt.param_groups[1].lr)) end
   end, "ok")
 end
+
+-- ---- dims and positions in the user's 1-based count (the C layer's 0-based dims never show) ------------
+local function dim_case(name, fn, frags) add("1-based: " .. name, fn, "error", frags) end
+dim_case("narrow(2, 0, 3)", function() return x23():narrow(2, 0, 3) end, { "narrow", "start 0 (1-based)", "dim 2 of size 3" })
+dim_case("narrow(3, 1, 1)", function() return x23():narrow(3, 1, 1) end,
+  { "narrow", "dimension 3 out of range for a tensor with 2 dims (1-based" })
+dim_case("transpose(1, 3)", function() return x23():transpose(1, 3) end, { "transpose", "dimension 3 out of range" })
+dim_case("permute(1, 1)", function() return x23():permute(1, 1) end, { "permute", "dim 1 repeats" })
+dim_case("permute(1, 3)", function() return x23():permute(1, 3) end, { "permute", "dimension 3 out of range" })
+dim_case("sum(3)", function() return x23():sum(3) end, { "sum", "dimension 3 out of range" })
+dim_case("softmax(-3)", function() return x23():softmax(-3) end, { "softmax", "dimension -3 out of range" })
+dim_case("cat sizes", function() return fsdp.cat({ x23(), fsdp.randn(3, 3) }, 2) end,
+  { "cat", "except in dim 2", "tensor 2 has shape (3, 3) and tensor 1 has (2, 3)" })
+dim_case("cat(3)", function() return fsdp.cat({ x23(), x23() }, 3) end, { "cat", "dimension 3 out of range" })
+dim_case("index_select(3)", function() return x23():index_select(3, idx()) end, { "index_select", "dimension 3 out of range" })
+dim_case("index_select value", function() return x23():index_select(2, fsdp.tensor({ 5 }, "int64")) end,
+  { "index_select", "index 5 (at position 1)", "dim 2 of size 3" })
+dim_case("expand", function() return x23():expand(3, 3) end, { "expand", "existing size 2 at dim 1" })
+dim_case("squeeze(3)", function() return x23():squeeze(3) end, { "squeeze", "dimension 3 out of range" })
+dim_case("flatten(2, 1)", function() return x23():flatten(2, 1) end, { "flatten", "start_dim 2 comes after end_dim 1" })
+dim_case("max(3)", function() return x23():max(3) end, { "max", "dimension 3 out of range" })
+dim_case("broadcast", function() return x23() + x32() end, { "add", "cannot be broadcast (dim 1: 2 vs 3)" })
+dim_case("F.softmax dim", function() return F.softmax(x23(), 3) end, { "softmax", "dimension 3 out of range" })
 
 -- ---- run -----------------------------------------------------------------------------------------------
 if mode == "list" then

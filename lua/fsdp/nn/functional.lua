@@ -1,39 +1,20 @@
 -- fsdp.nn.functional (also fsdp.F): PyTorch's torch.nn.functional, each a thin call into a C op.
 --
 -- Arguments follow PyTorch: positional ones in PyTorch's order, keyword ones in a trailing
--- options table (F.conv2d(x, w, b, {stride = 2, padding = 1}) == F.conv2d(x, w, b, 2, 1)).
+-- options table that may name any of them (fsdp.args): F.conv2d(x, w, b, {stride = 2, padding = 1}) ==
+-- F.conv2d(x, w, b, 2, 1) == F.conv2d(x, w, {bias = b, stride = 2, padding = 1}).
 -- Dimensions are 1-based (negative from the end); class-index VALUES (targets, embedding
 -- indices, padding_idx, ignore_index) are 0-based like PyTorch's, since they are data.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
 local wrap, dim, T, P = fsdp._wrap, fsdp._dim, fsdp._t, fsdp._p
-local is_tensor = fsdp.is_tensor
 
 local F = {}
 
 -- ---- argument helpers ---------------------------------------------------------------------------
--- a trailing options table: a plain table without array part ({2, 2} is a pair, not options)
-local function is_opts(x) return type(x) == "table" and not is_tensor(x) and x[1] == nil end
-
--- merges positional arguments (named by `names`, in order) and a trailing options table
-function F._args(names, ...)
-  local n = select("#", ...)
-  local args = { ... }
-  local o = {}
-  if n > 0 and is_opts(args[n]) then
-    for k, v in pairs(args[n]) do o[k] = v end
-    n = n - 1
-  end
-  for i = 1, math.min(n, #names) do
-    if args[i] ~= nil then
-      if o[names[i]] ~= nil then error(("argument %q given twice"):format(names[i]), 3) end
-      o[names[i]] = args[i]
-    end
-  end
-  if n > #names then error(("too many positional arguments (%d, at most %d)"):format(n, #names), 3) end
-  return o
-end
+-- PyTorch's positional arguments or any of them by name in a trailing options table (fsdp.args)
+F._args = require "fsdp.args"
 local args_of = F._args
 
 -- an int or {h, w} pair -> int[2]
@@ -55,11 +36,15 @@ local function check_reduction(op, o)
     error(("%s: only reduction = \"mean\" is supported, got %q"):format(op, tostring(o.reduction)), 3)
   end
   if o.weight ~= nil then error(op .. ": class weights are not supported", 3) end
+  if o.size_average ~= nil or o.reduce ~= nil then
+    error(op .. ": size_average and reduce are deprecated in PyTorch; use reduction = \"mean\"", 3)
+  end
 end
 
 -- ---- linear and convolution ------------------------------------------------------------------------
 -- x (*, in), w (out, in), b (out) or nil
-function F.linear(x, w, b)
+function F.linear(x, w, ...)
+  local b = args_of("linear", { { "bias", optional = true } }, ...).bias
   return (wrap(C.fsdp_linear(T(x, "linear", "input"), T(w, "linear", "weight"), P(b, "linear", "bias"))))
 end
 
@@ -89,9 +74,10 @@ end
 
 -- F.conv2d(x, w, b, stride, padding, dilation, groups) or F.conv2d(x, w, b, {stride =, ...})
 -- x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or nil
-function F.conv2d(x, w, b, ...)
-  local px, pw, pb = T(x, "conv2d", "input"), T(w, "conv2d", "weight"), P(b, "conv2d", "bias")
-  local o = args_of({ "stride", "padding", "dilation", "groups" }, ...)
+function F.conv2d(x, w, ...)
+  local o = args_of("conv2d", { { "bias", optional = true }, { "stride", 1 }, { "padding", 0 },
+    { "dilation", 1 }, { "groups", 1 } }, ...)
+  local px, pw, pb = T(x, "conv2d", "input"), T(w, "conv2d", "weight"), P(o.bias, "conv2d", "bias")
   local stride = pair("conv2d", "stride", o.stride, 1)
   local padding = pair("conv2d", "padding", conv_padding(o, w), 0)
   local dilation = pair("conv2d", "dilation", o.dilation, 1)
@@ -125,40 +111,50 @@ function F.relu(x) return (wrap(C.fsdp_relu(T(x, "relu", "input")))) end
 function F.tanh(x) return (wrap(C.fsdp_tanh(T(x, "tanh", "input")))) end
 function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(T(x, "sigmoid", "input")))) end
 -- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
-function F.gelu(x, opts)
+function F.gelu(x, ...)
   local px = T(x, "gelu", "input")
-  local approx = opts
-  if type(opts) == "table" then approx = opts.approximate end
-  if approx == nil then approx = "none" end
+  local approx = args_of("gelu", { { "approximate", "none" } }, ...).approximate
   if approx ~= "none" and approx ~= "tanh" then
     error(("gelu: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(approx)), 2)
   end
   return (wrap(C.fsdp_gelu(px, approx == "tanh" and 1 or 0)))
 end
-function F.softmax(x, d)
+-- F.softmax(x, dim) or F.softmax(x, {dim =}) (PyTorch's _stacklevel and dtype are not taken)
+function F.softmax(x, ...)
+  local d = args_of("softmax", { { "dim", optional = true } }, ...).dim
   local px = T(x, "softmax", "input")
   return (wrap(C.fsdp_softmax(px, dim(d, x:dim(), "softmax"))))
 end
-function F.log_softmax(x, d)
+function F.log_softmax(x, ...)
+  local d = args_of("log_softmax", { { "dim", optional = true } }, ...).dim
   local px = T(x, "log_softmax", "input")
   return (wrap(C.fsdp_log_softmax(px, dim(d, x:dim(), "log_softmax"))))
 end
 
 -- ---- losses (mean reduction) ---------------------------------------------------------------------------
 -- logits (N, C) or (N, C, d1, ...), target int64 (N) or (N, d1, ...) with 0-based class indices
-function F.cross_entropy(logits, target, opts)
-  local o = opts or {}
+-- (PyTorch's positional weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+local loss_spec = {
+  cross_entropy = { { "weight", optional = true }, { "size_average", optional = true },
+    { "ignore_index", -100 }, { "reduce", optional = true }, { "reduction", "mean" }, { "label_smoothing", 0 } },
+  nll_loss = { { "weight", optional = true }, { "size_average", optional = true },
+    { "ignore_index", -100 }, { "reduce", optional = true }, { "reduction", "mean" } },
+  mse_loss = { { "size_average", optional = true }, { "reduce", optional = true }, { "reduction", "mean" } },
+}
+F._loss_spec = loss_spec
+function F.cross_entropy(logits, target, ...)
+  local o = args_of("cross_entropy", loss_spec.cross_entropy, ...)
   check_reduction("cross_entropy", o)
   local ignore = o.ignore_index or -100
   return (wrap(C.fsdp_cross_entropy(T(logits, "cross_entropy", "input"), T(target, "cross_entropy", "target"), ignore, o.label_smoothing or 0)))
 end
-function F.nll_loss(logp, target, opts)
-  local o = opts or {}
+function F.nll_loss(logp, target, ...)
+  local o = args_of("nll_loss", loss_spec.nll_loss, ...)
   check_reduction("nll_loss", o)
   return (wrap(C.fsdp_nll_loss(T(logp, "nll_loss", "input"), T(target, "nll_loss", "target"), o.ignore_index or -100)))
 end
-function F.mse_loss(a, b, opts)
-  check_reduction("mse_loss", opts or {})
+function F.mse_loss(a, b, ...)
+  check_reduction("mse_loss", args_of("mse_loss", loss_spec.mse_loss, ...))
   return (wrap(C.fsdp_mse_loss(T(a, "mse_loss", "input"), T(b, "mse_loss", "target"))))
 end
 
@@ -167,9 +163,11 @@ local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
 
 -- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
 -- normalized_shape (an int or a table), w and b of that shape or nil
-function F.layer_norm(x, normalized_shape, w, b, eps)
+function F.layer_norm(x, ...)
+  local o = args_of("layer_norm", { { "normalized_shape", optional = true, list = true },
+    { "weight", optional = true }, { "bias", optional = true }, { "eps", 1e-5 } }, ...)
+  local normalized_shape, w, b, eps = o.normalized_shape, o.weight, o.bias, o.eps
   local px, pw, pb = T(x, "layer_norm", "input"), P(w, "layer_norm", "weight"), P(b, "layer_norm", "bias")
-  if is_opts(eps) then eps = eps.eps end
   local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
   if type(ns) ~= "table" then error("layer_norm: normalized_shape must be an integer or a table of integers", 2) end
   local xs = x:shape()
@@ -235,9 +233,9 @@ end
 
 -- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
 -- indices idx (any shape) -> (idx..., D). The padding row gets no gradient.
-function F.embedding(idx, weight, opts)
+function F.embedding(idx, weight, ...)
   local pi, pw = T(idx, "embedding", "input"), T(weight, "embedding", "weight")
-  local pad = type(opts) == "table" and opts.padding_idx or opts
+  local pad = args_of("embedding", { { "padding_idx", optional = true } }, ...).padding_idx
   local V = weight:size(1)
   if pad == nil then
     pad = -1
@@ -254,11 +252,12 @@ function F.embedding(idx, weight, opts)
   return (wrap(C.fsdp_embedding(pw, pi, pad)))
 end
 
--- F.dropout(x, p = 0.5, training = true)
-function F.dropout(x, p, training)
+-- F.dropout(x, p = 0.5, training = true, inplace = false) (inplace: accepted, see nn.ReLU)
+function F.dropout(x, ...)
   local px = T(x, "dropout", "input")
-  if is_opts(p) then training, p = p.training, p.p end
-  p = p or 0.5
+  local o = args_of("dropout", { { "p", 0.5 }, { "training", true }, { "inplace", false } }, ...)
+  local p, training = o.p, o.training
+  if type(p) ~= "number" then fsdp._arg_error("dropout", "p", "a number", p, 2) end
   if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
   return (wrap(C.fsdp_dropout(px, p, training == false and 0 or 1)))
 end
@@ -277,9 +276,12 @@ end
 
 -- ---- pooling and shape ------------------------------------------------------------------------------------
 -- F.max_pool2d(x, kernel_size, stride = kernel_size, padding = 0, dilation = 1, ceil_mode = false)
-function F.max_pool2d(x, kernel_size, ...)
+function F.max_pool2d(x, ...)
   local px = T(x, "max_pool2d", "input")
-  local o = args_of({ "stride", "padding", "dilation", "ceil_mode" }, ...)
+  local o = args_of("max_pool2d", { { "kernel_size", optional = true, list = true }, { "stride", optional = true },
+    { "padding", 0 }, { "dilation", 1 }, { "ceil_mode", false }, { "return_indices", false } }, ...)
+  if o.return_indices then error("max_pool2d: return_indices is not supported", 2) end
+  local kernel_size = o.kernel_size
   local k = pair("max_pool2d", "kernel_size", kernel_size)
   local s = pair("max_pool2d", "stride", o.stride or kernel_size)
   local p = pair("max_pool2d", "padding", o.padding, 0)
@@ -289,9 +291,11 @@ end
 
 -- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
 --              count_include_pad = true)
-function F.avg_pool2d(x, kernel_size, ...)
+function F.avg_pool2d(x, ...)
   local px = T(x, "avg_pool2d", "input")
-  local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad" }, ...)
+  local o = args_of("avg_pool2d", { { "kernel_size", optional = true, list = true }, { "stride", optional = true },
+    { "padding", 0 }, { "ceil_mode", false }, { "count_include_pad", true }, { "divisor_override", optional = true } }, ...)
+  local kernel_size = o.kernel_size
   if o.divisor_override ~= nil then error("avg_pool2d: divisor_override is not supported", 2) end
   local k = pair("avg_pool2d", "kernel_size", kernel_size)
   local s = pair("avg_pool2d", "stride", o.stride or kernel_size)
@@ -300,14 +304,17 @@ function F.avg_pool2d(x, kernel_size, ...)
 end
 
 -- output_size: an int or {h, w}
-function F.adaptive_avg_pool2d(x, output_size)
+function F.adaptive_avg_pool2d(x, ...)
+  local output_size = args_of("adaptive_avg_pool2d", { { "output_size", optional = true, list = true } }, ...).output_size
   local px = T(x, "adaptive_avg_pool2d", "input")
   local _, hw = pair("adaptive_avg_pool2d", "output_size", output_size)
   return (wrap(C.fsdp_adaptive_avg_pool2d(px, hw[1], hw[2])))
 end
 
 -- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
-function F.flatten(x, start_dim, end_dim)
+function F.flatten(x, ...)
+  local o = args_of("flatten", { { "start_dim", 1 }, { "end_dim", -1 } }, ...)
+  local start_dim, end_dim = o.start_dim, o.end_dim
   local px = T(x, "flatten", "input")
   local nd = x:dim()
   return (wrap(C.fsdp_flatten(px, dim(start_dim or 1, nd, "flatten"), dim(end_dim or -1, nd, "flatten"))))
@@ -323,7 +330,9 @@ end
 function F.scaled_dot_product_attention(q, k, v, ...)
   local sdpa = "scaled_dot_product_attention"
   local pq, pk, pv = T(q, sdpa, "query"), T(k, sdpa, "key"), T(v, sdpa, "value")
-  local o = args_of({ "attn_mask", "dropout_p", "is_causal", "scale" }, ...)
+  local o = args_of(sdpa, { { "attn_mask", optional = true }, { "dropout_p", 0 },
+    { "is_causal", false }, { "scale", optional = true }, { "causal", false, kw = true }, { "enable_gqa", false, kw = true } }, ...)
+  if o.enable_gqa then error(sdpa .. ": enable_gqa is not supported", 2) end
   local causal = o.is_causal or o.causal
   return (wrap(C.fsdp_scaled_dot_product_attention(pq, pk, pv, P(o.attn_mask, sdpa, "attn_mask (an additive float mask)"), causal and 1 or 0,
     o.dropout_p or 0, o.scale or 0)))

@@ -1,5 +1,6 @@
 -- The standard layers: PyTorch's positional constructor arguments, keyword options in a trailing
--- table, PyTorch's default initialization, PyTorch's parameter names and shapes.
+-- table that may name the positional ones too (fsdp.args: nn.Linear({in_features = 4, out_features
+-- = 8})), PyTorch's default initialization, PyTorch's parameter names and shapes.
 local fsdp = require "fsdp"
 local Module = require "fsdp.nn.module"
 local F = require "fsdp.nn.functional"
@@ -45,8 +46,9 @@ end
 -- nn.Linear(in_features, out_features[, {bias = true}]): weight (out, in), bias (out)
 local Linear = Module:extend("Linear")
 L.Linear = Linear
-function Linear:__init(in_features, out_features, ...)
-  local o = args_of({ "bias" }, ...)
+function Linear:__init(...)
+  local o = args_of("Linear", { { "in_features" }, { "out_features" }, { "bias", true } }, ...)
+  local in_features, out_features = o.in_features, o.out_features
   self.in_features = check_int("Linear", "in_features", in_features, 0)
   self.out_features = check_int("Linear", "out_features", out_features, 0)
   self.weight = uniform_param({ out_features, in_features }, in_features)
@@ -67,8 +69,10 @@ end
 -- {h, w}; padding may also be "valid" or "same". weight (cout, cin/groups, kh, kw), bias (cout)
 local Conv2d = Module:extend("Conv2d")
 L.Conv2d = Conv2d
-function Conv2d:__init(in_channels, out_channels, kernel_size, ...)
-  local o = args_of({ "stride", "padding", "dilation", "groups", "bias", "padding_mode" }, ...)
+function Conv2d:__init(...)
+  local o = args_of("Conv2d", { { "in_channels" }, { "out_channels" }, { "kernel_size", list = true }, { "stride", 1 },
+    { "padding", 0 }, { "dilation", 1 }, { "groups", 1 }, { "bias", true }, { "padding_mode", "zeros" } }, ...)
+  local in_channels, out_channels, kernel_size = o.in_channels, o.out_channels, o.kernel_size
   check_int("Conv2d", "in_channels", in_channels)
   check_int("Conv2d", "out_channels", out_channels)
   local groups = check_int("Conv2d", "groups", o.groups or 1)
@@ -204,22 +208,33 @@ function ConvTranspose2d:extra_repr()
 end
 
 -- ---- activations and other parameter-free layers -----------------------------------------------------------
-local function simple(name, fn)
+-- spec: the constructor's arguments (fsdp.args); `inplace` is accepted and changes nothing (README:
+-- autograd here never needs the memory an in-place activation saves, and the results are the same)
+local function simple(name, fn, spec)
   local cls = Module:extend(name)
   cls.forward = function(_, x) return (fn(x)) end
+  if spec then
+    cls.__init = function(self, ...)
+      local inplace = args_of(name, spec, ...).inplace
+      if inplace ~= nil and type(inplace) ~= "boolean" then fsdp._arg_error(name, "inplace", "a boolean", inplace, 3) end
+      self.inplace = inplace
+    end
+    cls.extra_repr = function(self) return self.inplace and "inplace=True" or "" end
+  end
   L[name] = cls
   return cls
 end
-simple("ReLU", F.relu)
-simple("Tanh", F.tanh)
-simple("Sigmoid", F.sigmoid)
+simple("ReLU", F.relu, { { "inplace", false } })
+simple("Tanh", F.tanh, {})
+simple("Sigmoid", F.sigmoid, {})
+-- nn.Identity(...): any arguments, unused (as PyTorch's)
 simple("Identity", function(x) return x end)
 
 local GELU = Module:extend("GELU")
 L.GELU = GELU
 function GELU:__init(...)
-  local o = args_of({ "approximate" }, ...)
-  self.approximate = o.approximate or "none"
+  local o = args_of("GELU", { { "approximate", "none" } }, ...)
+  self.approximate = o.approximate
   if self.approximate ~= "none" and self.approximate ~= "tanh" then
     error(("GELU: approximate must be \"none\" or \"tanh\", got %q"):format(tostring(self.approximate)), 2)
   end
@@ -231,7 +246,8 @@ function GELU:extra_repr() return ("approximate='%s'"):format(self.approximate) 
 for _, name in ipairs { "Softmax", "LogSoftmax" } do
   local cls = Module:extend(name)
   local fn = name == "Softmax" and F.softmax or F.log_softmax
-  function cls:__init(d)
+  function cls:__init(...)
+    local d = args_of(name, { { "dim", optional = true } }, ...).dim
     if d == nil then error(name .. ": dim is required (1-based, negative from the end)", 3) end
     if type(d) ~= "number" then error(("%s: dim must be an integer, got %s"):format(name, type(d)), 3) end
     self.dim = d
@@ -245,7 +261,7 @@ end
 local Flatten = Module:extend("Flatten")
 L.Flatten = Flatten
 function Flatten:__init(...)
-  local o = args_of({ "start_dim", "end_dim" }, ...)
+  local o = args_of("Flatten", { { "start_dim", optional = true }, { "end_dim", optional = true } }, ...)
   self.start_dim, self.end_dim = o.start_dim or 2, o.end_dim or -1
 end
 function Flatten:forward(x) return (F.flatten(x, self.start_dim, self.end_dim)) end
@@ -255,7 +271,7 @@ function Flatten:extra_repr() return ("start_dim=%d, end_dim=%d"):format(self.st
 local Dropout = Module:extend("Dropout")
 L.Dropout = Dropout
 function Dropout:__init(...)
-  local o = args_of({ "p", "inplace" }, ...)
+  local o = args_of("Dropout", { { "p", optional = true }, { "inplace", false } }, ...)
   local p = o.p or 0.5
   if type(p) ~= "number" then
     error(("Dropout: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
@@ -263,10 +279,11 @@ function Dropout:__init(...)
   if p < 0 or p > 1 then
     error(("Dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
   end
-  self.p = p
+  if type(o.inplace) ~= "boolean" then fsdp._arg_error("Dropout", "inplace", "a boolean", o.inplace, 2) end
+  self.p, self.inplace = p, o.inplace
 end
 function Dropout:forward(x) return (F.dropout(x, self.p, self.training)) end
-function Dropout:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
+function Dropout:extra_repr() return ("p=%s, inplace=%s"):format(tostring(self.p), pybool(self.inplace)) end
 
 -- nn.Dropout2d(p = 0.5): zeroes whole channels of (N, C, H, W) or (C, H, W) in training mode only
 local Dropout2d = Module:extend("Dropout2d")
@@ -289,8 +306,10 @@ function Dropout2d:extra_repr() return ("p=%s, inplace=False"):format(tostring(s
 -- nn.MaxPool2d(kernel_size[, stride = kernel_size, padding = 0, dilation = 1, return_indices, ceil_mode])
 local MaxPool2d = Module:extend("MaxPool2d")
 L.MaxPool2d = MaxPool2d
-function MaxPool2d:__init(kernel_size, ...)
-  local o = args_of({ "stride", "padding", "dilation", "return_indices", "ceil_mode" }, ...)
+function MaxPool2d:__init(...)
+  local o = args_of("MaxPool2d", { { "kernel_size", list = true }, { "stride", optional = true },
+    { "padding", optional = true }, { "dilation", optional = true }, { "return_indices", false }, { "ceil_mode", false } }, ...)
+  local kernel_size = o.kernel_size
   if o.return_indices then error("MaxPool2d: return_indices is not supported", 2) end
   check_size("MaxPool2d", "kernel_size", kernel_size)
   self.kernel_size, self.stride = kernel_size, o.stride or kernel_size
@@ -308,8 +327,10 @@ end
 -- nn.AvgPool2d(kernel_size[, stride = kernel_size, padding = 0, ceil_mode = false, count_include_pad = true])
 local AvgPool2d = Module:extend("AvgPool2d")
 L.AvgPool2d = AvgPool2d
-function AvgPool2d:__init(kernel_size, ...)
-  local o = args_of({ "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override" }, ...)
+function AvgPool2d:__init(...)
+  local o = args_of("AvgPool2d", { { "kernel_size", list = true }, { "stride", optional = true }, { "padding", optional = true },
+    { "ceil_mode", false }, { "count_include_pad", true }, { "divisor_override", optional = true } }, ...)
+  local kernel_size = o.kernel_size
   if o.divisor_override ~= nil then error("AvgPool2d: divisor_override is not supported", 2) end
   check_size("AvgPool2d", "kernel_size", kernel_size)
   self.kernel_size, self.stride, self.padding = kernel_size, o.stride or kernel_size, o.padding or 0
@@ -326,7 +347,8 @@ end
 -- nn.AdaptiveAvgPool2d(output_size): an int or {h, w}
 local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
 L.AdaptiveAvgPool2d = AdaptiveAvgPool2d
-function AdaptiveAvgPool2d:__init(output_size)
+function AdaptiveAvgPool2d:__init(...)
+  local output_size = args_of("AdaptiveAvgPool2d", { { "output_size", list = true } }, ...).output_size
   self.output_size = check_size("AdaptiveAvgPool2d", "output_size", output_size)
 end
 function AdaptiveAvgPool2d:forward(x) return (F.adaptive_avg_pool2d(x, self.output_size)) end
@@ -336,8 +358,10 @@ function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. size_str(self.o
 -- nn.LayerNorm(normalized_shape[, {eps = 1e-5, elementwise_affine = true, bias = true}])
 local LayerNorm = Module:extend("LayerNorm")
 L.LayerNorm = LayerNorm
-function LayerNorm:__init(normalized_shape, ...)
-  local o = args_of({ "eps", "elementwise_affine", "bias" }, ...)
+function LayerNorm:__init(...)
+  local o = args_of("LayerNorm", { { "normalized_shape", list = true }, { "eps", 1e-5 }, { "elementwise_affine", true },
+    { "bias", true } }, ...)
+  local normalized_shape = o.normalized_shape
   local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
   if type(ns) ~= "table" or #ns == 0 then error("LayerNorm: normalized_shape must be an integer or a table of integers", 2) end
   for _, v in ipairs(ns) do check_int("LayerNorm", "normalized_shape", v) end
@@ -538,8 +562,9 @@ end
 -- padding row (0-based, negative from the end) zeroed and excluded from gradients
 local Embedding = Module:extend("Embedding")
 L.Embedding = Embedding
-function Embedding:__init(num_embeddings, embedding_dim, ...)
-  local o = args_of({ "padding_idx" }, ...)
+function Embedding:__init(...)
+  local o = args_of("Embedding", { { "num_embeddings" }, { "embedding_dim" }, { "padding_idx", optional = true } }, ...)
+  local num_embeddings, embedding_dim = o.num_embeddings, o.embedding_dim
   self.num_embeddings = check_int("Embedding", "num_embeddings", num_embeddings)
   self.embedding_dim = check_int("Embedding", "embedding_dim", embedding_dim)
   local pad = o.padding_idx
@@ -569,12 +594,15 @@ end
 -- nn.CrossEntropyLoss({ignore_index = -100, label_smoothing = 0}); loss(logits, target)
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 L.CrossEntropyLoss = CrossEntropyLoss
-function CrossEntropyLoss:__init(opts)
-  opts = opts or {}
-  if opts.reduction ~= nil and opts.reduction ~= "mean" then
+function CrossEntropyLoss:__init(...)
+  local opts = args_of("CrossEntropyLoss", F._loss_spec.cross_entropy, ...)
+  if opts.reduction ~= "mean" then
     error(("CrossEntropyLoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
   end
   if opts.weight ~= nil then error("CrossEntropyLoss: class weights are not supported", 2) end
+  if opts.size_average ~= nil or opts.reduce ~= nil then
+    error("CrossEntropyLoss: size_average and reduce are deprecated in PyTorch; use reduction = \"mean\"", 2)
+  end
   self.ignore_index, self.label_smoothing = opts.ignore_index or -100, opts.label_smoothing or 0
 end
 function CrossEntropyLoss:forward(logits, target)
@@ -583,9 +611,13 @@ end
 
 local NLLLoss = Module:extend("NLLLoss")
 L.NLLLoss = NLLLoss
-function NLLLoss:__init(opts)
-  opts = opts or {}
-  if opts.reduction ~= nil and opts.reduction ~= "mean" then
+function NLLLoss:__init(...)
+  local opts = args_of("NLLLoss", F._loss_spec.nll_loss, ...)
+  if opts.weight ~= nil then error("NLLLoss: class weights are not supported", 2) end
+  if opts.size_average ~= nil or opts.reduce ~= nil then
+    error("NLLLoss: size_average and reduce are deprecated in PyTorch; use reduction = \"mean\"", 2)
+  end
+  if opts.reduction ~= "mean" then
     error(("NLLLoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
   end
   self.ignore_index = opts.ignore_index or -100
@@ -594,8 +626,12 @@ function NLLLoss:forward(logp, target) return (F.nll_loss(logp, target, { ignore
 
 local MSELoss = Module:extend("MSELoss")
 L.MSELoss = MSELoss
-function MSELoss:__init(opts)
-  if opts and opts.reduction ~= nil and opts.reduction ~= "mean" then
+function MSELoss:__init(...)
+  local opts = args_of("MSELoss", F._loss_spec.mse_loss, ...)
+  if opts.size_average ~= nil or opts.reduce ~= nil then
+    error("MSELoss: size_average and reduce are deprecated in PyTorch; use reduction = \"mean\"", 2)
+  end
+  if opts.reduction ~= "mean" then
     error(("MSELoss: only reduction = \"mean\" is supported, got %q"):format(tostring(opts.reduction)), 2)
   end
 end
@@ -676,6 +712,132 @@ local seq_extend = Sequential.extend
 Sequential.extend = function(self, arg)
   if type(arg) == "string" then return (Module.extend(self, arg)) end
   return (seq_extend(self, arg))
+end
+
+-- list[i] (1-based, negative from the end) reads list:get(i); names still index children
+for _, cls in ipairs { Sequential, ModuleList } do
+  local index = cls.__index
+  cls.__index = function(self, k)
+    if type(k) == "number" then return self:get(k) end
+    return index(self, k)
+  end
+end
+
+-- the children of a list container, renamed "0", "1", ... in the order of `mods`
+local function renumber(self, mods)
+  local o = self._modules
+  for _, name in ipairs(o.names) do
+    o.values[name] = nil
+    o.has[name] = nil
+  end
+  o.names = {}
+  for i, m in ipairs(mods) do self:add_module(tostring(i - 1), m) end
+end
+local function module_values(self)
+  local r = {}
+  for i, name in ipairs(self._modules.names) do r[i] = self._modules.values[name] end
+  return r
+end
+
+-- list:insert(i, m): m becomes entry i (1-based, negative from the end; len() + 1 appends), the
+-- later entries move up one (their names "k" become "k+1", as in PyTorch)
+function ModuleList:insert(i, m)
+  if not is_module(m) then error(("ModuleList:insert: expected a Module, got %s"):format(type(m)), 2) end
+  local n = self:len()
+  if type(i) ~= "number" or i ~= math.floor(i) then fsdp._arg_error("ModuleList:insert", "index", "an integer", i, 2) end
+  if i < 0 then i = i + n + 1 end
+  if i < 1 or i > n + 1 then
+    error(("ModuleList:insert(%d): index out of range (%d modules)"):format(i, n), 2)
+  end
+  local mods = module_values(self)
+  table.insert(mods, i, m)
+  renumber(self, mods)
+  return self
+end
+
+-- nn.ModuleDict(modules): children by name, in order. modules: a list of {name, module} pairs (in
+-- that order), or a Lua table name -> module (Lua tables have no order: sorted by name, so every
+-- rank gets the same order), or another ModuleDict. state_dict keys are "<dict>.<name>.weight".
+--   d.encoder, d["encoder"], d:get("encoder"); d.encoder = m (adds or replaces); d.encoder = nil
+--   d:len(), d:contains(name), d:keys(), d:values(), for name, m in d:items() do, d:pop(name),
+--   d:update(modules), d:clear()
+local ModuleDict = Module:extend("ModuleDict")
+L.ModuleDict = ModuleDict
+
+-- the (name, module) pairs of modules, in order, checked
+local function dict_entries(modules)
+  if modules == nil then return {} end
+  if is_module(modules) and modules.__name == "ModuleDict" then
+    local r = {}
+    for i, name in ipairs(modules._modules.names) do r[i] = { name, modules._modules.values[name] } end
+    return r
+  end
+  if type(modules) ~= "table" or is_module(modules) then
+    error(("ModuleDict: expected a list of {name, module} pairs or a table name -> module, got %s")
+      :format(is_module(modules) and "a Module" or type(modules)), 4)
+  end
+  local r = {}
+  if modules[1] ~= nil then
+    for i, e in ipairs(modules) do
+      if type(e) ~= "table" or is_module(e) or #e ~= 2 then
+        error(("ModuleDict: entry %d must be a {name, module} pair"):format(i), 4)
+      end
+      r[i] = { e[1], e[2] }
+    end
+  else
+    local names = {}
+    for k in pairs(modules) do
+      if type(k) ~= "string" then error(("ModuleDict: key %s must be a string"):format(tostring(k)), 4) end
+      names[#names + 1] = k
+    end
+    table.sort(names)
+    for _, name in ipairs(names) do r[#r + 1] = { name, modules[name] } end
+  end
+  for _, e in ipairs(r) do
+    if type(e[1]) ~= "string" or e[1] == "" or e[1]:find(".", 1, true) then
+      error(("ModuleDict: key %s must be a non-empty string without '.'"):format(tostring(e[1])), 4)
+    end
+    if not is_module(e[2]) then
+      error(("ModuleDict: the value for key %q is not a Module (got %s)"):format(e[1], type(e[2])), 4)
+    end
+  end
+  return r
+end
+
+function ModuleDict:__init(modules) self:update(modules) end
+function ModuleDict:update(modules)
+  for _, e in ipairs(dict_entries(modules)) do self:add_module(e[1], e[2]) end
+  return self
+end
+function ModuleDict:len() return #self._modules.names end
+function ModuleDict:contains(name) return self._modules.has[name] == true end
+function ModuleDict:get(name)
+  if not self:contains(name) then error(("ModuleDict:get: no module named %q"):format(tostring(name)), 2) end
+  return self._modules.values[name]
+end
+function ModuleDict:keys()
+  local r = {}
+  for i, name in ipairs(self._modules.names) do r[i] = name end
+  return r
+end
+function ModuleDict:values() return module_values(self) end
+-- for name, m in d:items() do ... end, in order
+function ModuleDict:items()
+  local names, values, i = self._modules.names, self._modules.values, 0
+  return function()
+    i = i + 1
+    local name = names[i]
+    if name ~= nil then return name, values[name] end
+  end
+end
+function ModuleDict:pop(name)
+  local m = self:get(name)
+  self[name] = nil
+  return m
+end
+function ModuleDict:clear()
+  for _, name in ipairs(self:keys()) do self[name] = nil end
+  return self
 end
 
 -- nn.Checkpoint(module) -> module, now activation-checkpointed (fsdp.checkpoint around its hooks

@@ -119,7 +119,7 @@ function Module.extend(parent, name)
   cls.__is_class = true
   cls.__parent = parent
   cls.__class_index = cls
-  cls.__index = instance_index
+  cls.__index = rawget(parent, "__index") or instance_index  -- (ModuleList's also reads list[i])
   cls.__newindex = instance_newindex
   cls.__call = parent.__call
   cls.__tostring = parent.__tostring
@@ -144,6 +144,28 @@ function Module:__init() end
 
 -- is_module(x) also as a method: nn.Module.is(x)
 function Module.is(x) return is_module(x) end
+
+-- m:isinstance(nn.Linear) (PyTorch's isinstance(m, nn.Linear)): whether m's class is cls or was
+-- made from it by extend; cls may be a list of classes ({nn.Linear, nn.Conv2d}: any of them).
+-- nn.Module.isinstance(x, cls) answers false for a non-module x.
+function Module.isinstance(x, cls)
+  if type(cls) == "table" and rawget(cls, "__is_class") == nil and cls[1] ~= nil then
+    for _, c in ipairs(cls) do
+      if Module.isinstance(x, c) then return true end
+    end
+    return false
+  end
+  if type(cls) ~= "table" or rawget(cls, "__is_class") == nil then
+    error(("isinstance: expected a Module class (nn.Linear, ...) or a list of them, got %s"):format(type(cls)), 2)
+  end
+  if not is_module(x) then return false end
+  local c = getmetatable(x)
+  while c ~= nil do
+    if c == cls then return true end
+    c = rawget(c, "__parent")
+  end
+  return false
+end
 
 function Module:forward()
   error(("%s: forward() is not implemented"):format(self.__name), 2)
@@ -488,9 +510,13 @@ end
 local unpack, select = unpack, select
 local function pack(...) return { n = select("#", ...), ... } end
 
+-- the forward __call runs: the module's, or the one a forward wrapper kept when it routed
+-- m:forward(...) through __call (fsdp.wrap: m:forward(x) works as m(x))
+local function forward_of(self) return rawget(self, "_inner_forward") or self.forward end
+
 local function run_hooks_and_forward(self, ...)
   local pre, post = self._forward_pre_hooks, self._forward_hooks
-  if #pre == 0 and #post == 0 then return self:forward(...) end
+  if #pre == 0 and #post == 0 then return forward_of(self)(self, ...) end
   local args = pack(...)
   for _, h in ipairs(pre) do
     local r = h.fn(self, args)
@@ -503,7 +529,7 @@ local function run_hooks_and_forward(self, ...)
       end
     end
   end
-  local out = pack(self:forward(unpack(args, 1, args.n)))
+  local out = pack(forward_of(self)(self, unpack(args, 1, args.n)))
   for _, h in ipairs(post) do
     local r = h.fn(self, args, out.n <= 1 and out[1] or out)
     if r ~= nil then out = { n = 1, r } end

@@ -14,9 +14,9 @@ local function check_hparam(ok, fmt, ...)
   if not ok then error(fmt:format(...), 5) end
 end
 
--- opts may also be a number: the learning rate (torch.optim.Adam(params, 1e-3))
-local function defaults(name, opts, wd_default)
-  opts = require("fsdp.optim")._options(name, opts)
+-- the options may also come by position: torch.optim.Adam(params, 1e-3[, betas, ...]) (optim._options)
+local function defaults(name, wd_default, ...)
+  local opts = require("fsdp.optim")._options(name, ...)
   local betas = opts.betas or { 0.9, 0.999 }
   local d = {
     lr = opts.lr or 1e-3, betas = { betas[1], betas[2] }, eps = opts.eps or 1e-8,
@@ -35,8 +35,8 @@ end
 local Adam = Optimizer:extend("Adam")
 Adam.decoupled = false
 
-function Adam:__init(params, opts)
-  Optimizer.__init(self, params, defaults(self.__name, opts, self.decoupled and 1e-2 or 0))
+function Adam:__init(params, ...)
+  Optimizer.__init(self, params, defaults(self.__name, self.decoupled and 1e-2 or 0, ...))
 end
 
 function Adam:_update(g, p, grad, st)

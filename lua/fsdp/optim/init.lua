@@ -1,6 +1,6 @@
 -- fsdp.optim: optimizers with torch.optim's names, defaults, formulas and state_dict layout.
 --
---   local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+--   local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})  -- or (params, 0.1, {momentum = 0.9})
 --   local opt = optim.AdamW({{params = decay, weight_decay = 0.1}, {params = no_decay, weight_decay = 0}},
 --                           {lr = 3e-4})
 --   opt:zero_grad(); loss:backward(); opt:step()
@@ -62,19 +62,28 @@ function Optimizer._new_state(p, zero)
   return t
 end
 
--- The options argument of every optimizer: nil, a table of hyperparameters, or a number, which is
--- the learning rate (torch.optim.SGD(params, 0.1)). Options of the wrong type are an error naming
--- the optimizer and the option; values are range-checked by each optimizer.
+-- The arguments after params of every optimizer, as torch.optim takes them (fsdp.args): positional
+-- in PyTorch's order (optim.SGD(params, 0.1) is the learning rate, optim.SGD(params, 0.1, 0.9) adds
+-- momentum), and any of them by name in a trailing table (optim.SGD(params, 0.1, {momentum = 0.9}),
+-- optim.SGD(params, {lr = 0.1})). An option of the wrong type, an unknown one or one given twice is
+-- an error naming the optimizer and the option; values are range-checked by each optimizer.
 local option_types = {
   lr = "number", momentum = "number", dampening = "number", weight_decay = "number", eps = "number",
   nesterov = "boolean", maximize = "boolean", amsgrad = "boolean", betas = "table",
 }
-function optim._options(name, opts)
-  if opts == nil then return {} end
-  if type(opts) == "number" then return { lr = opts } end
-  if type(opts) ~= "table" or is_tensor(opts) then
-    fsdp._arg_error(name, "options", "a table {lr = ..., ...} or a number (the learning rate)", opts, 3)
+local option_spec = {
+  SGD = { { "lr", optional = true }, { "momentum", optional = true }, { "dampening", optional = true },
+    { "weight_decay", optional = true }, { "nesterov", optional = true }, { "maximize", optional = true, kw = true } },
+  Adam = { { "lr", optional = true }, { "betas", optional = true, list = true }, { "eps", optional = true },
+    { "weight_decay", optional = true }, { "amsgrad", optional = true }, { "maximize", optional = true, kw = true } },
+}
+option_spec.AdamW = option_spec.Adam
+function optim._options(name, ...)
+  local first = ...
+  if first ~= nil and type(first) ~= "table" and type(first) ~= "number" or is_tensor(first) then
+    fsdp._arg_error(name, "options", "a table {lr = ..., ...} or a number (the learning rate)", first, 3)
   end
+  local opts = require("fsdp.args")(name, option_spec[name], ...)
   for k, want in pairs(option_types) do
     local v = opts[k]
     if v ~= nil and type(v) ~= want then fsdp._arg_error(name, "option " .. k, "a " .. want, v, 3) end

@@ -18,37 +18,8 @@ local fsdp = require "fsdp"
 local S = {}
 
 -- ---- arguments: PyTorch's positional ones, or any of them by name in a trailing table -----------------
--- spec: { {"name", default}, ... } in positional order; a nil default means required
-local function args(cls, spec, ...)
-  local n = select("#", ...)
-  local vals = { ... }
-  local kw = {}
-  -- a trailing plain table of names is the options; a list (milestones, schedulers) is positional
-  local last = vals[n]
-  if n > 0 and type(last) == "table" and getmetatable(last) == nil and last[1] == nil
-    and (next(last) ~= nil or not (spec[n] and spec[n].list)) then
-    kw = last
-    n = n - 1
-  end
-  local r, known = {}, {}
-  for i, s in ipairs(spec) do
-    known[s[1]] = true
-    if i <= n then
-      if kw[s[1]] ~= nil then error(("%s: %s given twice (by position and by name)"):format(cls, s[1]), 3) end
-      r[s[1]] = vals[i]
-    elseif kw[s[1]] ~= nil then
-      r[s[1]] = kw[s[1]]
-    else
-      r[s[1]] = s[2]
-    end
-    if r[s[1]] == nil and not s.optional then error(("%s: %s is required"):format(cls, s[1]), 3) end
-  end
-  if n > #spec then error(("%s: %d arguments given, it takes at most %d"):format(cls, n, #spec), 3) end
-  for k in pairs(kw) do
-    if not known[k] then error(("%s: unknown option %s"):format(cls, tostring(k)), 3) end
-  end
-  return r
-end
+-- (fsdp.args, shared with the layers, functional ops and optimizers)
+local args = require "fsdp.args"
 
 local function check_optimizer(cls, opt)
   if type(opt) ~= "table" or type(opt.param_groups) ~= "table" then

@@ -15,9 +15,9 @@ local function check_hparam(ok, fmt, ...)
   if not ok then error(fmt:format(...), 4) end
 end
 
--- opts may also be a number: the learning rate, as in torch.optim.SGD(params, 0.1)
-function SGD:__init(params, opts)
-  opts = require("fsdp.optim")._options("SGD", opts)
+-- the options may also come by position: torch.optim.SGD(params, 0.1[, momentum, ...]) (optim._options)
+function SGD:__init(params, ...)
+  local opts = require("fsdp.optim")._options("SGD", ...)
   local d = {
     lr = opts.lr or 1e-3, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov or false, maximize = opts.maximize or false,
