@@ -65,6 +65,27 @@ describe("keyword forms of positional arguments", function()
     same_modules { function() return nn.Softmax(2) end, function() return nn.Softmax({ dim = 2 }) end }
     same_modules { function() return nn.GELU("tanh") end, function() return nn.GELU({ approximate = "tanh" }) end }
     same_modules { function() return nn.Flatten(1, 2) end, function() return nn.Flatten({ start_dim = 1, end_dim = 2 }) end }
+    -- the layers added beside this work (convolution and normalization) take the same forms
+    same_modules {
+      function() return nn.ConvTranspose2d(4, 6, 3, 2, 1, 1, 2, false) end,
+      function() return nn.ConvTranspose2d(4, 6, 3, { stride = 2, padding = 1, output_padding = 1, groups = 2, bias = false }) end,
+      function() return nn.ConvTranspose2d({ in_channels = 4, out_channels = 6, kernel_size = 3, stride = 2, padding = 1,
+        output_padding = 1, groups = 2, bias = false }) end,
+    }
+    same_modules {
+      function() return nn.BatchNorm2d(5, 1e-3, 0.2, false) end,
+      function() return nn.BatchNorm2d({ num_features = 5, eps = 1e-3, momentum = 0.2, affine = false }) end,
+      function() return nn.BatchNorm2d(5, { eps = 1e-3, momentum = 0.2, affine = false }) end,
+    }
+    same_modules {
+      function() return nn.GroupNorm(2, 6, 1e-3) end,
+      function() return nn.GroupNorm({ num_groups = 2, num_channels = 6, eps = 1e-3 }) end,
+    }
+    same_modules {
+      function() return nn.RMSNorm(6, 1e-4, false) end,
+      function() return nn.RMSNorm({ normalized_shape = 6, eps = 1e-4, elementwise_affine = false }) end,
+    }
+    same_modules { function() return nn.Dropout2d(0.3) end, function() return nn.Dropout2d({ p = 0.3 }) end }
     local ce = nn.CrossEntropyLoss({ ignore_index = 1, label_smoothing = 0.1 })
     assert.are.equal(1, ce.ignore_index)
     assert.are.equal(0.1, ce.label_smoothing)
@@ -97,6 +118,16 @@ describe("keyword forms of positional arguments", function()
     fsdp.manual_seed(5); local d1 = F.dropout(xl, 0.3)
     fsdp.manual_seed(5); local d2 = F.dropout(xl, { p = 0.3 })
     H.assert_close(d1, d2, 0, 0)
+    local xt, wt = fsdp.randn(1, 4, 5, 5), fsdp.randn(4, 3, 3, 3)
+    H.assert_close(F.conv_transpose2d(xt, wt, { bias = bb:narrow(1, 1, 3), stride = 2, output_padding = 1 }),
+      F.conv_transpose2d(xt, wt, bb:narrow(1, 1, 3), 2, 0, 1), 0, 0)
+    local gx, gw = fsdp.randn(2, 6, 3), fsdp.randn(6)
+    H.assert_close(F.group_norm(gx, { num_groups = 3, weight = gw, eps = 1e-3 }), F.group_norm(gx, 3, gw, nil, 1e-3), 0, 0)
+    H.assert_close(F.rms_norm(gx, { normalized_shape = 3, eps = 1e-3 }), F.rms_norm(gx, 3, nil, 1e-3), 0, 0)
+    local rm, rv = fsdp.zeros(6), fsdp.ones(6)
+    H.assert_close(F.batch_norm(gx, rm, rv, { weight = gw, training = true, momentum = 0.5 }),
+      F.batch_norm(gx, rm:clone(), rv:clone(), gw, nil, true, 0.5), 0, 0)
+    H.assert_close(F.dropout2d(x, { p = 0.5, training = false }), x, 0, 0)
     local q = fsdp.randn(1, 3, 4)
     H.assert_close(F.scaled_dot_product_attention(q, q, q, { is_causal = true }),
       F.scaled_dot_product_attention(q, q, q, nil, 0, true), 0, 0)

@@ -89,12 +89,13 @@ function F.conv2d(x, w, ...)
 end
 
 -- F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation) (PyTorch's order) or
--- F.conv_transpose2d(x, w, b, {stride =, padding =, output_padding =, groups =, dilation =})
+-- any of them by name: F.conv_transpose2d(x, w, {bias =, stride =, padding =, output_padding =, ...})
 -- x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw), b (Cout) or nil
-function F.conv_transpose2d(x, w, b, ...)
+function F.conv_transpose2d(x, w, ...)
   local op = "conv_transpose2d"
-  local px, pw, pb = T(x, op, "input"), T(w, op, "weight"), P(b, op, "bias")
-  local o = args_of({ "stride", "padding", "output_padding", "groups", "dilation" }, ...)
+  local o = args_of(op, { { "bias", optional = true }, { "stride", 1 }, { "padding", 0 }, { "output_padding", 0 },
+    { "groups", 1 }, { "dilation", 1 } }, ...)
+  local px, pw, pb = T(x, op, "input"), T(w, op, "weight"), P(o.bias, op, "bias")
   local stride = pair(op, "stride", o.stride, 1)
   local padding = pair(op, "padding", o.padding, 0)
   local output_padding = pair(op, "output_padding", o.output_padding, 0)
@@ -184,7 +185,9 @@ end
 -- (PyTorch's order; keywords in a trailing table): x (N, C, ...); training normalizes with the
 -- batch statistics and updates the running ones in place (when given), eval uses them
 local function batch_norm(op, cfn, x, ...)
-  local o = args_of({ "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps" }, ...)
+  local o = args_of(op, { { "running_mean", optional = true }, { "running_var", optional = true },
+    { "weight", optional = true }, { "bias", optional = true }, { "training", false }, { "momentum", 0.1 },
+    { "eps", 1e-5 } }, ...)
   local px = T(x, op, "input")
   local momentum = o.momentum
   if momentum == nil then momentum = 0.1 end
@@ -192,17 +195,19 @@ local function batch_norm(op, cfn, x, ...)
   return (wrap(cfn(px, P(o.running_mean, op, "running_mean"), P(o.running_var, op, "running_var"),
     P(o.weight, op, "weight"), P(o.bias, op, "bias"), o.training and 1 or 0, momentum, o.eps or 1e-5)))
 end
-function F.batch_norm(x, ...) return batch_norm("batch_norm", C.fsdp_batch_norm, x, ...) end
+function F.batch_norm(x, ...) return (batch_norm("batch_norm", C.fsdp_batch_norm, x, ...)) end
 -- the same with the global batch's statistics in training: the per-channel sums are all-reduced
 -- over every rank (in forward and in backward), as torch.nn.SyncBatchNorm; one rank: batch_norm
 function F.sync_batch_norm(x, ...)
   fsdp.world_size()  -- the communicator exists before the op asks it
-  return batch_norm("sync_batch_norm", C.fsdp_sync_batch_norm, x, ...)
+  return (batch_norm("sync_batch_norm", C.fsdp_sync_batch_norm, x, ...))
 end
 
 -- F.group_norm(x, num_groups, weight, bias, eps = 1e-5): x (N, C, ...), C divisible by num_groups
-function F.group_norm(x, num_groups, ...)
-  local o = args_of({ "weight", "bias", "eps" }, ...)
+function F.group_norm(x, ...)
+  local o = args_of("group_norm", { { "num_groups" }, { "weight", optional = true }, { "bias", optional = true },
+    { "eps", 1e-5 } }, ...)
+  local num_groups = o.num_groups
   local px = T(x, "group_norm", "input")
   if type(num_groups) ~= "number" or num_groups ~= math.floor(num_groups) then
     error(("group_norm: num_groups must be an integer, got %s"):format(tostring(num_groups)), 2)
@@ -216,8 +221,10 @@ local finfo_eps = { float32 = 1.1920928955078125e-07, bfloat16 = 0.0078125, floa
 F._finfo_eps = finfo_eps
 -- F.rms_norm(x, normalized_shape, weight, eps = finfo(x.dtype).eps): x / sqrt(mean(x^2) + eps) * weight
 -- over the trailing dims given by normalized_shape (an int or a table)
-function F.rms_norm(x, normalized_shape, ...)
-  local o = args_of({ "weight", "eps" }, ...)
+function F.rms_norm(x, ...)
+  local o = args_of("rms_norm", { { "normalized_shape", list = true }, { "weight", optional = true },
+    { "eps", optional = true } }, ...)
+  local normalized_shape = o.normalized_shape
   local px, pw = T(x, "rms_norm", "input"), P(o.weight, "rms_norm", "weight")
   local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
   if type(ns) ~= "table" then error("rms_norm: normalized_shape must be an integer or a table of integers", 2) end
@@ -264,10 +271,10 @@ end
 
 -- F.dropout2d(x, p = 0.5, training = true): whole channels of x (N, C, H, W) or (C, H, W) zeroed
 -- with probability p, the others scaled by 1 / (1 - p); the mask comes from fsdp's seeded RNG
-function F.dropout2d(x, p, training)
+function F.dropout2d(x, ...)
   local px = T(x, "dropout2d", "input")
-  if is_opts(p) then training, p = p.training, p.p end
-  p = p or 0.5
+  local o = args_of("dropout2d", { { "p", 0.5 }, { "training", true }, { "inplace", false } }, ...)
+  local p, training = o.p, o.training
   if type(p) ~= "number" or p < 0 or p > 1 then
     error(("dropout2d: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
   end

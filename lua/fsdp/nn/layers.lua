@@ -129,9 +129,12 @@ end
 -- output size (H - 1)*stride - 2*padding + dilation*(k - 1) + output_padding + 1
 local ConvTranspose2d = Module:extend("ConvTranspose2d")
 L.ConvTranspose2d = ConvTranspose2d
-function ConvTranspose2d:__init(in_channels, out_channels, kernel_size, ...)
+function ConvTranspose2d:__init(...)
   local cls = "ConvTranspose2d"
-  local o = args_of({ "stride", "padding", "output_padding", "groups", "bias", "dilation", "padding_mode" }, ...)
+  local o = args_of(cls, { { "in_channels" }, { "out_channels" }, { "kernel_size", list = true }, { "stride", 1 },
+    { "padding", 0 }, { "output_padding", 0 }, { "groups", 1 }, { "bias", true }, { "dilation", 1 },
+    { "padding_mode", "zeros" } }, ...)
+  local in_channels, out_channels, kernel_size = o.in_channels, o.out_channels, o.kernel_size
   check_int(cls, "in_channels", in_channels)
   check_int(cls, "out_channels", out_channels)
   local groups = check_int(cls, "groups", o.groups or 1)
@@ -289,7 +292,7 @@ function Dropout:extra_repr() return ("p=%s, inplace=%s"):format(tostring(self.p
 local Dropout2d = Module:extend("Dropout2d")
 L.Dropout2d = Dropout2d
 function Dropout2d:__init(...)
-  local o = args_of({ "p", "inplace" }, ...)
+  local o = args_of("Dropout2d", { { "p", optional = true }, { "inplace", false } }, ...)
   local p = o.p or 0.5
   if type(p) ~= "number" then
     error(("Dropout2d: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
@@ -388,12 +391,14 @@ end
 -- num_batches_tracked (int64, 0-dim), PyTorch's names. Training (model:train()) normalizes with the
 -- batch statistics and updates the running ones (momentum = false/nil in the options table: the
 -- cumulative average, PyTorch's momentum=None); eval (model:eval()) uses the running statistics.
-local norm_opts = { "eps", "momentum", "affine", "track_running_stats" }
+local norm_spec = { { "num_features" }, { "eps", 1e-5 }, { "momentum", 0.1 }, { "affine", true },
+  { "track_running_stats", true } }
 local BatchNorm = Module:extend("_BatchNorm")
 L._BatchNorm = BatchNorm
-function BatchNorm:__init(num_features, ...)
-  local o = args_of(norm_opts, ...)
+function BatchNorm:__init(...)
   local cls = self.__name
+  local o = args_of(cls, norm_spec, ...)
+  local num_features = o.num_features
   self.num_features = check_int(cls, "num_features", num_features)
   self.eps = o.eps or 1e-5
   -- PyTorch's momentum=None (a cumulative average) is spelled momentum = false (a nil key is absent)
@@ -511,8 +516,9 @@ end
 -- nn.GroupNorm(num_groups, num_channels[, {eps = 1e-5, affine = true}]): weight (C) = 1, bias (C) = 0
 local GroupNorm = Module:extend("GroupNorm")
 L.GroupNorm = GroupNorm
-function GroupNorm:__init(num_groups, num_channels, ...)
-  local o = args_of({ "eps", "affine" }, ...)
+function GroupNorm:__init(...)
+  local o = args_of("GroupNorm", { { "num_groups" }, { "num_channels" }, { "eps", 1e-5 }, { "affine", true } }, ...)
+  local num_groups, num_channels = o.num_groups, o.num_channels
   self.num_groups = check_int("GroupNorm", "num_groups", num_groups)
   self.num_channels = check_int("GroupNorm", "num_channels", num_channels)
   if num_channels % num_groups ~= 0 then
@@ -537,8 +543,10 @@ end
 -- eps nil means torch.finfo(input dtype).eps, as PyTorch
 local RMSNorm = Module:extend("RMSNorm")
 L.RMSNorm = RMSNorm
-function RMSNorm:__init(normalized_shape, ...)
-  local o = args_of({ "eps", "elementwise_affine" }, ...)
+function RMSNorm:__init(...)
+  local o = args_of("RMSNorm", { { "normalized_shape", list = true }, { "eps", optional = true },
+    { "elementwise_affine", true } }, ...)
+  local normalized_shape = o.normalized_shape
   local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
   if type(ns) ~= "table" or #ns == 0 then error("RMSNorm: normalized_shape must be an integer or a table of integers", 2) end
   for _, v in ipairs(ns) do check_int("RMSNorm", "normalized_shape", v) end
