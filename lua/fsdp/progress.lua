@@ -19,13 +19,16 @@ typedef struct { long tv_sec; long tv_nsec; } fsdp_progress_timespec;
 int clock_gettime(int, fsdp_progress_timespec*);
 int isatty(int);
 ]])
+-- (a void* fits whatever struct another module declared clock_gettime with: two longs)
 local ts = ffi.new("fsdp_progress_timespec")
+local ts_arg = ffi.cast("void*", ts)
 local function monotonic()
-  ffi.C.clock_gettime(1, ts)
+  ffi.C.clock_gettime(1, ts_arg)  -- CLOCK_MONOTONIC
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
 local M = {}
+M.clock = monotonic  -- seconds, monotonic
 
 -- stdout is a terminal: FSDP_STDOUT_TTY (set by bin/fsdprun for its ranks) or isatty(1)
 function M.isatty()
@@ -44,12 +47,13 @@ end
 local function fmt_value(v)
   if type(v) == "number" then
     if v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
-    return ("%.4g"):format(v)
+    if math.abs(v) >= 1e-3 and math.abs(v) < 1e6 then return ("%.4f"):format(v) end
+    return ("%.3e"):format(v)
   end
   return tostring(v)
 end
 
--- {loss = 0.5, lr = 1e-3} -> "loss 0.5  lr 0.001" (keys sorted); a string stays as it is
+-- {loss = 0.5, lr = 1e-4} -> "loss 0.5000  lr 1.000e-04" (keys sorted); a string stays as it is
 local function fmt_postfix(p)
   if p == nil then return nil end
   if type(p) == "string" then return p end
@@ -96,7 +100,7 @@ function Bar:line()
   local parts = {}
   if self.desc then parts[#parts + 1] = self.desc end
   local rate = el > 0 and self.n / el or 0
-  local rate_s = rate >= 100 and ("%.0f"):format(rate) or ("%.3g"):format(rate)
+  local rate_s = ("%." .. (rate >= 100 and 0 or rate >= 10 and 1 or 2) .. "f"):format(rate)
   if self.total and self.total > 0 then
     local frac = math.min(1, self.n / self.total)
     parts[#parts + 1] = ("[%-24s] %3d%%"):format(("="):rep(math.floor(24 * frac)), math.floor(100 * frac))

@@ -12,9 +12,9 @@
 --
 -- Dataset: a class with len() and get(i) (i = 1..len()); `data.Dataset:extend("Name")` makes one.
 -- A plain Lua list of samples is a dataset too. Samplers (SequentialSampler, RandomSampler,
--- DistributedSampler, or any object with len() and indices()) give the order of one epoch; they
--- keep their epoch and the number of samples handed out in it, so `state_dict()` /
--- `load_state_dict()` resume an epoch exactly where a checkpoint left it.
+-- DistributedSampler, taking a dataset or its length; or any object with len() and indices())
+-- give the order of one epoch; they keep their epoch and the number of samples handed out in it,
+-- so `state_dict()` / `load_state_dict()` resume an epoch exactly where a checkpoint left it.
 -- Permutations come from the project's RNG (fsdp.randperm) seeded with seed + epoch, as PyTorch's
 -- samplers seed their generator; the global RNG stream is saved and restored around the draw, so
 -- iterating a loader leaves fsdp.manual_seed's stream (initialisation, dropout) untouched.
@@ -350,7 +350,9 @@ local loader_opts = { batch_size = true, shuffle = true, drop_last = true, sampl
 -- yields each batch, unpacked when it is a list (a TensorDataset(x, y) gives xb, yb).
 function M.DataLoader(dataset, opts)
   opts = check_opts("DataLoader", opts, loader_opts)
-  len_of(dataset, "DataLoader")
+  if type(dataset) ~= "table" then
+    error(("DataLoader: dataset must be a Dataset (len() and get(i)) or a list of samples, got a %s"):format(type(dataset)), 2)
+  end
   local self = setmetatable({ dataset = dataset }, Loader)
   local bs = opts.batch_size == nil and 1 or opts.batch_size
   if not is_int(bs) or bs < 1 then error(("DataLoader: batch_size must be an integer >= 1, got %s"):format(tostring(bs)), 2) end
@@ -422,6 +424,8 @@ function Loader:iter()
     for i = 1, n do buf[i - 1] = idx[i] - 1 end
     ix = fsdp.empty({ n }, { dtype = "int64" })
     ffi.copy(ix:data_ptr(), buf, n * 8)
+    local t1 = ds.tensors and ds.tensors[1]
+    if t1 and t1.device ~= "cpu" then ix = ix:to(t1.device) end  -- one move per epoch
   end
   local get = type(ds.get) == "function" and function(i) return ds:get(i) end or function(i) return ds[i] end
   local done = false
