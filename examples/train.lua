@@ -150,7 +150,6 @@ end
 pcall(ffi.cdef, [[
 typedef struct { long tv_sec; long tv_nsec; } fsdp_ex_timespec;
 int clock_gettime(int, fsdp_ex_timespec*);
-int isatty(int);
 int usleep(unsigned int);
 void _exit(int);
 ]])
