@@ -363,6 +363,37 @@ describe("fsdp.save / fsdp.load of nested tables and non-tensor values", functio
     assert.are.equal("kept", m.note)
   end)
 
+  it("round-trips torch.save's usual checkpoint: model, optimizer state (0-based keys), epoch", function()
+    local p = tmp("train_ckpt.safetensors")
+    local nn = fsdp.nn
+    fsdp.manual_seed(1)
+    local m = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 1))
+    local opt = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+    local x = fsdp.randn(4, 3)
+    local function step(o)
+      o:zero_grad()
+      m(x):sum():backward()
+      o:step()
+    end
+    step(opt)
+    fsdp.save(p, { model = m:state_dict(), optimizer = opt:state_dict(), epoch = 1 })
+    step(opt)
+    local want = m:state_dict()
+    local ck = fsdp.load(p)
+    assert.are.equal(1, ck.epoch)
+    m:load_state_dict(ck.model)
+    local opt2 = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+    opt2:load_state_dict(ck.optimizer)
+    step(opt2)
+    for k, t in pairs(want) do assert.are.same(t:tolist(), m:state_dict()[k]:tolist(), k) end
+    -- sparse and 0-based integer keys beside string keys, and nested lists
+    local q = tmp("int_keys.safetensors")
+    local v = { [0] = "zero", [5] = { 1, 2 }, [-3] = true, name = "n", l = { { 1 }, { 2, { 3 } } } }
+    fsdp.save(q, { v = v, t = fsdp.tensor({ 1 }) })
+    assert.are.same(v, fsdp.load(q).v)
+    H.assert_error(function() fsdp.save(q, { t = fsdp.tensor({ 1 }), [1.5] = 2 }) end, "fsdp.save", "number key 1.5")
+  end)
+
   it("writes a flat table of tensors as before, without the reserved key", function()
     local p, q = tmp("flat1.safetensors"), tmp("flat2.safetensors")
     local t = { a = fsdp.tensor({ 1, 2 }), ["b.c"] = fsdp.tensor({ 3 }) }

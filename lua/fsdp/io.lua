@@ -18,8 +18,10 @@
 -- A nested tensor is stored under its path joined with "." ("model.0.weight", a list's element
 -- as "losses.1"), so PyTorch's safetensors loads every tensor; the table's shape and its
 -- non-tensor values go, as JSON (lua/fsdp/json.lua), into the metadata under the reserved key
--- "__fsdp__" (a tensor there is {"__tensor__": name}), which fsdp.load reads back and removes from
--- the metadata it returns. A flat table of tensors is written exactly as before (no reserved key).
+-- "__fsdp__" (a tensor there is {"__tensor__": name}; integer keys of a table that is not a list,
+-- such as an optimizer state's 0-based parameter indices, go under "__int_keys__"), which
+-- fsdp.load reads back and removes from the metadata it returns. A flat table of tensors is
+-- written exactly as before (no reserved key).
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local json = require "fsdp.json"
@@ -61,7 +63,10 @@ local TREE_KEY = "__fsdp__"
 M.TREE_KEY = TREE_KEY
 
 -- a table that is not a flat name -> tensor table: {name = tensor} of its tensors (paths joined
--- with "."), and the JSON of its tree with each tensor replaced by {__tensor__ = name}
+-- with "."), and the JSON of its tree with each tensor replaced by {__tensor__ = name}; a table
+-- with integer keys that is not a list 1..n (an optimizer's state by parameter index, 0-based as
+-- in PyTorch) keeps them under {__int_keys__ = {["0"] = ...}} beside its string keys
+local RESERVED = { __tensor__ = true, __int_keys__ = true }
 local function flatten_tree(tbl)
   local flat, seen = {}, {}
   local function walk(v, path, where)
@@ -78,19 +83,31 @@ local function flatten_tree(tbl)
     end
     if seen[v] then error(("fsdp.save: the table at %s contains itself"):format(where), 0) end
     seen[v] = true
-    local out = {}
+    local strs, ints, count = {}, {}, 0
     for k, x in pairs(v) do
-      if k == "__tensor__" then error(("fsdp.save: the key \"__tensor__\" (at %s) is reserved"):format(where), 0) end
+      if RESERVED[k] then error(("fsdp.save: the key %q (at %s) is reserved"):format(k, where), 0) end
       local tk = type(k)
-      if tk ~= "string" and tk ~= "number" then
-        error(("fsdp.save: the table at %s has a %s key; keys are strings (or list positions)"):format(where, tk), 0)
+      local int = tk == "number" and k == math.floor(k) and math.abs(k) < 2 ^ 53
+      if tk ~= "string" and not int then
+        error(("fsdp.save: the table at %s has the %s key %s; keys are strings or integers"):format(where, tk, tostring(k)), 0)
       end
-      local ks = tk == "number" and ("%d"):format(k) or k
-      out[k] = walk(x, path == "" and ks or (path .. "." .. ks), where == "the top" and ("[%q]"):format(ks)
-        or (where .. ("[%q]"):format(ks)))
+      local ks = int and ("%d"):format(k) or k
+      local w = (where == "the top" and "" or where) .. (int and ("[%s]"):format(ks) or ("[%q]"):format(ks))
+      local y = walk(x, path == "" and ks or (path .. "." .. ks), w)
+      if int then ints[k] = y else strs[k] = y end
+      count = count + 1
     end
     seen[v] = nil
-    return out
+    local n = #ints
+    local list = next(strs) == nil and n == count
+    for i = 1, list and n or 0 do list = list and ints[i] ~= nil end
+    if list then return ints end
+    if next(ints) ~= nil then
+      local keyed = {}
+      for k, y in pairs(ints) do keyed[("%d"):format(k)] = y end
+      strs.__int_keys__ = keyed
+    end
+    return strs
   end
   local tree = walk(tbl, "", "the top")
   return flat, json.encode(tree, "fsdp.save")
@@ -177,7 +194,17 @@ function M.load(path)
           return t
         end
         local o = {}
-        for k, x in pairs(v) do o[k] = build(x) end
+        for k, x in pairs(v) do
+          if k == "__int_keys__" and type(x) == "table" then
+            for ik, y in pairs(x) do
+              local n = tonumber(ik)
+              if not n then error(("the integer key %q is not a number"):format(tostring(ik)), 0) end
+              o[n] = build(y)
+            end
+          else
+            o[k] = build(x)
+          end
+        end
         return o
       end
       return build(json.decode(tree, "fsdp.load: " .. TREE_KEY))
