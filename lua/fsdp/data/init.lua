@@ -227,9 +227,7 @@ function RandomSampler:__init(dataset, opts)
 end
 function RandomSampler:len() return self.n end
 function RandomSampler:_order() return M.randperm(self.n, self.seed + self.epoch) end
-function RandomSampler:_finished()
-  if self.pos >= self.n then self.epoch, self.pos = self.epoch + 1, 0 end
-end
+function RandomSampler:_finished() self.epoch, self.pos = self.epoch + 1, 0 end  -- (a drop_last tail too)
 
 -- DistributedSampler(dataset, {num_replicas, rank, shuffle = true, seed = 0, drop_last = false}):
 -- torch.utils.data.DistributedSampler's algorithm. The epoch's order (a permutation from
