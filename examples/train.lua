@@ -11,10 +11,11 @@
 --          themselves inside a wrapped unit "trunk" that owns no parameters
 --   head   a wrapped unit: Flatten -> Linear(C2*7*7, 10)
 --   root   the model itself, wrapped (owns no parameters)
--- Pretraining: Adam, cross entropy, a distributed sampler: one permutation of the training set per
--- epoch derived from (seed, epoch) -- the same on every rank -- cut into global batches; rank r
--- takes the r-th slice of every global batch (the remainder of the epoch is dropped), so N ranks
--- see exactly the samples a single process would see in each global batch.
+-- Pretraining: Adam, cross entropy, fsdp.data's DistributedSampler (PyTorch's): one permutation of
+-- the training set per epoch from seed + epoch -- the same on every rank --, rank r taking every
+-- N-th index from position r + 1 (drop_last: the tail that does not divide evenly is dropped), and a
+-- DataLoader of B/N per rank (the last short batch dropped), so the N ranks' batches k together are
+-- the global batch k a single process would see; fsdp.progress draws the live line.
 -- Every epoch: test accuracy on the test set (split across ranks, counts all-reduced), one JSONL
 -- metrics line, a sharded checkpoint (fsdp.save_sharded); at the end a consolidated
 -- CKPT/model.safetensors (full tensors, PyTorch names) and a PNG plot (gnuplot).
@@ -149,7 +150,6 @@ end
 pcall(ffi.cdef, [[
 typedef struct { long tv_sec; long tv_nsec; } fsdp_ex_timespec;
 int clock_gettime(int, fsdp_ex_timespec*);
-int isatty(int);
 int usleep(unsigned int);
 void _exit(int);
 ]])
@@ -198,11 +198,7 @@ local function fnv_add(h, x)
   return h
 end
 
-local function hms(s)
-  s = math.max(0, math.floor(s + 0.5))
-  if s >= 3600 then return ("%d:%02d:%02d"):format(s / 3600, s / 60 % 60, s % 60) end
-  return ("%d:%02d"):format(s / 60, s % 60)
-end
+local hms = require("fsdp.progress").hms
 
 -- ---- the model --------------------------------------------------------------------------------------
 local function block(cin, cout)  -- (B, cin, H, W) -> (B, cout, H/2, W/2)
@@ -246,10 +242,8 @@ local function main()
   end
   local b = B / N
 
-  -- rank 0 talks; stdout is a terminal: live lines (fsdprun passes its own stdout's tty-ness)
+  -- rank 0 talks (fsdp.progress draws live lines where stdout is a terminal)
   local say = R == 0 and function(fmt, ...) io.write(fmt:format(...), "\n") io.flush() end or function() end
-  local tty_env = os.getenv("FSDP_STDOUT_TTY")
-  local tty = R == 0 and (tty_env and tty_env == "1" or (not tty_env and ffi.C.isatty(1) == 1))
 
   -- data (every rank holds the arrays; each trains on its slices)
   local fm = require "fsdp.data.fashion_mnist"
@@ -262,25 +256,17 @@ local function main()
   local xtest, ytest = expect("loading the test set", fm.load, "test", { dir = cfg.data, limit = cfg["test-limit"], normalize = true })
   xtrain, ytrain, xtest, ytest = xtrain:to(device), ytrain:to(device), xtest:to(device), ytest:to(device)
   local ntrain, ntest = xtrain:size(1), xtest:size(1)
-  local steps = math.floor(ntrain / B)
+
+  -- ---- the training batches: this rank's share of each epoch (permutation from seed + epoch) ---------
+  local train_set = fsdp.data.TensorDataset(xtrain, ytrain)
+  local function train_loader(seed)
+    local sampler = fsdp.data.DistributedSampler(train_set, { seed = seed, drop_last = true })
+    return fsdp.data.DataLoader(train_set, { batch_size = b, sampler = sampler, drop_last = true })
+  end
+  local steps = #train_loader(cfg.seed)
   if steps < 1 then fail("%d training images are fewer than one global batch of %d", ntrain, B) end
   say("Fashion-MNIST from %s: %d train / %d test images (%.1fs); %d ranks, global batch %d (%d per rank), %d steps per epoch",
     data_dir, ntrain, ntest, now() - t0, N, B, b, steps)
-
-  -- ---- distributed sampler: permutation(seed, epoch), same on every rank, no global RNG ------------
-  local function permutation(n, seed, epoch)
-    local s = (seed * 1000003 + epoch * 7919 + 12345) % 2147483646 + 1   -- Park-Miller, exact in doubles
-    local perm = ffi.new("int64_t[?]", n)
-    for i = 0, n - 1 do perm[i] = i end
-    for i = n - 1, 1, -1 do
-      s = s * 48271 % 2147483647
-      local j = s % (i + 1)
-      perm[i], perm[j] = perm[j], perm[i]
-    end
-    local t = fsdp.empty({ n }, { dtype = "int64" })
-    ffi.copy(t:data_ptr(), perm, n * 8)
-    return t:to(device)
-  end
 
   -- ---- evaluation: the test set split over ranks, counts all-reduced ----------------------------------
   -- every rank runs the same number of forwards (the collectives of the units must match): a rank
@@ -337,15 +323,16 @@ local function main()
 
   -- ---- one epoch of training -----------------------------------------------------------------------
   -- returns {loss = mean over steps of the rank-averaged loss, checksum, seconds, samples_per_s}
-  local function train_epoch(model, opt, phase, epoch, nepochs, seed)
-    local perm = permutation(ntrain, seed, epoch)
+  local function train_epoch(model, opt, phase, epoch, nepochs, loader)
     local label = ("%s %d/%d"):format(phase, epoch, nepochs)
     local sum, h = 0, fnv_init()
-    local te, last_draw, next_plain = now(), -1, 0.1
+    local te = now()
+    local bar = fsdp.progress(steps * B, { desc = label, unit = "samples" })
     model:train()
-    for s = 1, steps do
-      local ix = perm:narrow(1, (s - 1) * B + R * b + 1, b)
-      local xb, yb = xtrain:index_select(1, ix), ytrain:index_select(1, ix)
+    loader:set_epoch(epoch)
+    local s = 0
+    for xb, yb in loader() do
+      s = s + 1
       local loss = F.cross_entropy(model(xb), yb)
       opt:zero_grad()
       loss:backward()
@@ -353,29 +340,13 @@ local function main()
       local l = loss:item()
       if l ~= l then fail("%s: the loss became NaN at step %d (lower --lr)", label, s) end
       sum, h = sum + l, fnv_add(h, l)
-      if R == 0 then
-        local t = now()
-        local frac = s / steps
-        local line = function()
-          local el = t - te
-          return ("%s [%-24s] %3d%%  %d/%d  %5.0f samples/s  loss %.4f  ETA %s"):format(label,
-            ("="):rep(math.floor(24 * frac)), math.floor(100 * frac), s, steps, s * B / el, sum / s,
-            hms(el / s * (steps - s)))
-        end
-        if tty and (t - last_draw > 0.25 or s == steps) then
-          io.write("\r", line(), "\27[K") io.flush()
-          last_draw = t
-        elseif not tty and frac >= next_plain and s < steps then
-          io.write(line(), "\n") io.flush()
-          while next_plain <= frac do next_plain = next_plain + 0.1 end
-        end
-      end
+      bar:update(B, { loss = sum / s })
     end
     local seconds = now() - te
     local t = fsdp.tensor({ sum })
     if N > 1 then fsdp.all_reduce(t, "sum") end
     return { loss = t:item() / N / steps, checksum = ("%08x"):format(h % 4294967296), seconds = seconds,
-      samples_per_s = steps * B / seconds }
+      samples_per_s = steps * B / seconds, bar = bar }
   end
 
   local function finish_epoch(model, phase, epoch, nepochs, r)
@@ -387,9 +358,7 @@ local function main()
       loss_checksum = r.checksum }
     local final = ("%s %d/%d  loss %.4f  test acc %.4f  %.0f samples/s  %s (+%.1fs eval)  loss checksum %s")
       :format(phase, epoch, nepochs, r.loss, acc, r.samples_per_s, hms(r.seconds), eval_s, r.checksum)
-    if R == 0 then
-      if tty then io.write("\r", final, "\27[K\n") io.flush() else say("%s", final) end
-    end
+    r.bar:close(final)  -- the final line replaces the live one
     metrics_write({ json_line(metric_keys, rec) }, "a")
     return acc
   end
@@ -425,10 +394,11 @@ local function main()
     end
     say("FashionNet: trunk 2 x Conv3x3-ReLU-MaxPool (1-%d-%d), head Linear(%d, 10): %d parameters in %d FSDP units; Adam lr %g x %g per epoch",
       C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr, cfg["lr-decay"])
+    local loader = train_loader(cfg.seed)
     for epoch = start, cfg.epochs do
       -- the schedule depends on the epoch alone, so a resumed run follows it too
       for _, g in ipairs(opt.param_groups) do g.lr = cfg.lr * cfg["lr-decay"] ^ (epoch - 1) end
-      local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, cfg.seed)
+      local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, loader)
       -- (before the evaluation: the plan of the training steps just run, optimizer state included)
       if cfg.summary and epoch == start then fsdp.summary(model, { optimizer = opt }) end
       pretrain_acc = finish_epoch(model, "pretrain", epoch, cfg.epochs, r)
@@ -478,8 +448,9 @@ local function main()
     end
     linear_acc = evaluate(model)
     say("linear 0/%d  test acc %.4f (untrained head)", cfg["linear-epochs"], linear_acc)
+    local loader = train_loader(cfg.seed + 1000)
     for epoch = 1, cfg["linear-epochs"] do
-      local r = train_epoch(model, opt, "linear", epoch, cfg["linear-epochs"], cfg.seed + 1000)
+      local r = train_epoch(model, opt, "linear", epoch, cfg["linear-epochs"], loader)
       linear_acc = finish_epoch(model, "linear", epoch, cfg["linear-epochs"], r)
     end
   end

@@ -288,8 +288,9 @@ describe("failed saves", function()
     H.assert_error(function() fsdp.save(p, { [""] = x }) end, p, "empty name")
     H.assert_error(function() fsdp.save(p, { __metadata__ = x }) end, p, "reserved")
     H.assert_error(function() fsdp.save(p, { ["\255bad"] = x }) end, p, "UTF-8")
-    H.assert_error(function() fsdp.save(p, { x = x, y = 3 }) end, "fsdp.save", '"y"', "not a tensor")
-    H.assert_error(function() fsdp.save(p, { x }) end, "fsdp.save", "names must be strings")
+    H.assert_error(function() fsdp.save(p, { x = x, y = print }) end, "fsdp.save", '["y"]', "is a function")
+    H.assert_error(function() fsdp.save(p, { [true] = x }) end, "fsdp.save", "boolean key")
+    H.assert_error(function() fsdp.save(p, { x = x, e = 1 }, { v = 1 }) end, "fsdp.save", "metadata", '"v"')
     H.assert_error(function() fsdp.save(p, { x = x }, { v = 1 }) end, "fsdp.save", "metadata", '"v"')
     H.assert_error(function() fsdp.save(p, { x = x }, "v=1") end, "fsdp.save", "metadata")
     H.assert_error(function() fsdp.save(p, { x = x }, { ["a\0b"] = "c" }) end, p, "NUL")
@@ -314,6 +315,116 @@ describe("failed saves", function()
     back = fsdp.load(p)
     assert.is_nil(back.x)
     assert.are.same({ 5 }, back.y:tolist())
+  end)
+end)
+
+describe("fsdp.save / fsdp.load of nested tables and non-tensor values", function()
+  local C = fsdp.C
+  local json = require "fsdp.json"
+  it("round-trips numbers, strings, booleans, lists and nested tables beside tensors", function()
+    local p = tmp("nested.safetensors")
+    local w, b = fsdp.tensor({ { 1, 2 }, { 3, 4 } }), fsdp.tensor({ 5, 6 }, "int64")
+    local ck = {
+      model = { ["0.weight"] = w, ["0.bias"] = b },
+      epoch = 3, lr = 1e-3, third = 1 / 3, big = 2 ^ 60, neg = -7, name = "run \"7\"\n", done = false, ok = true,
+      history = { 2.5, 1.25, 0.625 }, cfg = { layers = { 32, 64 }, opts = { nesterov = true } },
+      tensors = { w, b }, empty = {},
+    }
+    fsdp.save(p, ck, { note = "kept" })
+    local back, meta = fsdp.load(p)
+    assert.are.same({ note = "kept" }, meta, "the reserved key is not returned")
+    assert.are.same(w:tolist(), back.model["0.weight"]:tolist())
+    assert.are.same(b:tolist(), back.model["0.bias"]:tolist())
+    assert.are.equal("int64", back.model["0.bias"].dtype)
+    assert.are.same(w:tolist(), back.tensors[1]:tolist())
+    assert.are.same(b:tolist(), back.tensors[2]:tolist())
+    for _, k in ipairs { "epoch", "lr", "third", "big", "neg", "name", "done", "ok" } do
+      assert.are.equal(ck[k], back[k], k)
+    end
+    assert.are.same(ck.history, back.history)
+    assert.are.same(ck.cfg, back.cfg)
+    assert.are.same({}, back.empty)
+    -- a list of tensors at the top, as torch.save([t1, t2])
+    local q = tmp("list.safetensors")
+    fsdp.save(q, { w, b })
+    local list = fsdp.load(q)
+    assert.are.equal(2, #list)
+    assert.are.same(b:tolist(), list[2]:tolist())
+    -- the tensors are stored under their paths, which any safetensors reader sees
+    local flat = {}
+    local f = C.fsdp_st_open(p)
+    for i = 0, C.fsdp_st_count(f) - 1 do flat[#flat + 1] = ffi.string(C.fsdp_st_name(f, i)) end
+    local raw = ffi.string(C.fsdp_st_metadata(f))
+    C.fsdp_st_close(f)
+    table.sort(flat)
+    assert.are.same({ "model.0.bias", "model.0.weight", "tensors.1", "tensors.2" }, flat)
+    local m = json.decode(raw, "metadata")
+    assert.are.equal("string", type(m.__fsdp__), "string -> string metadata, as safetensors requires")
+    assert.are.equal("kept", m.note)
+  end)
+
+  it("round-trips torch.save's usual checkpoint: model, optimizer state (0-based keys), epoch", function()
+    local p = tmp("train_ckpt.safetensors")
+    local nn = fsdp.nn
+    fsdp.manual_seed(1)
+    local m = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 1))
+    local opt = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+    local x = fsdp.randn(4, 3)
+    local function step(o)
+      o:zero_grad()
+      m(x):sum():backward()
+      o:step()
+    end
+    step(opt)
+    fsdp.save(p, { model = m:state_dict(), optimizer = opt:state_dict(), epoch = 1 })
+    step(opt)
+    local want = m:state_dict()
+    local ck = fsdp.load(p)
+    assert.are.equal(1, ck.epoch)
+    m:load_state_dict(ck.model)
+    local opt2 = fsdp.optim.AdamW(m:parameters(), { lr = 1e-2 })
+    opt2:load_state_dict(ck.optimizer)
+    step(opt2)
+    for k, t in pairs(want) do assert.are.same(t:tolist(), m:state_dict()[k]:tolist(), k) end
+    -- sparse and 0-based integer keys beside string keys, and nested lists
+    local q = tmp("int_keys.safetensors")
+    local v = { [0] = "zero", [5] = { 1, 2 }, [-3] = true, name = "n", l = { { 1 }, { 2, { 3 } } } }
+    fsdp.save(q, { v = v, t = fsdp.tensor({ 1 }) })
+    assert.are.same(v, fsdp.load(q).v)
+    H.assert_error(function() fsdp.save(q, { t = fsdp.tensor({ 1 }), [1.5] = 2 }) end, "fsdp.save", "number key 1.5")
+  end)
+
+  it("writes a flat table of tensors as before, without the reserved key", function()
+    local p, q = tmp("flat1.safetensors"), tmp("flat2.safetensors")
+    local t = { a = fsdp.tensor({ 1, 2 }), ["b.c"] = fsdp.tensor({ 3 }) }
+    fsdp.save(p, t, { k = "v" })
+    local back, meta = fsdp.load(p)
+    assert.are.same({ k = "v" }, meta)
+    assert.are.same({ 3 }, back["b.c"]:tolist(), "a flat name with a dot stays flat")
+    -- the same bytes as the nested spelling would not give: a flat file has no __fsdp__ entry
+    assert.is_nil(H.read_file(p):find("__fsdp__", 1, true))
+    fsdp.save(q, { a = t.a, b = { c = t["b.c"] } })
+    assert.is_truthy(H.read_file(q):find("__fsdp__", 1, true))
+    local nested = fsdp.load(q)
+    assert.are.same({ 3 }, nested.b.c:tolist())
+  end)
+
+  it("refuses what it cannot store, naming the place", function()
+    local p = tmp("bad_nested.safetensors")
+    local x = fsdp.tensor({ 1 })
+    H.assert_error(function() fsdp.save(p, { x = x, cfg = { f = print } }) end, "fsdp.save", '["cfg"]["f"]', "function")
+    H.assert_error(function() fsdp.save(p, { a = { b = x }, ["a.b"] = x }) end, "fsdp.save", 'two tensors would be stored as "a.b"')
+    H.assert_error(function() fsdp.save(p, { x = x, n = 0 / 0 }) end, "fsdp.save", "non-finite")
+    local loop = {}
+    loop.self = loop
+    H.assert_error(function() fsdp.save(p, { x = x, loop = loop }) end, "fsdp.save", "contains itself")
+    H.assert_error(function() fsdp.save(p, { x = x, e = 1 }, { __fsdp__ = "x" }) end, "fsdp.save", "reserved")
+    H.assert_error(function() fsdp.save(p, { x = x, t = { __tensor__ = "x" } }) end, "fsdp.save", "reserved")
+    H.assert_error(function() fsdp.save(p, x) end, "fsdp.save", "got a tensor")
+    -- a file whose tree names a tensor it does not hold
+    local forged = tmp("forged.safetensors")
+    C.fsdp_st_save(forged, 0, ffi.new("const char*[1]"), ffi.new("fsdp_tensor*[1]"), '{"__fsdp__":"{\\"w\\":{\\"__tensor__\\":\\"w\\"}}"}')
+    H.assert_error(function() fsdp.load(forged) end, "fsdp.load", forged, 'the tensor "w" is missing')
   end)
 end)
 
