@@ -354,3 +354,18 @@ describe("containers and classes", function()
     H.assert_error(function() return s:isinstance("Linear") end, "isinstance", "class")
   end)
 end)
+
+describe("fsdp.wrap's options", function()
+  it("are checked by name: another framework's spelling is an error that says ours", function()
+    H.assert_error(function() fsdp.wrap(nn.Linear(2, 2), { param_dtype = "bfloat16" }) end,
+      'fsdp.wrap: unknown option param_dtype (it takes sharding, shard_group_size, reshard_after_forward, '
+      .. 'mixed_precision, forward_prefetch, backward_prefetch, sync_module_states, offload, checkpoint, min_params); '
+      .. 'mixed precision is mixed_precision = {param = "bf16"}')
+    H.assert_error(function() fsdp.wrap(nn.Linear(2, 2), { mixed_precision = { params = "bf16" } }) end,
+      "fsdp.wrap: unknown mixed_precision part params (param, reduce)")
+    H.assert_error(function() fsdp.auto_wrap(nn.Sequential(nn.Linear(2, 2)), { min_param = 1 }) end,
+      "fsdp.wrap: unknown option min_param")
+    local m = fsdp.wrap(nn.Linear(2, 2), { sharding = "full", mixed_precision = { param = "bf16", reduce = "fp32" } })
+    assert.equal("bfloat16", m(fsdp.randn(3, 2)).dtype)
+  end)
+end)

@@ -95,7 +95,34 @@ local function own_params(m)
   return ps, names
 end
 
+-- the options fsdp.wrap and fsdp.auto_wrap take; any other name is a typo or another framework's
+-- spelling, an error rather than a setting silently not applied
+local WRAP_OPTIONS = { "sharding", "shard_group_size", "reshard_after_forward", "mixed_precision", "forward_prefetch",
+  "backward_prefetch", "sync_module_states", "offload", "checkpoint", "min_params" }
+local MP_PARTS = { param = true, reduce = true }
+local function check_option_names(opts)
+  local known = {}
+  for _, k in ipairs(WRAP_OPTIONS) do known[k] = true end
+  for k in pairs(opts) do
+    if not known[k] then
+      local hint = ""
+      if k == "param_dtype" or k == "reduce_dtype" then
+        hint = ("; mixed precision is mixed_precision = {%s = \"bf16\"}"):format(k == "param_dtype" and "param" or "reduce")
+      end
+      error(("fsdp.wrap: unknown option %s (it takes %s)%s"):format(tostring(k), table.concat(WRAP_OPTIONS, ", "), hint), 4)
+    end
+  end
+  if type(opts.mixed_precision) == "table" then
+    for k in pairs(opts.mixed_precision) do
+      if not MP_PARTS[k] then
+        error(("fsdp.wrap: unknown mixed_precision part %s (param, reduce)"):format(tostring(k)), 4)
+      end
+    end
+  end
+end
+
 local function unit_options(opts)
+  check_option_names(opts)
   local o = ffi.new("fsdp_unit_options")
   local sh = opts.sharding or "full"
   o.sharding = shardings[sh] or error(("fsdp.wrap: unknown sharding %q (use \"full\", \"grad_op\", \"hybrid\" or \"none\")"):format(tostring(sh)), 3)
