@@ -49,18 +49,19 @@ TEST(test_init_self) {
 TEST(test_collectives_values) {
   fsdp_comm_reset_stats();
   for (int dt = 0; dt < FSDP_NDTYPES; dt++) {  // all_gather and broadcast move any dtype
-    fsdp_tensor* in = vec(5, dt, 1);
+    int is_bool = dt == FSDP_BOOL;                // bool: 0, 1, 1, 1, 1 (from 0, 1, 2, 3, 4)
+    fsdp_tensor* in = vec(5, dt, is_bool ? 0 : 1);
     int64_t shape[1] = {5};
     fsdp_tensor* out = fsdp_full(1, shape, 0, dt, FSDP_CPU);
     fsdp_work* w = fsdp_all_gather(out, in, "ag");
     EXPECT(w && fsdp_work_wait(w) == 0);
     fsdp_work_free(w);
-    EXPECT_NEAR(at(out, 0), 1, 0);
-    EXPECT_NEAR(at(out, 4), 5, 0);
+    EXPECT_NEAR(at(out, 0), is_bool ? 0 : 1, 0);
+    EXPECT_NEAR(at(out, 4), is_bool ? 1 : 5, 0);
     w = fsdp_broadcast(in, 0, "bc");
     EXPECT(w && fsdp_work_wait(w) == 0);
     fsdp_work_free(w);
-    EXPECT_NEAR(at(in, 3), 4, 0);
+    EXPECT_NEAR(at(in, 3), is_bool ? 1 : 4, 0);
     fsdp_tensor_release(in);
     fsdp_tensor_release(out);
   }
@@ -80,9 +81,9 @@ TEST(test_collectives_values) {
   EXPECT(fsdp_barrier() == 0);
   int64_t counts[FSDP_NCOLL], bytes[FSDP_NCOLL];
   fsdp_comm_stats(counts, bytes);
-  EXPECT(counts[FSDP_COLL_ALL_GATHER] == 4);
-  EXPECT(bytes[FSDP_COLL_ALL_GATHER] == 5 * (4 + 8 + 2 + 2));
-  EXPECT(counts[FSDP_COLL_BROADCAST] == 4);
+  EXPECT(counts[FSDP_COLL_ALL_GATHER] == FSDP_NDTYPES);
+  EXPECT(bytes[FSDP_COLL_ALL_GATHER] == 5 * (4 + 8 + 2 + 2 + 1));  // f32, i64, bf16, f16, bool
+  EXPECT(counts[FSDP_COLL_BROADCAST] == FSDP_NDTYPES);
   EXPECT(counts[FSDP_COLL_REDUCE_SCATTER] == 3 && bytes[FSDP_COLL_REDUCE_SCATTER] == 3 * 24);
   EXPECT(counts[FSDP_COLL_ALL_REDUCE] == 3 && bytes[FSDP_COLL_ALL_REDUCE] == 3 * 24);
   EXPECT(counts[FSDP_COLL_BARRIER] == 1 && bytes[FSDP_COLL_BARRIER] == 0);
