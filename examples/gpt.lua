@@ -46,19 +46,19 @@ usage: fsdprun -n N examples/gpt.lua [flags]      (or plain luajit: one rank)
 Trains a character-level GPT on the fortunes corpus with FSDP, prints the validation loss every
 --eval-every steps, checkpoints, and ends with a sample of generated text.
 
-  --steps N          optimizer steps (default 600)
+  --steps N          optimizer steps (default 2000)
   --batch-size B     crops per micro-batch, global, split over the ranks (default 16)
   --accum K          micro-batches per optimizer step (gradient accumulation, default 2)
-  --block T          context length (default 64)
+  --block T          context length (default 128)
   --layers L         transformer blocks (default 4)
-  --heads H          attention heads (default 4)
-  --dim D            embedding width (default 128)
+  --heads H          attention heads (default 6)
+  --dim D            embedding width (default 192)
   --untied           a separate LM head weight (default: tied to the token embedding)
-  --lr LR            peak AdamW learning rate (default 0.003), cosine decay to LR/10
-  --warmup W         linear warmup steps (default 60)
+  --lr LR            peak AdamW learning rate (default 0.002), cosine decay to LR/10
+  --warmup W         linear warmup steps (default 100)
   --weight-decay WD  AdamW weight decay of the matrices (default 0.1)
   --clip C           clip the global gradient norm to C (default 1.0; 0: off)
-  --eval-every E     steps between validation evaluations and checkpoints (default 50)
+  --eval-every E     steps between validation evaluations and checkpoints (default 100)
   --eval-iters I     validation batches of B crops per evaluation (default 8)
   --bf16             mixed precision: bf16 compute, float32 master weights and reduction
   --seed S           initialisation, crops and sampling (default 0)
@@ -74,8 +74,8 @@ Trains a character-level GPT on the fortunes corpus with FSDP, prints the valida
   --prompt TEXT      the text generation starts from (default a newline)
   -h, --help         this text
 ]]
-local cfg = { steps = 600, ["batch-size"] = 16, accum = 2, block = 64, layers = 4, heads = 4, dim = 128,
-  untied = false, lr = 3e-3, warmup = 60, ["weight-decay"] = 0.1, clip = 1.0, ["eval-every"] = 50,
+local cfg = { steps = 2000, ["batch-size"] = 16, accum = 2, block = 128, layers = 4, heads = 6, dim = 192,
+  untied = false, lr = 2e-3, warmup = 100, ["weight-decay"] = 0.1, clip = 1.0, ["eval-every"] = 100,
   ["eval-iters"] = 8, bf16 = false, seed = 0, data = "/usr/share/games/fortunes", limit = nil, ckpt = nil,
   resume = nil, ["stop-at"] = nil, ["sample-len"] = 400, temperature = 0.8, ["top-k"] = 10, prompt = "\n" }
 local kinds = { untied = "bool", bf16 = "bool", data = "str", ckpt = "str", resume = "str", prompt = "str",
