@@ -569,6 +569,7 @@ end
 -- lazily loaded submodules: fsdp.nn, fsdp.optim, fsdp.F, fsdp.autograd, save/load
 local lazy = {
   nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io", comm = "fsdp.comm",
+  data = "fsdp.data", progress = "fsdp.progress",
 }
 setmetatable(fsdp, {
   __index = function(t, k)

@@ -10,6 +10,16 @@
 -- atomic (a temporary file renamed over the target), so a failed save leaves the old file as it
 -- was. Loaded tensors are new contiguous CPU tensors in their stored dtype. The parsing and all
 -- checks of untrusted files happen in C (src/io/safetensors.c); errors are Lua errors naming the file.
+--
+-- Beyond a flat name -> tensor table, fsdp.save takes what torch.save(dict) users save: numbers,
+-- strings, booleans and nested tables (lists or string keys) with tensors anywhere in them,
+--   fsdp.save("ckpt.safetensors", {model = model:state_dict(), epoch = 3, cfg = {lr = 1e-3}})
+--   local ck = fsdp.load("ckpt.safetensors")    -- ck.model["0.weight"], ck.epoch == 3, ck.cfg.lr
+-- A nested tensor is stored under its path joined with "." ("model.0.weight", a list's element
+-- as "losses.1"), so PyTorch's safetensors loads every tensor; the table's shape and its
+-- non-tensor values go, as JSON (lua/fsdp/json.lua), into the metadata under the reserved key
+-- "__fsdp__" (a tensor there is {"__tensor__": name}), which fsdp.load reads back and removes from
+-- the metadata it returns. A flat table of tensors is written exactly as before (no reserved key).
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local json = require "fsdp.json"
@@ -47,11 +57,70 @@ local function parse_metadata(s)
   return meta
 end
 
--- fsdp.save(path, {name = tensor, ...} [, {key = "value", ...}])
+local TREE_KEY = "__fsdp__"
+M.TREE_KEY = TREE_KEY
+
+-- a table that is not a flat name -> tensor table: {name = tensor} of its tensors (paths joined
+-- with "."), and the JSON of its tree with each tensor replaced by {__tensor__ = name}
+local function flatten_tree(tbl)
+  local flat, seen = {}, {}
+  local function walk(v, path, where)
+    if fsdp.is_tensor(v) then
+      if flat[path] then error(("fsdp.save: two tensors would be stored as %q"):format(path), 0) end
+      flat[path] = v
+      return { __tensor__ = path }
+    end
+    local tv = type(v)
+    if tv == "number" or tv == "string" or tv == "boolean" then return v end
+    if tv ~= "table" then
+      error(("fsdp.save: value at %s is a %s (only tensors, numbers, strings, booleans and tables of them)")
+        :format(where, tv), 0)
+    end
+    if seen[v] then error(("fsdp.save: the table at %s contains itself"):format(where), 0) end
+    seen[v] = true
+    local out = {}
+    for k, x in pairs(v) do
+      if k == "__tensor__" then error(("fsdp.save: the key \"__tensor__\" (at %s) is reserved"):format(where), 0) end
+      local tk = type(k)
+      if tk ~= "string" and tk ~= "number" then
+        error(("fsdp.save: the table at %s has a %s key; keys are strings (or list positions)"):format(where, tk), 0)
+      end
+      local ks = tk == "number" and ("%d"):format(k) or k
+      out[k] = walk(x, path == "" and ks or (path .. "." .. ks), where == "the top" and ("[%q]"):format(ks)
+        or (where .. ("[%q]"):format(ks)))
+    end
+    seen[v] = nil
+    return out
+  end
+  local tree = walk(tbl, "", "the top")
+  return flat, json.encode(tree, "fsdp.save")
+end
+
+local function is_flat(tensors)
+  for k, v in pairs(tensors) do
+    if type(k) ~= "string" or not fsdp.is_tensor(v) then return false end
+  end
+  return true
+end
+
+-- fsdp.save(path, {name = tensor, ...} or a nested table [, {key = "value", ...}])
 function M.save(path, tensors, metadata)
   if type(path) ~= "string" then error(("fsdp.save: path must be a string, got a %s"):format(type(path)), 2) end
-  if type(tensors) ~= "table" then
-    error(("fsdp.save: expected a table of name -> tensor, got a %s"):format(type(tensors)), 2)
+  if type(tensors) ~= "table" or fsdp.is_tensor(tensors) then
+    error(("fsdp.save: expected a table of name -> tensor (or a nested table of values), got a %s"):format(
+      fsdp.is_tensor(tensors) and "tensor" or type(tensors)), 2)
+  end
+  if type(metadata) == "table" and metadata[TREE_KEY] ~= nil then
+    error(('fsdp.save: the metadata key "%s" is reserved (the table\'s non-tensor values go there)'):format(TREE_KEY), 2)
+  end
+  if not is_flat(tensors) then
+    local ok, flat, tree = pcall(flatten_tree, tensors)
+    if not ok then error(flat, 2) end
+    local meta = {}
+    if type(metadata) == "table" then for k, v in pairs(metadata) do meta[k] = v end
+    elseif metadata ~= nil then metadata_json(metadata) end
+    meta[TREE_KEY] = tree
+    tensors, metadata = flat, meta
   end
   local names, dtypes = {}, {}
   for name, t in pairs(tensors) do
@@ -80,7 +149,7 @@ function M.save(path, tensors, metadata)
   if C.fsdp_st_save(path, n, cnames, ctensors, meta) ~= 0 then fsdp._raise(2) end
 end
 
--- fsdp.load(path) -> {name = tensor, ...}, {key = "value", ...}
+-- fsdp.load(path) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
 function M.load(path)
   if type(path) ~= "string" then error(("fsdp.load: path must be a string, got a %s"):format(type(path)), 2) end
   local f = C.fsdp_st_open(path)
@@ -96,6 +165,27 @@ function M.load(path)
   end)
   C.fsdp_st_close(f)
   if not ok then error(tensors, 0) end
+  local tree = metadata[TREE_KEY]
+  if tree ~= nil then
+    metadata[TREE_KEY] = nil
+    local ok2, out = pcall(function()
+      local function build(v)
+        if type(v) ~= "table" then return v end
+        if type(v.__tensor__) == "string" then
+          local t = tensors[v.__tensor__]
+          if t == nil then error(("the tensor %q is missing"):format(v.__tensor__), 0) end
+          return t
+        end
+        local o = {}
+        for k, x in pairs(v) do o[k] = build(x) end
+        return o
+      end
+      return build(json.decode(tree, "fsdp.load: " .. TREE_KEY))
+    end)
+    if not ok2 then error(("fsdp.load: %s: the metadata %s does not fit the file: %s"):format(path, TREE_KEY, out), 2) end
+    if type(out) ~= "table" then error(("fsdp.load: %s: the metadata %s is not a table"):format(path, TREE_KEY), 2) end
+    return out, metadata
+  end
   return tensors, metadata
 end
 

@@ -1,0 +1,454 @@
+-- fsdp.data: datasets, samplers and the DataLoader, with torch.utils.data's names and semantics
+-- (indices are 1-based positions, Lua-style, like narrow's start).
+--
+--   local data = fsdp.data
+--   local ds = data.TensorDataset(x, y)                         -- rows of x and y (first dim)
+--   local sampler = data.DistributedSampler(ds, {seed = 0})    -- this rank's share, PyTorch's algorithm
+--   local loader = data.DataLoader(ds, {batch_size = 64, sampler = sampler, drop_last = true})
+--   for epoch = 1, E do
+--     loader:set_epoch(epoch)                                   -- reshuffles (seed + epoch)
+--     for xb, yb in loader() do ... end                         -- or loader:iter(); #loader batches
+--   end
+--
+-- Dataset: a class with len() and get(i) (i = 1..len()); `data.Dataset:extend("Name")` makes one.
+-- A plain Lua list of samples is a dataset too. Samplers (SequentialSampler, RandomSampler,
+-- DistributedSampler, or any object with len() and indices()) give the order of one epoch; they
+-- keep their epoch and the number of samples handed out in it, so `state_dict()` /
+-- `load_state_dict()` resume an epoch exactly where a checkpoint left it.
+-- Permutations come from the project's RNG (fsdp.randperm) seeded with seed + epoch, as PyTorch's
+-- samplers seed their generator; the global RNG stream is saved and restored around the draw, so
+-- iterating a loader leaves fsdp.manual_seed's stream (initialisation, dropout) untouched.
+local ffi = require "ffi"
+local fsdp = require "fsdp"
+
+local M = {}
+
+-- ---- classes ---------------------------------------------------------------------------------------
+local function class(name, parent)
+  local cls = { __name = name }
+  cls.__index = cls
+  cls.__len = function(o) return o:len() end  -- for Lua builds that honour __len on tables
+  cls.__tostring = function(o) return ("%s(%d)"):format(name, o:len()) end
+  return setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...)
+      local o = setmetatable({}, c)
+      o:__init(...)
+      return o
+    end,
+  })
+end
+
+local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -2 ^ 53 and v < 2 ^ 53 end
+
+local function check_opts(what, opts, known)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(("%s: options must be a table, got a %s"):format(what, type(opts)), 3) end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("%s: unknown option %s (known: %s)"):format(what, tostring(k), table.concat(names, ", ")), 3)
+    end
+  end
+  return opts
+end
+
+local function len_of(dataset, what)
+  if type(dataset) == "number" then return dataset end
+  if type(dataset) ~= "table" then
+    error(("%s: dataset must be a Dataset (len() and get(i)) or a list of samples, got a %s"):format(what, type(dataset)), 3)
+  end
+  if type(dataset.len) == "function" then return dataset:len() end
+  return #dataset
+end
+
+-- ---- datasets --------------------------------------------------------------------------------------
+local Dataset = class("Dataset")
+M.Dataset = Dataset
+function Dataset:__init() end
+-- Dataset:extend("Name") -> a subclass; Name(...) calls its __init
+function Dataset.extend(parent, name)
+  local cls = class(name, parent)
+  cls.extend = Dataset.extend
+  return cls
+end
+function Dataset:len() error(("%s: a Dataset defines len() (the number of samples)"):format(self.__name), 2) end
+function Dataset:get() error(("%s: a Dataset defines get(i) (sample i, 1-based)"):format(self.__name), 2) end
+
+-- TensorDataset(x, y, ...): sample i is {x[i], y[i], ...} (rows along the first dim)
+local TensorDataset = Dataset:extend("TensorDataset")
+M.TensorDataset = TensorDataset
+function TensorDataset:__init(...)
+  local n = select("#", ...)
+  if n == 0 then error("TensorDataset: expected at least one tensor", 3) end
+  self.tensors = {}
+  for i = 1, n do
+    local t = select(i, ...)
+    if not fsdp.is_tensor(t) then error(("TensorDataset: argument %d must be a tensor, got a %s"):format(i, type(t)), 3) end
+    if t:dim() < 1 then error(("TensorDataset: argument %d is a 0-dim tensor (samples run along the first dim)"):format(i), 3) end
+    if i > 1 and t:size(1) ~= self.tensors[1]:size(1) then
+      error(("TensorDataset: size mismatch between tensors: argument 1 has %d rows, argument %d has %d")
+        :format(self.tensors[1]:size(1), i, t:size(1)), 3)
+    end
+    self.tensors[i] = t
+  end
+end
+function TensorDataset:len() return (self.tensors[1]:size(1)) end
+function TensorDataset:get(i)
+  local n = self:len()
+  if not is_int(i) or i < 1 or i > n then
+    error(("TensorDataset: index %s is out of range 1..%d"):format(tostring(i), n), 2)
+  end
+  local out = {}
+  for k, t in ipairs(self.tensors) do
+    local s = t:shape()
+    table.remove(s, 1)
+    out[k] = t:narrow(1, i, 1):reshape(s)
+  end
+  return out
+end
+-- the rows of a batch at once: `first` (consecutive rows first..first+len-1: views) or the
+-- 0-based int64 index tensor ix (index_select); the list of the tensors' batches
+function TensorDataset:_batch(first, len, ix)
+  local out = {}
+  for k, t in ipairs(self.tensors) do
+    if first then out[k] = t:narrow(1, first, len)
+    else
+      if ix.device ~= t.device then ix = ix:to(t.device) end
+      out[k] = t:index_select(1, ix)
+    end
+  end
+  return out
+end
+
+-- ---- permutations ------------------------------------------------------------------------------------
+-- a Lua list of 1..n in the order of fsdp.randperm(n) after fsdp.manual_seed(seed); the global
+-- RNG stream is left as it was
+function M.randperm(n, seed)
+  if not is_int(n) or n < 0 then error(("fsdp.data.randperm: n must be an integer >= 0, got %s"):format(tostring(n)), 2) end
+  if not is_int(seed) or seed < 0 then error(("fsdp.data.randperm: seed must be an integer >= 0, got %s"):format(tostring(seed)), 2) end
+  local out = {}
+  if n == 0 then return out end
+  local saved = fsdp.get_rng_state()
+  fsdp.manual_seed(seed)
+  local ok, p = pcall(fsdp.randperm, n)
+  fsdp.set_rng_state(saved)
+  if not ok then error(p, 0) end
+  local ptr = ffi.cast("const int64_t*", p:data_ptr())
+  for i = 0, n - 1 do out[i + 1] = tonumber(ptr[i]) + 1 end
+  return out
+end
+
+-- ---- samplers -------------------------------------------------------------------------------------------
+-- The base: epoch (set_epoch), pos (samples handed out in this epoch) and a pending resume
+-- position from load_state_dict; a subclass defines _order() -> the list of one epoch's indices.
+local Sampler = class("Sampler")
+M.Sampler = Sampler
+function Sampler.extend(parent, name)
+  local cls = class(name, parent)
+  cls.extend = Sampler.extend
+  return cls
+end
+function Sampler:_base_init()
+  self.epoch, self.pos, self._resume = 0, 0, nil
+end
+function Sampler:len() return #self:_order() end
+function Sampler:set_epoch(epoch)
+  if not is_int(epoch) then error(("%s:set_epoch: epoch must be an integer, got %s"):format(self.__name, tostring(epoch)), 2) end
+  -- a resumed position stays for the epoch it was saved in
+  if self._resume and self._resume.epoch ~= epoch then self._resume = nil end
+  if epoch ~= self.epoch then self.pos = 0 end
+  self.epoch = epoch
+end
+-- the indices of the current epoch, and the position to start at (0 unless resuming)
+function Sampler:indices() return self:_order() end
+function Sampler:_start()
+  local r = self._resume
+  self._resume = nil
+  if r and r.epoch == self.epoch then return r.pos end
+  return 0
+end
+-- called by the loader (or iter) as samples go out / when an epoch's pass ends
+function Sampler:_advance(n) self.pos = self.pos + n end
+function Sampler:_finished() end
+function Sampler:state_dict() return { epoch = self.epoch, pos = self.pos } end
+function Sampler:load_state_dict(sd)
+  if type(sd) ~= "table" or not is_int(sd.epoch) or not is_int(sd.pos) or sd.pos < 0 then
+    error(("%s:load_state_dict: expected {epoch = int, pos = int >= 0}, got %s"):format(self.__name,
+      type(sd) == "table" and ("{epoch = %s, pos = %s}"):format(tostring(sd.epoch), tostring(sd.pos)) or type(sd)), 2)
+  end
+  self.epoch, self.pos = sd.epoch, sd.pos
+  self._resume = { epoch = sd.epoch, pos = sd.pos }
+end
+-- for i in sampler:iter(): the remaining indices of the epoch, one at a time
+function Sampler:iter()
+  local idx = self:indices()
+  local k = self:_start()
+  self.pos = k
+  return function()
+    if k >= #idx then self:_finished() return nil end
+    k = k + 1
+    self:_advance(1)
+    return idx[k]
+  end
+end
+
+-- SequentialSampler(dataset): 1, 2, ..., len
+local SequentialSampler = Sampler:extend("SequentialSampler")
+M.SequentialSampler = SequentialSampler
+function SequentialSampler:__init(dataset)
+  self.n = len_of(dataset, "SequentialSampler")
+  self:_base_init()
+end
+function SequentialSampler:len() return self.n end
+function SequentialSampler:_order()
+  local out = {}
+  for i = 1, self.n do out[i] = i end
+  return out
+end
+
+-- RandomSampler(dataset, {seed = s}): a permutation per epoch from seed + epoch. Without set_epoch
+-- each completed pass moves to the next epoch, so every pass is shuffled anew (as PyTorch's
+-- RandomSampler draws a new order each time); without a seed one is drawn from the global RNG
+-- (fsdp.manual_seed fixes it).
+local RandomSampler = Sampler:extend("RandomSampler")
+M.RandomSampler = RandomSampler
+local function default_seed() return (fsdp.randint(0, 2 ^ 31 - 1, { 1 }):item()) end
+function RandomSampler:__init(dataset, opts)
+  opts = check_opts("RandomSampler", opts, { seed = true })
+  self.n = len_of(dataset, "RandomSampler")
+  if opts.seed ~= nil and (not is_int(opts.seed) or opts.seed < 0) then
+    error(("RandomSampler: seed must be an integer >= 0, got %s"):format(tostring(opts.seed)), 3)
+  end
+  self.seed = opts.seed or default_seed()
+  self:_base_init()
+end
+function RandomSampler:len() return self.n end
+function RandomSampler:_order() return M.randperm(self.n, self.seed + self.epoch) end
+function RandomSampler:_finished()
+  if self.pos >= self.n then self.epoch, self.pos = self.epoch + 1, 0 end
+end
+
+-- DistributedSampler(dataset, {num_replicas, rank, shuffle = true, seed = 0, drop_last = false}):
+-- torch.utils.data.DistributedSampler's algorithm. The epoch's order (a permutation from
+-- seed + epoch, the same on every rank, or 1..n) is padded by repeating its beginning to a
+-- multiple of num_replicas (drop_last: cut to one instead), and rank r takes every
+-- num_replicas-th index from position r + 1: distinct samples, the same count on every rank.
+local DistributedSampler = Sampler:extend("DistributedSampler")
+M.DistributedSampler = DistributedSampler
+function DistributedSampler:__init(dataset, opts)
+  opts = check_opts("DistributedSampler", opts, { num_replicas = true, rank = true, shuffle = true, seed = true, drop_last = true })
+  self.n = len_of(dataset, "DistributedSampler")
+  local inited = fsdp.comm.is_initialized()
+  local N = opts.num_replicas
+  if N == nil then N = inited and fsdp.world_size() or 1 end
+  local r = opts.rank
+  if r == nil then r = inited and fsdp.rank() or 0 end
+  if not is_int(N) or N < 1 then error(("DistributedSampler: num_replicas must be an integer >= 1, got %s"):format(tostring(N)), 3) end
+  if not is_int(r) or r < 0 or r >= N then
+    error(("DistributedSampler: invalid rank %s, rank should be in the interval [0, %d]"):format(tostring(r), N - 1), 3)
+  end
+  local seed = opts.seed == nil and 0 or opts.seed
+  if not is_int(seed) or seed < 0 then error(("DistributedSampler: seed must be an integer >= 0, got %s"):format(tostring(seed)), 3) end
+  self.num_replicas, self.rank, self.seed = N, r, seed
+  self.shuffle = opts.shuffle ~= false
+  self.drop_last = opts.drop_last == true
+  local n = self.n
+  if self.drop_last and n % N ~= 0 then
+    self.num_samples = math.ceil((n - N) / N)
+  else
+    self.num_samples = math.ceil(n / N)
+  end
+  self.total_size = self.num_samples * N
+  self:_base_init()
+end
+function DistributedSampler:len() return self.num_samples end
+function DistributedSampler:_order()
+  local n, total = self.n, self.total_size
+  local idx
+  if self.shuffle then idx = M.randperm(n, self.seed + self.epoch)
+  else
+    idx = {}
+    for i = 1, n do idx[i] = i end
+  end
+  if not self.drop_last then  -- pad by repeating the beginning (the whole list again if short)
+    local k = 1
+    while #idx < total and n > 0 do
+      idx[#idx + 1] = idx[k]
+      k = k + 1
+    end
+  end
+  local out = {}
+  for i = self.rank + 1, total, self.num_replicas do out[#out + 1] = idx[i] end
+  return out
+end
+
+-- ---- collation --------------------------------------------------------------------------------------------
+local function is_list(t)
+  if type(t) ~= "table" or fsdp.is_tensor(t) then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n > 0 and n == #t
+end
+
+-- default_collate(samples): tensors stacked along a new first dim, numbers into a tensor (int64
+-- when all are integers, else float32), strings and booleans kept in a list, lists and string-keyed
+-- tables collated field by field (as torch.utils.data.default_collate)
+function M.default_collate(samples)
+  if type(samples) ~= "table" or #samples == 0 then
+    error(("default_collate: expected a non-empty list of samples, got %s"):format(type(samples)), 2)
+  end
+  local first = samples[1]
+  if fsdp.is_tensor(first) then
+    local rows = {}
+    for i, s in ipairs(samples) do
+      if not fsdp.is_tensor(s) then error(("default_collate: sample %d is a %s, sample 1 a tensor"):format(i, type(s)), 2) end
+      local shape = s:shape()
+      table.insert(shape, 1, 1)
+      rows[i] = s:reshape(shape)
+    end
+    return fsdp.cat(rows, 1)
+  elseif type(first) == "number" then
+    local ints = true
+    for i, s in ipairs(samples) do
+      if type(s) ~= "number" then error(("default_collate: sample %d is a %s, sample 1 a number"):format(i, type(s)), 2) end
+      ints = ints and is_int(s)
+    end
+    return fsdp.tensor(samples, ints and "int64" or "float32")
+  elseif type(first) == "table" then
+    local out = {}
+    for k in pairs(first) do
+      local col = {}
+      for i, s in ipairs(samples) do
+        if type(s) ~= "table" or s[k] == nil then
+          error(("default_collate: sample %d has no field %s (sample 1 has)"):format(i, tostring(k)), 2)
+        end
+        col[i] = s[k]
+      end
+      out[k] = M.default_collate(col)
+    end
+    return out
+  end
+  local out = {}
+  for i, s in ipairs(samples) do out[i] = s end
+  return out
+end
+
+-- ---- the loader -----------------------------------------------------------------------------------------
+local Loader = {}
+Loader.__index = Loader
+
+local loader_opts = { batch_size = true, shuffle = true, drop_last = true, sampler = true, collate_fn = true,
+  seed = true, num_workers = true, pin_memory = true }
+
+-- DataLoader(dataset, {batch_size = 1, shuffle = false, drop_last = false, sampler = nil,
+-- collate_fn = default_collate, seed = nil}); num_workers and pin_memory are accepted and do
+-- nothing (samples load in the calling process; tensors move with :to(device)).
+-- `#loader` and loader:len() count the batches; `for ... in loader() do` (or loader:iter())
+-- yields each batch, unpacked when it is a list (a TensorDataset(x, y) gives xb, yb).
+function M.DataLoader(dataset, opts)
+  opts = check_opts("DataLoader", opts, loader_opts)
+  len_of(dataset, "DataLoader")
+  local self = setmetatable({ dataset = dataset }, Loader)
+  local bs = opts.batch_size == nil and 1 or opts.batch_size
+  if not is_int(bs) or bs < 1 then error(("DataLoader: batch_size must be an integer >= 1, got %s"):format(tostring(bs)), 2) end
+  self.batch_size = bs
+  self.drop_last = opts.drop_last == true
+  if opts.collate_fn ~= nil and type(opts.collate_fn) ~= "function" then
+    error(("DataLoader: collate_fn must be a function, got a %s"):format(type(opts.collate_fn)), 2)
+  end
+  self.collate_fn = opts.collate_fn or M.default_collate
+  if opts.sampler ~= nil then
+    if opts.shuffle then error("DataLoader: sampler option is mutually exclusive with shuffle", 2) end
+    local s = opts.sampler
+    if type(s) ~= "table" or type(s.indices) ~= "function" or type(s.len) ~= "function" then
+      error("DataLoader: sampler must be a sampler (an object with len() and indices())", 2)
+    end
+    if opts.seed ~= nil then error("DataLoader: seed is for shuffle = true; give the sampler its seed", 2) end
+    self.sampler = s
+  elseif opts.shuffle then
+    self.sampler = RandomSampler(dataset, { seed = opts.seed })
+  else
+    self.sampler = SequentialSampler(dataset)
+  end
+  -- userdata, so that `#loader` works in LuaJIT (which ignores __len on tables)
+  local proxy = newproxy(true)
+  local mt = getmetatable(proxy)
+  mt.__index, mt.__newindex = self, self
+  mt.__len = function() return self:len() end
+  mt.__call = function(_, ...) return self:iter(...) end
+  mt.__tostring = function() return ("DataLoader(%d batches of %d)"):format(self:len(), self.batch_size) end
+  return proxy
+end
+
+function Loader:len()
+  local n = self.sampler:len()
+  if self.drop_last then return math.floor(n / self.batch_size) end
+  return math.ceil(n / self.batch_size)
+end
+function Loader:set_epoch(epoch)
+  if type(self.sampler.set_epoch) == "function" then self.sampler:set_epoch(epoch) end
+end
+function Loader:state_dict()
+  local s = self.sampler
+  return { sampler = type(s.state_dict) == "function" and s:state_dict() or nil }
+end
+function Loader:load_state_dict(sd)
+  if type(sd) ~= "table" then error(("DataLoader:load_state_dict: expected a table, got a %s"):format(type(sd)), 2) end
+  if sd.sampler ~= nil then
+    if type(self.sampler.load_state_dict) ~= "function" then error("DataLoader:load_state_dict: the sampler keeps no state", 2) end
+    self.sampler:load_state_dict(sd.sampler)
+  end
+end
+
+-- the yielded values of a batch: a list's elements, anything else itself
+local function yield(batch)
+  if is_list(batch) then return unpack(batch, 1, #batch) end
+  return batch
+end
+
+function Loader:iter()
+  local s, ds, bs = self.sampler, self.dataset, self.batch_size
+  local idx = s:indices()
+  local k = type(s._start) == "function" and s:_start() or 0
+  if s.pos ~= nil then s.pos = k end
+  local n = #idx
+  local fast = self.collate_fn == M.default_collate and getmetatable(ds) ~= nil and type(ds._batch) == "function"
+  local ix  -- the 0-based indices of the epoch as one int64 tensor (the fast path)
+  if fast and n > 0 then
+    local buf = ffi.new("int64_t[?]", n)
+    for i = 1, n do buf[i - 1] = idx[i] - 1 end
+    ix = fsdp.empty({ n }, { dtype = "int64" })
+    ffi.copy(ix:data_ptr(), buf, n * 8)
+  end
+  local get = type(ds.get) == "function" and function(i) return ds:get(i) end or function(i) return ds[i] end
+  local done = false
+  return function()
+    if done then return nil end
+    local len = math.min(bs, n - k)
+    if len <= 0 or (self.drop_last and len < bs) then
+      done = true
+      if type(s._finished) == "function" then s:_finished() end
+      return nil
+    end
+    local batch
+    if fast then
+      local consecutive = true
+      for j = k + 2, k + len do
+        if idx[j] ~= idx[j - 1] + 1 then consecutive = false break end
+      end
+      batch = consecutive and ds:_batch(idx[k + 1], len) or ds:_batch(nil, len, ix:narrow(1, k + 1, len))
+    else
+      local samples = {}
+      for j = 1, len do samples[j] = get(idx[k + j]) end
+      batch = self.collate_fn(samples)
+    end
+    k = k + len
+    if type(s._advance) == "function" then s:_advance(len) end
+    return yield(batch)
+  end
+end
+
+return M
