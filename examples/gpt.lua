@@ -32,11 +32,12 @@ end
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local nn, optim, F = fsdp.nn, fsdp.optim, fsdp.nn.functional
-pcall(ffi.cdef, "typedef struct { long s, ns; } gpt_timespec; int clock_gettime(int, gpt_timespec*); void _exit(int);")
+pcall(ffi.cdef, "void _exit(int);")
+require "fsdp.progress" -- declares clock_gettime (one declaration per process) with its timespec
 local function now()
-  local t = ffi.new("gpt_timespec")
+  local t = ffi.new("fsdp_progress_timespec")
   ffi.C.clock_gettime(1, t)
-  return tonumber(t.s) + tonumber(t.ns) * 1e-9
+  return tonumber(t.tv_sec) + tonumber(t.tv_nsec) * 1e-9
 end
 
 -- ---- flags ---------------------------------------------------------------------------------------
@@ -302,7 +303,10 @@ local function main()
   local bar
   local last = math.min(cfg.steps, cfg["stop-at"] or cfg.steps)
   for step = start, last do
-    if not bar then bar = fsdp.progress(math.min(cfg["eval-every"] - (step - 1) % cfg["eval-every"], last - step + 1), { desc = ("steps %d-"):format(step) }) end
+    if not bar then -- one live line per evaluation interval (on a terminal), closed by the evaluation's line
+      local count = math.min(cfg["eval-every"] - (step - 1) % cfg["eval-every"], last - step + 1)
+      bar = fsdp.progress(count, { desc = ("steps %d-%d"):format(step, step + count - 1), unit = "step", every = 1 })
+    end
     local offs = crop_offsets(cfg.seed, step, K * B, splits.train.len - T)
     local lsum = 0
     for k = 0, K - 1 do
@@ -320,12 +324,11 @@ local function main()
     tsum, tcount = tsum + l, tcount + 1
     bar:update(1, { loss = l })
     if step % cfg["eval-every"] == 0 or step == cfg.steps then
-      bar:close()
-      bar = nil
       local c = { step, tsum / tcount, evaluate(), lr }
       tsum, tcount = 0, 0
       curve[#curve + 1] = c
-      say("step %5d  train loss %.6f  val loss %.6f  lr %.3e", c[1], c[2], c[3], c[4])
+      bar:close(("step %5d  train loss %.6f  val loss %.6f  lr %.3e"):format(c[1], c[2], c[3], c[4]))
+      bar = nil
       fsdp.save_sharded(cfg.ckpt, model, opt, { job = "gpt", step = step, curve = curve, sched = sched:state_dict(),
         cfg = saved_cfg })
     end
