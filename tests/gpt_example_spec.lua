@@ -1,9 +1,10 @@
 -- The second job in CI: examples/gpt.lua, tiny (one block of width 32, 30 steps on the first 400 kB
 -- of the fortunes text), on 1 and 2 ranks: the loss falls, 2 ranks train on the same global batch
--- as 1 (losses equal within float32 rounding), a run stopped at step 20 and resumed is bit-identical
--- to the uninterrupted one, sampling prints the requested number of characters and draws the same
--- ones for the same seed and weights; expected errors (no corpus, bad flags) are one message.
--- Needs Debian's `fortunes` package (tools/deps.sh's demo set, which .ci/run installs).
+-- as 1 (losses equal within float32 rounding), --bf16 trains close to float32, a run stopped at step
+-- 20 and resumed is bit-identical to the uninterrupted one, sampling prints the requested number of
+-- characters and draws the same ones for the same weights and seed; expected errors (no corpus, bad
+-- flags) are one message. Needs Debian's `fortunes` package (tools/deps.sh's demo set; .ci/run
+-- installs it).
 local H = require "helpers"
 
 local gpt = H.root .. "/examples/gpt.lua"
@@ -61,6 +62,19 @@ describe("examples/gpt.lua", function()
       assert.is_true(math.abs(c1[i].val - c2[i].val) < 2e-5 and math.abs(c1[i].train - c2[i].train) < 2e-5,
         ("1 rank: %s\n2 ranks: %s"):format(c1[i].line, c2[i].line))
     end
+  end)
+
+  it("trains with --bf16 (bf16 compute, float32 masters): close to float32, not the same numbers", function()
+    local out, rc = run(2, TINY .. " --ckpt @bf16 --bf16 --sample-len 0")
+    assert.are.equal(0, rc, out)
+    local c = parse(out)
+    assert.are.equal(#c1, #c, out)
+    local same = true
+    for i = 1, #c1 do
+      assert.is_true(math.abs(c1[i].val - c[i].val) < 0.05, ("float32: %s\nbf16: %s"):format(c1[i].line, c[i].line))
+      same = same and c1[i].line == c[i].line
+    end
+    assert.is_false(same, "--bf16 trained exactly as float32: the option is not applied")
   end)
 
   it("resumes exactly: stopped at step 20 and resumed, the run is the uninterrupted one, sample included", function()
