@@ -258,6 +258,23 @@ fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indice
 fsdp_tensor* fsdp_max_all(fsdp_tensor* a);
 fsdp_tensor* fsdp_argmax(fsdp_tensor* a, int dim, int keepdim);
 
+// ---- selection, sorting and sampling (index VALUES 0-based, as in PyTorch) -------------------
+// out (index's shape) = a gathered along dim: out[i] = a[i with index[i] at dim]; index i64 with
+// a's number of dims, no larger than a but at dim (torch.gather); differentiable in a
+fsdp_tensor* fsdp_gather(fsdp_tensor* a, int dim, fsdp_tensor* index);
+// a copy of a with src (at least index's sizes) added along dim at index (torch.scatter_add);
+// differentiable in a and src
+fsdp_tensor* fsdp_scatter_add(fsdp_tensor* a, int dim, fsdp_tensor* index, fsdp_tensor* src);
+// i64 positions that sort a along dim, stable (torch.sort(stable=True)): NaN after every number
+fsdp_tensor* fsdp_argsort(fsdp_tensor* a, int dim, int descending);
+// sorted values (differentiable) and, if indices != NULL, a new ref to the i64 positions
+fsdp_tensor* fsdp_sort(fsdp_tensor* a, int dim, int descending, fsdp_tensor** indices);
+// the k largest (or smallest) along dim, in sorted order, ties in index order
+fsdp_tensor* fsdp_topk(fsdp_tensor* a, int64_t k, int dim, int largest, fsdp_tensor** indices);
+// i64 (n) or (rows, n) category indices drawn from probs (1-D or 2-D rows, >= 0, need not sum to 1)
+// with core's RNG stream (fsdp_manual_seed), so a seed gives the same draws on every rank
+fsdp_tensor* fsdp_multinomial(fsdp_tensor* probs, int64_t num_samples, int replacement);
+
 // ---- linear algebra (BLAS) --------------------------------------------------------------------
 fsdp_tensor* fsdp_matmul(fsdp_tensor* a, fsdp_tensor* b);                  // torch.matmul semantics
 fsdp_tensor* fsdp_bmm(fsdp_tensor* a, fsdp_tensor* b);                     // (B,n,k) x (B,k,m)

@@ -1118,6 +1118,102 @@ C { "scaled_dot_product_attention", T({ 1, 2, 3, 4 }, bf), T({ 1, 2, 5, 4 }, bf)
 C { "linear", T({ 3, 4 }, { dtype = "float16" }), T({ 5, 4 }, { dtype = "float16" }), T({ 5 }, { dtype = "float16" }) }
 C { "softmax", T({ 3, 7 }, { dtype = "float16" }), dim = -1 }
 
+-- ---- selection, sorting, splitting, repeating -------------------------------------------------
+-- topk/sort take dims and flags in an options table or positionally (positional = true); values
+-- are differentiable (D inputs: no ties near the finite-difference steps), indices int64 0-based
+ops.topk = {
+  call = function(p, a)
+    if p.positional then
+      return a:topk(p.k, p.dim, p.largest)
+    end
+    return a:topk(p.k, { dim = p.dim, largest = p.largest })
+  end,
+  ref = R.topk,
+}
+ops.sort = {
+  call = function(p, a)
+    if p.positional then
+      return a:sort(p.dim, p.descending)
+    end
+    return a:sort({ dim = p.dim, descending = p.descending })
+  end,
+  ref = R.sort,
+}
+ops.argsort = {
+  call = function(p, a) return a:argsort({ dim = p.dim, descending = p.descending }) end,
+  ref = R.argsort,
+  nograd = true,
+}
+ops.gather = { call = function(p, a, idx) return a:gather(p.dim, idx) end, ref = R.gather }
+ops.scatter_add = { call = function(p, a, idx, src) return a:scatter_add(p.dim, idx, src) end, ref = R.scatter_add }
+-- split/chunk: the pieces from number p.pick on (default 1; the gradient check takes the first)
+ops.split = {
+  call = function(p, a) return unpack(a:split(p.sizes or p.size, p.dim), p.pick or 1) end,
+  ref = function(p, a) return select(p.pick or 1, R.split(p, a)) end,
+}
+ops.chunk = {
+  call = function(p, a) return unpack(a:chunk(p.n, p.dim), p.pick or 1) end,
+  ref = function(p, a) return select(p.pick or 1, R.chunk(p, a)) end,
+}
+ops.stack = { call = function(p, ...) return fsdp.stack({ ... }, p.dim) end, ref = R.stack }
+ops.tile = { call = function(p, a) return a:tile(p.reps) end, ref = R.tile }
+ops["repeat"] = { call = function(p, a) return a["repeat"](a, unpack(p.reps)) end, ref = R.tile }
+ops.expand_args = { call = function(p, a) return a:expand(unpack(p.shape)) end, ref = R.expand }
+
+C { "topk", D { 3, 7 }, k = 3 }
+C { "topk", D { 3, 7 }, k = 2, dim = 1, largest = false }
+C { "topk", D { 3, 7 }, k = 2, dim = 1, positional = true }
+C { "topk", transposed(D { 4, 5 }), k = 5, dim = -1 }
+C { "topk", D { 2, 3, 4 }, k = 1, dim = 2 }
+C { "topk", D { 6 }, k = 0 }
+C { "topk", V { 1, 3, 3, 2, 3 }, k = 2, want = { 3, 3 }, want2 = { 1, 2 }, nograd = true } -- ties: earlier first
+C { "topk", V { 1, 3, 3, 2, 3 }, k = 2, largest = false, want = { 1, 2 }, want2 = { 0, 3 }, nograd = true }
+C { "sort", D { 3, 7 } }
+C { "sort", D { 3, 7 }, dim = 1, descending = true }
+C { "sort", narrowed(D { 4, 6 }), dim = 2, descending = true, positional = true }
+C { "sort", D { 2, 3, 4 }, dim = 2 }
+C { "sort", D { 2, 0, 3 }, dim = 3 }
+C { "sort", V { 2, 1, 2, 1, -1 }, want = { -1, 1, 1, 2, 2 }, want2 = { 4, 1, 3, 0, 2 }, nograd = true } -- stable
+C { "sort", V { 2, 1, 2, 1, -1 }, descending = true, want = { 2, 2, 1, 1, -1 }, want2 = { 0, 2, 1, 3, 4 },
+  nograd = true }
+C { "sort", V { 2, 0 / 0, -1 }, nograd = true } -- NaN last (the reference says so; NaN ~= NaN in want)
+C { "argsort", D { 4, 5 }, dim = 1 }
+C { "argsort", V { 3, 1, 2 }, descending = true, want = { 0, 2, 1 } }
+C { "gather", T { 3, 4 }, I { { 0, 3 }, { 1, 1 }, { 2, 0 } }, dim = 2 }
+C { "gather", T { 3, 4 }, I { { 2, 0, 1, 1 }, { 0, 2, 2, 1 } }, dim = 1 }
+C { "gather", transposed(T { 3, 4 }), I { { 0, 3 }, { 1, 1 } }, dim = -1 } -- index smaller in dim 1 too
+C { "gather", T { 2, 3, 4 }, Ri(0, 3, { 2, 5, 2 }), dim = 2 }
+C { "gather", V { { 1, 2 }, { 3, 4 } }, I { { 0, 0 }, { 1, 0 } }, dim = 2, want = { { 1, 1 }, { 4, 3 } } }
+C { "scatter_add", T { 3, 5 }, I { { 0, 1, 0 }, { 4, 4, 4 }, { 2, 3, 1 } }, T { 3, 3 }, dim = 2 }
+C { "scatter_add", T { 3, 5 }, I { { 0, 1 }, { 2, 2 } }, T { 3, 4 }, dim = 1 } -- src larger than index
+C { "scatter_add", narrowed(T { 2, 4 }), I { { 3, 3 } }, transposed(T { 2, 2 }), dim = 2 }
+C { "scatter_add", V { { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0 } }, I { { 0, 1, 2, 0, 0 } },
+  V { { 1, 1, 1, 1, 1 }, { 1, 1, 1, 1, 1 } }, dim = 1,
+  want = { { 1, 0, 0, 1, 1 }, { 0, 1, 0, 0, 0 }, { 0, 0, 1, 0, 0 } } } -- PyTorch's documented example
+C { "split", A { 7, 2 }, size = 3, want = { { 0, 1 }, { 2, 3 }, { 4, 5 } } }
+C { "split", A { 7, 2 }, size = 3, pick = 3, want = { { 12, 13 } } }
+C { "split", T { 7, 2 }, size = 3, pick = 2 }
+C { "split", T { 2, 7 }, sizes = { 2, 0, 5 }, dim = 2, pick = 3 }
+C { "split", transposed(T { 2, 7 }), sizes = { 2, 0, 5 }, dim = -1 }
+C { "chunk", T { 2, 7 }, n = 3, dim = 2 }
+C { "chunk", T { 5, 2 }, n = 2, pick = 2 }
+C { "chunk", A { 6 }, n = 4, pick = 3, want = { 4, 5 } } -- torch.chunk: 3 pieces of 2
+C { "stack", T { 2, 3 }, T { 2, 3 } }
+C { "stack", T { 2, 3 }, T { 2, 3 }, T { 2, 3 }, dim = 3 }
+C { "stack", T { 2, 3 }, transposed(T { 2, 3 }), dim = -1 }
+C { "stack", A { 2 }, A { 2, start = 5 }, dim = 2, want = { { 0, 5 }, { 1, 6 } } }
+C { "tile", T { 2, 3 }, reps = { 2, 1 } }
+C { "tile", T { 2, 3 }, reps = { 2 } } -- fewer counts than dims: the last dims
+C { "tile", transposed(T { 3, 2 }), reps = { 2, 2, 2 } }
+C { "tile", A { 2, 3 }, reps = { 1, 0 }, nograd = true }
+C { "repeat", A { 2, 2 }, reps = { 1, 2, 3 } }
+C { "repeat", T { 2, 3 }, reps = { 2, 2 } }
+C { "repeat", A { 3 }, reps = { 2 }, want = { 0, 1, 2, 0, 1, 2 } }
+C { "squeeze", T { 1, 3, 1 } }
+C { "squeeze", T { 1, 3, 1 }, dim = { 1, -1 } }
+C { "squeeze", T { 1, 3, 1 }, dim = { 2 } }
+C { "expand_args", T { 3, 1 }, shape = { 2, -1, 4 } }
+
 -- ---- bfloat16: every case again ---------------------------------------------------------------
 -- Every float op takes bfloat16 tensors, computing in float32 and rounding its result once: each
 -- case above with float32 inputs is declared again with those inputs in bfloat16 (int64 inputs

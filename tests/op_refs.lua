@@ -513,11 +513,24 @@ function R.flatten(p, a)
   return reshaped(a, shape)
 end
 
+-- p.dim: a dim, a list of dims, or nil (every size-1 dim)
 function R.squeeze(p, a)
-  local shape = copy(a.shape)
-  local d = dim1(p.dim, #shape)
-  if shape[d] == 1 then
-    table.remove(shape, d)
+  local nd = #a.shape
+  local drop = {}
+  if p.dim == nil then
+    for d = 1, nd do
+      drop[d] = true
+    end
+  else
+    for _, d in ipairs(type(p.dim) == "table" and p.dim or { p.dim }) do
+      drop[dim1(d, nd)] = true
+    end
+  end
+  local shape = {}
+  for d = 1, nd do
+    if not (drop[d] and a.shape[d] == 1) then
+      shape[#shape + 1] = a.shape[d]
+    end
   end
   return reshaped(a, shape)
 end
@@ -1035,6 +1048,171 @@ function R.scaled_dot_product_attention(p, q, k, v, mask)
   local shape = copy(q.shape)
   shape[nd] = Dv
   return array(shape, out, q.dtype)
+end
+
+-- ---- selection, sorting, splitting --------------------------------------------------------------
+-- PyTorch's sort order: NaN after every number; a stable sort keeps equal values in index order
+local function before(x, y, descending)
+  if descending then
+    return x > y or (x ~= x and y == y)
+  end
+  return x < y or (y ~= y and x == x)
+end
+
+-- every line along dim d of a (1-based d): fn(positions) gets the 1-based flat positions of one line
+local function each_line(a, d, fn)
+  local outer, n, inner = split_at(a.shape, d)
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local pos = {}
+      for c = 0, n - 1 do
+        pos[c + 1] = (o * n + c) * inner + i + 1
+      end
+      fn(pos)
+    end
+  end
+end
+
+-- values and 0-based indices of the first k of each line along p.dim in sorted order (insertion
+-- sort: stable, on ties the earlier index first)
+local function sorted_lines(a, d, descending, k)
+  local shape = copy(a.shape)
+  if #shape == 0 then
+    return array({}, { a.data[1] }, a.dtype), array({}, { 0 }, "int64")
+  end
+  shape[d] = k
+  local outer, _, inner = split_at(shape, d)
+  local values, indices = {}, {}
+  local line = 0
+  each_line(a, d, function(pos)
+    local order = {}
+    for c = 1, #pos do
+      local j = #order
+      while j >= 1 and before(a.data[pos[c]], a.data[pos[order[j]]], descending) do
+        order[j + 1] = order[j]
+        j = j - 1
+      end
+      order[j + 1] = c
+    end
+    local o, i = math.floor(line / inner), line % inner
+    for c = 1, k do
+      local at = (o * k + c - 1) * inner + i + 1
+      values[at] = a.data[pos[order[c]]]
+      indices[at] = order[c] - 1
+    end
+    line = line + 1
+  end)
+  assert(line == outer * inner)
+  return array(shape, values, a.dtype), array(copy(shape), indices, "int64")
+end
+
+-- x:sort(p.dim, p.descending) -> values, indices
+function R.sort(p, a)
+  local d = dim1(p.dim or -1, #a.shape)
+  return sorted_lines(a, d, p.descending, a.shape[d] or 1)
+end
+
+function R.argsort(p, a)
+  local _, i = R.sort(p, a)
+  return i
+end
+
+-- x:topk(p.k, p.dim, p.largest) -> values, indices
+function R.topk(p, a)
+  local largest = p.largest
+  if largest == nil then
+    largest = true
+  end
+  return sorted_lines(a, dim1(p.dim or -1, #a.shape), largest, p.k)
+end
+
+-- out[i] = a[i with idx[i] at p.dim] (torch.gather)
+function R.gather(p, a, idx)
+  local d = dim1(p.dim, #a.shape)
+  return gather(a, copy(idx.shape), function(i)
+    local src = copy(i)
+    src[d] = idx.data[ravel(i, idx.shape) + 1]
+    return src
+  end)
+end
+
+-- a copy of a with src[i] added at (i with idx[i] at p.dim), i over idx's shape (torch.scatter_add)
+function R.scatter_add(p, a, idx, src)
+  local d = dim1(p.dim, #a.shape)
+  local out = copy(a.data)
+  for k = 0, numel(idx.shape) - 1 do
+    local i = unravel(k, idx.shape)
+    local dst = copy(i)
+    dst[d] = idx.data[k + 1]
+    local at = ravel(dst, a.shape) + 1
+    out[at] = out[at] + src.data[ravel(i, src.shape) + 1]
+  end
+  return array(copy(a.shape), out, a.dtype)
+end
+
+-- the pieces of a along p.dim of sizes p.sizes (a list) or p.size each (the last one smaller)
+function R.split(p, a)
+  local d = dim1(p.dim or 1, #a.shape)
+  local sizes = p.sizes
+  if not sizes then
+    sizes = {}
+    local left = a.shape[d]
+    repeat
+      sizes[#sizes + 1] = math.min(p.size, left)
+      left = left - p.size
+    until left <= 0
+  end
+  local outs, start = {}, 1
+  for k, len in ipairs(sizes) do
+    outs[k] = R.narrow({ dim = d, start = start, length = len }, a)
+    start = start + len
+  end
+  return unpack(outs)
+end
+
+-- torch.chunk: pieces of ceil(size / p.n)
+function R.chunk(p, a)
+  local d = dim1(p.dim or 1, #a.shape)
+  return R.split({ dim = d, size = math.max(math.ceil(a.shape[d] / p.n), 1) }, a)
+end
+
+-- fsdp.stack({...}, p.dim): out[.., k, ..] = list[k][.., ..] with the new dim at p.dim
+function R.stack(p, ...)
+  local list = { ... }
+  local nd = #list[1].shape
+  local d = dim1(p.dim or 1, nd + 1)
+  local shape = copy(list[1].shape)
+  table.insert(shape, d, #list)
+  local out = {}
+  for k = 0, numel(shape) - 1 do
+    local i = unravel(k, shape)
+    local which = table.remove(i, d)
+    out[k + 1] = list[which + 1].data[ravel(i, list[1].shape) + 1]
+  end
+  return array(shape, out, list[1].dtype)
+end
+
+-- torch.tile / Tensor.repeat: p.reps counts (fewer than the dims: leading 1s; more: a gets
+-- leading size-1 dims); out[i] = a[i mod a's sizes]
+function R.tile(p, a)
+  local nd = math.max(#a.shape, #p.reps)
+  local ashape, reps = {}, {}
+  for k = 1, nd do
+    ashape[k] = a.shape[k - (nd - #a.shape)] or 1
+    reps[k] = p.reps[k - (nd - #p.reps)] or 1
+  end
+  local shape = {}
+  for k = 1, nd do
+    shape[k] = ashape[k] * reps[k]
+  end
+  local flat = array(ashape, a.data, a.dtype)
+  return gather(flat, shape, function(i)
+    local src = {}
+    for k = 1, nd do
+      src[k] = i[k] % ashape[k]
+    end
+    return src
+  end)
 end
 
 return R

@@ -512,6 +512,39 @@ function fsdp.cat(list, dim)
   return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd, "cat"))))
 end
 
+-- fsdp.stack(list, dim): the tensors (one shape) joined along a new dim (1..ndim+1, or negative
+-- from the end; default 1), as cat of their unsqueezed views
+function fsdp.stack(list, dim)
+  if type(list) ~= "table" or #list == 0 then arg_error("stack", "tensors", "a non-empty list of tensors", list, 2) end
+  local shape0 = fsdp._held_shape(list[1])
+  local parts = {}
+  dim = dim or 1
+  local cd = fsdp.Tensor._dim_in(dim, #shape0 + 1, "stack")
+  for i = 1, #list do
+    fsdp._t(list[i], "stack", ("tensors[%d]"):format(i))
+    local s = fsdp._held_shape(list[i])
+    if table.concat(s, "x") ~= table.concat(shape0, "x") then
+      error(("stack: tensors[%d] has shape {%s} but tensors[1] has {%s} (all must have one shape)")
+        :format(i, table.concat(s, ", "), table.concat(shape0, ", ")), 2)
+    end
+    parts[i] = list[i]:unsqueeze(cd + 1)
+  end
+  return (fsdp.cat(parts, cd + 1))
+end
+-- fsdp.multinomial(probs, n, {replacement = false}): int64 (n) or (rows, n) category indices (0-based)
+-- drawn from probs (1-D, or 2-D rows; >= 0, need not sum to 1) with the generator fsdp.manual_seed
+-- seeds: the same seed gives the same samples on every rank and every run
+function fsdp.multinomial(probs, n, opts)
+  local p = fsdp._t(probs, "multinomial", "probs")
+  if type(n) ~= "number" or n ~= math.floor(n) then arg_error("multinomial", "num_samples", "an integer", n, 2) end
+  if opts ~= nil and type(opts) ~= "table" then arg_error("multinomial", "options", "a table {replacement = ...}", opts, 2) end
+  local replacement = opts and opts.replacement
+  if replacement ~= nil and type(replacement) ~= "boolean" then
+    arg_error("multinomial", "replacement", "a boolean", replacement, 2)
+  end
+  return (fsdp._wrap(C.fsdp_multinomial(p, n, replacement and 1 or 0)))
+end
+
 -- ---- process, seeds, grad mode, memory -----------------------------------------------------------
 function fsdp.manual_seed(seed) C.fsdp_manual_seed(seed) end
 function fsdp.get_rng_state()

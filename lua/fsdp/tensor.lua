@@ -407,11 +407,29 @@ function methods.unsqueeze(t, d)
   local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
   local nd = held_ndim(p) + 1
-  return (wrap(C.fsdp_unsqueeze(p, dim(d, nd, "unsqueeze"))))
+  return (wrap(C.fsdp_unsqueeze(p, Tensor._dim_in(d, nd, "unsqueeze"))))
 end
+-- x:squeeze() drops every size-1 dim; x:squeeze(d) or x:squeeze{d1, d2} the given ones (a dim of
+-- another size stays, as in PyTorch)
 function methods.squeeze(t, d)
   local p = T(t, "squeeze")
-  return (wrap(C.fsdp_squeeze(p, dim(d, held_ndim(p), "squeeze"))))
+  local nd = held_ndim(p)
+  local list = {}
+  if d == nil then
+    for i = 1, nd do list[i] = i - 1 end
+  elseif type(d) == "table" then
+    for i = 1, #d do list[i] = Tensor._dim_in(d[i], nd, "squeeze") % math.max(nd, 1) end
+  else
+    list[1] = Tensor._dim_in(d, nd, "squeeze") % math.max(nd, 1)
+  end
+  if nd == 0 then return (wrap(C.fsdp_squeeze(p, list[1] or 0))) end
+  table.sort(list)
+  local r = t
+  for i = #list, 1, -1 do  -- from the last, so the earlier dims keep their numbers
+    if list[i] ~= list[i + 1] and C.fsdp_tensor_size(r.p, list[i]) == 1 then r = wrap(C.fsdp_squeeze(r.p, list[i])) end
+  end
+  if r == t then r = wrap(C.fsdp_squeeze(p, list[1] or 0)) end  -- nothing to drop: a view all the same
+  return r
 end
 function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
 function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
@@ -459,6 +477,192 @@ end
 function methods.log_softmax(t, d)
   local p = T(t, "log_softmax")
   return (wrap(C.fsdp_log_softmax(p, dim(d, held_ndim(p), "log_softmax"))))
+end
+
+-- ---- selection, sorting, sampling, splitting (ops/select.c; index VALUES 0-based) ------------------------
+-- a Lua dim (1-based, negative from the end) of a tensor with nd dims -> C's 0-based dim, checked
+-- here so that an error counts dims as the user does; nd is ndim + 1 where a new dim goes in
+function Tensor._dim_in(d, nd, fn)
+  local c = dim(d, nd, fn)
+  local n = math.max(nd, 1)
+  if d > n or d < -n then
+    error(("%s: dimension %d out of range for a tensor with %d dims (1-based: 1..%d, or -%d..-1 from the end)")
+      :format(fn, d, nd, n, n), 3)
+  end
+  return c % n
+end
+local dim_in = Tensor._dim_in
+local function bool_opt(v, fn, arg, default)
+  if v == nil then return default end
+  if type(v) ~= "boolean" then fsdp._arg_error(fn, arg, "a boolean", v, 3) end
+  return v
+end
+-- x:topk(k, {dim = -1, largest = true, sorted = true}) or x:topk(k, dim, largest, sorted) ->
+-- values, indices (int64, 0-based); the result is always sorted (sorted = false allows any order)
+function methods.topk(t, k, d, largest, sorted)
+  local p = T(t, "topk")
+  if type(k) ~= "number" or k ~= math.floor(k) then fsdp._arg_error("topk", "k", "an integer", k, 2) end
+  if type(d) == "table" then d, largest, sorted = d.dim, d.largest, d.sorted end
+  largest = bool_opt(largest, "topk", "largest", true)
+  bool_opt(sorted, "topk", "sorted", true)
+  local idx = ffi.new("fsdp_tensor*[1]")
+  local v = wrap(C.fsdp_topk(p, k, dim_in(d or -1, held_ndim(p), "topk"), largest and 1 or 0, idx))
+  return v, wrap(idx[0])
+end
+-- x:sort({dim = -1, descending = false}) or x:sort(dim, descending) -> values, indices; stable
+-- (torch.sort(stable=True)): equal values keep their order, NaN sorts after every number
+local function sort_args(t, d, descending, fn)
+  local p = T(t, fn)
+  if type(d) == "table" then d, descending = d.dim, d.descending end
+  descending = bool_opt(descending, fn, "descending", false)
+  return p, dim_in(d or -1, held_ndim(p), fn), descending and 1 or 0
+end
+function methods.sort(t, d, descending)
+  local p, cd, desc = sort_args(t, d, descending, "sort")
+  local idx = ffi.new("fsdp_tensor*[1]")
+  local v = wrap(C.fsdp_sort(p, cd, desc, idx))
+  return v, wrap(idx[0])
+end
+function methods.argsort(t, d, descending)
+  local p, cd, desc = sort_args(t, d, descending, "argsort")
+  return (wrap(C.fsdp_argsort(p, cd, desc)))
+end
+-- x:gather(dim, index): out[i][j] = x[i][index[i][j]] for dim 2 (torch.gather)
+function methods.gather(t, d, index)
+  local p = T(t, "gather")
+  return (wrap(C.fsdp_gather(p, dim_in(d, held_ndim(p), "gather"), T(index, "gather", "index"))))
+end
+-- x:scatter_add(dim, index, src): a copy of x with src[i][j] added at x[i][index[i][j]] for dim 2
+function methods.scatter_add(t, d, index, src)
+  local p = T(t, "scatter_add")
+  local cd = dim_in(d, held_ndim(p), "scatter_add")
+  return (wrap(C.fsdp_scatter_add(p, cd, T(index, "scatter_add", "index"), T(src, "scatter_add", "src"))))
+end
+-- probs:multinomial(n, {replacement = false}) (fsdp.multinomial)
+function methods.multinomial(t, n, opts)
+  T(t, "multinomial")
+  return (fsdp.multinomial(t, n, opts))
+end
+-- x:split(size, dim) (pieces of size, the last one smaller) or x:split({s1, s2, ...}, dim): a list of
+-- views (narrow), each with its gradient path; dim defaults to 1
+function methods.split(t, size, d)
+  local p = T(t, "split")
+  local cd = dim_in(d or 1, held_ndim(p), "split")
+  local len = tonumber(C.fsdp_tensor_size(p, cd))
+  local out, start = {}, 1
+  if type(size) == "table" then
+    local total = 0
+    for i = 1, #size do
+      local s = size[i]
+      if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
+        fsdp._arg_error("split", ("split_size_or_sections[%d]"):format(i), "an integer >= 0", s, 2)
+      end
+      total = total + s
+    end
+    if total ~= len then
+      error(("split: sizes {%s} sum to %d, but dim %d has size %d"):format(table.concat(size, ", "), total, cd + 1, len), 2)
+    end
+    for i = 1, #size do
+      out[i] = t:narrow(cd + 1, start, size[i])
+      start = start + size[i]
+    end
+    return out
+  end
+  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) then
+    fsdp._arg_error("split", "split_size_or_sections", "an integer >= 1 or a list of sizes", size, 2)
+  end
+  repeat
+    out[#out + 1] = t:narrow(cd + 1, start, math.min(size, len - start + 1))
+    start = start + size
+  until start > len
+  return out
+end
+-- x:chunk(n, dim): at most n views of ceil(size / n) along dim (torch.chunk), the last one smaller
+function methods.chunk(t, n, d)
+  local p = T(t, "chunk")
+  if type(n) ~= "number" or n < 1 or n ~= math.floor(n) then fsdp._arg_error("chunk", "chunks", "an integer >= 1", n, 2) end
+  local cd = dim_in(d or 1, held_ndim(p), "chunk")
+  local len = tonumber(C.fsdp_tensor_size(p, cd))
+  return (t:split(math.max(math.ceil(len / n), 1), cd + 1))
+end
+-- repeat counts: varargs or a table of integers >= 0
+local function reps_of(fn, ...)
+  local first = ...
+  local reps = type(first) == "table" and first or { ... }
+  for i = 1, #reps do
+    local r = reps[i]
+    if type(r) ~= "number" or r < 0 or r ~= math.floor(r) then fsdp._arg_error(fn, ("repeats[%d]"):format(i), "an integer >= 0", r, 3) end
+  end
+  return reps
+end
+-- x tiled reps[i] times along dim i (reps as many as x's dims, or more: x gets leading size-1 dims).
+-- Each repeated dim of size s becomes a (1, s) pair expanded to (r, s) and the whole is reshaped
+-- once, so the gradient is one sum over the copies (expand's); a tensor too close to the dim limit
+-- repeats a few dims at a time, and one with every dim in use joins copies with cat
+local MAX_DIMS = 8  -- FSDP_MAX_DIMS
+local function tiled(t, reps)
+  local shape = fsdp._held_shape(t)
+  local lead = #reps - #shape
+  if lead > 0 then
+    local s = {}
+    for i = 1, lead do s[i] = 1 end
+    for i = 1, #shape do s[lead + i] = shape[i] end
+    t = t:reshape(s)
+  end
+  local pending = {}
+  for i = 1, #reps do
+    if reps[i] ~= 1 then pending[#pending + 1] = i end
+  end
+  local at = 1
+  while at <= #pending do
+    shape = fsdp._held_shape(t)
+    local room = MAX_DIMS - #shape
+    if room == 0 then
+      local i, copies = pending[at], {}
+      for j = 1, reps[i] do copies[j] = t end
+      t = reps[i] == 0 and t:narrow(i, 1, 0) or fsdp.cat(copies, i)
+      at = at + 1
+    else
+      local group = {}
+      for k = at, math.min(#pending, at + room - 1) do group[pending[k]] = true end
+      at = at + room
+      local paired, expanded, final = {}, {}, {}
+      for i = 1, #shape do
+        if group[i] then
+          paired[#paired + 1] = 1
+          expanded[#expanded + 1] = reps[i]
+        end
+        paired[#paired + 1] = shape[i]
+        expanded[#expanded + 1] = shape[i]
+        final[i] = group[i] and shape[i] * reps[i] or shape[i]
+      end
+      t = t:reshape(paired):expand(expanded):reshape(final)
+    end
+  end
+  return t
+end
+-- `repeat` is a Lua keyword: x:repeat(2, 3) does not parse. x:tile(2, 3) (torch.tile: fewer counts than
+-- dims repeat the last dims) or x["repeat"](x, 2, 3) (torch.Tensor.repeat: at least one count a dim)
+methods["repeat"] = function(t, ...)
+  local p = T(t, "repeat")
+  local reps = reps_of("repeat", ...)
+  if #reps < held_ndim(p) then
+    error(("repeat: %d repeat counts for a tensor with %d dims (give at least one per dim, or use x:tile)")
+      :format(#reps, held_ndim(p)), 2)
+  end
+  return (tiled(t, reps))
+end
+function methods.tile(t, ...)
+  local p = T(t, "tile")
+  local reps = reps_of("tile", ...)
+  local nd = held_ndim(p)
+  if #reps < nd then
+    local r = {}
+    for i = 1, nd - #reps do r[i] = 1 end
+    for i = 1, #reps do r[nd - #reps + i] = reps[i] end
+    reps = r
+  end
+  return (tiled(t, reps))
 end
 
 return Tensor

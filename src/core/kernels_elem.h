@@ -8,6 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// gather/scatter_add along one dim (ops/select.c): the index tensor (contiguous i64) has `shape`;
+// the indexed tensor is addressed by `stride`, the other one (gather's output, scatter_add's src)
+// by `other_stride`, both over `shape`, with dim `dim`'s position taken from the index (in
+// [0, dim_size): an async device skips the others, whose deferred check has failed)
+typedef struct {
+  int ndim, dim;
+  int64_t dim_size;
+  int64_t shape[8], stride[8], other_stride[8];  // FSDP_MAX_DIMS
+} fsdp_gather_geom;
+
 typedef struct fsdp_elem_kernels {
   // dst (contiguous, dst_dtype) <- src (strided over `shape`, src_dtype), converting dtypes
   void (*copy_strided)(void* dst, int dst_dtype, const void* src, int src_dtype, int ndim, const int64_t* shape,
@@ -47,6 +57,14 @@ typedef struct fsdp_elem_kernels {
   // gx (outer, n_in, inner) += gy (outer, n_idx, inner) added along the middle dim at idx (f32)
   void (*index_add)(float* gx, const float* gy, const int64_t* idx, int64_t outer, int64_t n_in, int64_t n_idx,
                     int64_t inner);
+  // ---- sorting, gather and scatter_add along a dim (ops/select.c) ----
+  // idx (rows, n) = each row of x (rows, n) in stable sorted order (ascending, or descending when
+  // descending != 0; NaN is larger than every number, as PyTorch orders it); tmp (rows, n) is scratch
+  void (*argsort_rows)(int64_t* idx, int64_t* tmp, const float* x, int64_t rows, int64_t n, int descending);
+  // out[i] = in[i with its g->dim-th index replaced by idx[i]], for every i of g->shape (f32)
+  void (*gather_dim)(const fsdp_gather_geom* g, float* out, const float* in, const int64_t* idx);
+  // dst[i with its g->dim-th index replaced by idx[i]] += src[i], for every i of g->shape (f32)
+  void (*scatter_add_dim)(const fsdp_gather_geom* g, float* dst, const float* src, const int64_t* idx);
 } fsdp_elem_kernels;
 
 enum { FSDP_BIN_ADD = 0, FSDP_BIN_SUB, FSDP_BIN_MUL, FSDP_BIN_DIV, FSDP_BIN_EQ };

@@ -335,7 +335,7 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
       CHECK_NULL(shape[d] >= 0,
                  "expand: size %lld is not allowed for the new leading dim %d when expanding %s "
                  "to %s",
-                 (long long)shape[d], d, SH(a), fsdp_dims_s(ndim, shape));
+                 (long long)shape[d], d + 1, SH(a), fsdp_dims_s(ndim, shape));
       s[d] = shape[d];
       st[d] = 0;
     } else if (shape[d] == -1 || shape[d] == a->shape[ia]) {
@@ -345,7 +345,7 @@ fsdp_tensor* fsdp_expand(fsdp_tensor* a, int ndim, const int64_t* shape) {
       CHECK_NULL(a->shape[ia] == 1 && shape[d] >= 0,
                  "expand: the expanded size %lld must match the existing size %lld at dim %d (only size-1 "
                  "dims can be expanded): tensor of shape %s, target %s",
-                 (long long)shape[d], (long long)a->shape[ia], d, SH(a), fsdp_dims_s(ndim, shape));
+                 (long long)shape[d], (long long)a->shape[ia], d + 1, SH(a), fsdp_dims_s(ndim, shape));
       s[d] = shape[d];
       st[d] = 0;
     }

@@ -607,6 +607,69 @@ static void cpu_index_add(float* gx, const float* gy, const int64_t* idx, int64_
     }
 }
 
+// ---- sorting, gather, scatter_add along a dim -------------------------------------------------------------
+// PyTorch's order: NaN after every number (and equal to NaN)
+static inline int sort_before(float a, float b, int descending) {
+  if (descending) return (a > b) || (a != a && b == b);
+  return (a < b) || (b != b && a == a);
+}
+// bottom-up merge sort of one row's positions (stable: on a tie the left run's element goes first)
+static void argsort_row(int64_t* idx, int64_t* tmp, const float* x, int64_t n, int descending) {
+  for (int64_t i = 0; i < n; i++) idx[i] = i;
+  int64_t *src = idx, *dst = tmp;
+  for (int64_t w = 1; w < n; w *= 2) {
+    for (int64_t lo = 0; lo < n; lo += 2 * w) {
+      int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, a = lo, b = mid, o = lo;
+      while (a < mid && b < hi) dst[o++] = sort_before(x[src[b]], x[src[a]], descending) ? src[b++] : src[a++];
+      while (a < mid) dst[o++] = src[a++];
+      while (b < hi) dst[o++] = src[b++];
+    }
+    int64_t* t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != idx) memcpy(idx, src, (size_t)n * sizeof(int64_t));
+}
+static void cpu_argsort_rows(int64_t* idx, int64_t* tmp, const float* x, int64_t rows, int64_t n, int descending) {
+#pragma omp parallel for if (rows * n > PAR_MIN && rows > 1)
+  for (int64_t r = 0; r < rows; r++) argsort_row(idx + r * n, tmp + r * n, x + r * n, n, descending);
+}
+
+// the offsets of element i of g->shape in the indexed tensor (its dim-th index from idx[i]) and in
+// the other one
+static inline void gather_offsets(const fsdp_gather_geom* g, int64_t i, const int64_t* idx, int64_t* self,
+                                  int64_t* other) {
+  int64_t rest = i, s = 0, o = 0;
+  for (int d = g->ndim - 1; d >= 0; d--) {
+    int64_t c = rest % g->shape[d];
+    rest /= g->shape[d];
+    s += (d == g->dim ? idx[i] : c) * g->stride[d];
+    o += c * g->other_stride[d];
+  }
+  *self = s;
+  *other = o;
+}
+static void cpu_gather_dim(const fsdp_gather_geom* g, float* out, const float* in, const int64_t* idx) {
+  int64_t n = 1;
+  for (int d = 0; d < g->ndim; d++) n *= g->shape[d];
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t s, o;
+    gather_offsets(g, i, idx, &s, &o);
+    out[o] = in[s];
+  }
+}
+// (repeated indices add up, so one thread, in order)
+static void cpu_scatter_add_dim(const fsdp_gather_geom* g, float* dst, const float* src, const int64_t* idx) {
+  int64_t n = 1;
+  for (int d = 0; d < g->ndim; d++) n *= g->shape[d];
+  for (int64_t i = 0; i < n; i++) {
+    int64_t s, o;
+    gather_offsets(g, i, idx, &s, &o);
+    dst[s] += src[o];
+  }
+}
+
 const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .copy_strided = cpu_copy_strided,
     .scatter_strided = cpu_scatter_strided,
@@ -622,4 +685,7 @@ const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
     .index_check = cpu_index_check,
     .index_select = cpu_index_select,
     .index_add = cpu_index_add,
+    .argsort_rows = cpu_argsort_rows,
+    .gather_dim = cpu_gather_dim,
+    .scatter_add_dim = cpu_scatter_add_dim,
 };

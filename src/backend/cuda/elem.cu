@@ -380,8 +380,81 @@ static void cuda_index_add(float* gx, const float* gy, const int64_t* idx, int64
   FSDP_CUDA_LAUNCHED("index_add");
 }
 
+// ---- sorting, gather, scatter_add along a dim -------------------------------------------------------------
+// the CPU's order (NaN after every number; stable): each element's place in its row is the number
+// of elements that go before it, counted by one thread per element (rows are short: vocabularies)
+__device__ static inline int sort_before_k(float a, float b, int descending) {
+  if (descending) return (a > b) || (a != a && b == b);
+  return (a < b) || (b != b && a == a);
+}
+__global__ static void argsort_k(int64_t* idx, const float* x, int64_t rows, int64_t n, int descending) {
+  int64_t total = rows * n;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / n, c = i % n, place = 0;
+    const float* row = x + r * n;
+    float v = row[c];
+    for (int64_t j = 0; j < n; j++) {
+      float w = row[j];
+      if (sort_before_k(w, v, descending) || (j < c && !sort_before_k(v, w, descending))) place++;
+    }
+    idx[r * n + place] = c;
+  }
+}
+static void cuda_argsort_rows(int64_t* idx, int64_t* tmp, const float* x, int64_t rows, int64_t n, int descending) {
+  (void)tmp;
+  if (rows * n == 0) return;
+  argsort_k<<<fsdp_cuda_blocks(rows * n), 256, 0, fsdp_cuda_stream>>>(idx, x, rows, n, descending);
+  FSDP_CUDA_LAUNCHED("argsort_rows");
+}
+
+__device__ static inline void gather_offsets_k(const fsdp_gather_geom& g, int64_t i, const int64_t* idx, int64_t* self,
+                                               int64_t* other) {
+  int64_t rest = i, s = 0, o = 0;
+  for (int d = g.ndim - 1; d >= 0; d--) {
+    int64_t c = rest % g.shape[d];
+    rest /= g.shape[d];
+    s += (d == g.dim ? idx[i] : c) * g.stride[d];
+    o += c * g.other_stride[d];
+  }
+  *self = s;
+  *other = o;
+}
+static int64_t geom_numel(const fsdp_gather_geom* g) {
+  int64_t n = 1;
+  for (int d = 0; d < g->ndim; d++) n *= g->shape[d];
+  return n;
+}
+__global__ static void gather_k(fsdp_gather_geom g, float* out, const float* in, const int64_t* idx, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t s, o;
+    gather_offsets_k(g, i, idx, &s, &o);
+    out[o] = idx[i] >= 0 && idx[i] < g.dim_size ? in[s] : 0.0f;
+  }
+}
+static void cuda_gather_dim(const fsdp_gather_geom* g, float* out, const float* in, const int64_t* idx) {
+  int64_t n = geom_numel(g);
+  if (n == 0) return;
+  gather_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(*g, out, in, idx, n);
+  FSDP_CUDA_LAUNCHED("gather_dim");
+}
+// repeated indices add up: atomics
+__global__ static void scatter_add_k(fsdp_gather_geom g, float* dst, const float* src, const int64_t* idx, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t s, o;
+    gather_offsets_k(g, i, idx, &s, &o);
+    if (idx[i] >= 0 && idx[i] < g.dim_size) atomicAdd(dst + s, src[o]);
+  }
+}
+static void cuda_scatter_add_dim(const fsdp_gather_geom* g, float* dst, const float* src, const int64_t* idx) {
+  int64_t n = geom_numel(g);
+  if (n == 0) return;
+  scatter_add_k<<<fsdp_cuda_blocks(n), 256, 0, fsdp_cuda_stream>>>(*g, dst, src, idx, n);
+  FSDP_CUDA_LAUNCHED("scatter_add_dim");
+}
+
 const fsdp_elem_kernels fsdp_cuda_elem_kernels = {
     cuda_copy_strided, cuda_scatter_strided, cuda_fill,           cuda_axpy,      cuda_scale,
     cuda_binary,       cuda_unary,           cuda_unary_backward, cuda_sum_dim,   cuda_max_dim,
-    cuda_scatter_dim,  cuda_index_check,     cuda_index_select,   cuda_index_add,
+    cuda_scatter_dim,  cuda_index_check,     cuda_index_select,   cuda_index_add, cuda_argsort_rows,
+    cuda_gather_dim,   cuda_scatter_add_dim,
 };

@@ -375,6 +375,9 @@ V(elem, index_select,
   (o, i, es, ix, a, ni, nx, b))
 V(elem, index_add, (float* gx, const float* gy, const int64_t* ix, int64_t a, int64_t ni, int64_t nx, int64_t b),
   (gx, gy, ix, a, ni, nx, b))
+V(elem, argsort_rows, (int64_t* ix, int64_t* tmp, const float* x, int64_t r, int64_t n, int dsc), (ix, tmp, x, r, n, dsc))
+V(elem, gather_dim, (const fsdp_gather_geom* g, float* o, const float* i, const int64_t* ix), (g, o, i, ix))
+V(elem, scatter_add_dim, (const fsdp_gather_geom* g, float* d, const float* s, const int64_t* ix), (g, d, s, ix))
 
 V(linalg, gemm_many, (int n, const fsdp_gemm_args* g), (n, g))
 R(linalg, int, gemm_tiles, (int n, const fsdp_gemm_args* g, const int* lim), (n, g, lim))
@@ -440,6 +443,7 @@ V(optim, adam, (const fsdp_adam_hparams* h, float* p, const float* g, float* m, 
 static const fsdp_elem_kernels td_elem = {
     td_copy_strided,   td_scatter_strided, td_fill,    td_axpy,        td_scale,       td_binary,       td_unary,
     td_unary_backward, td_sum_dim,         td_max_dim, td_scatter_dim, td_index_check, td_index_select, td_index_add,
+    td_argsort_rows,   td_gather_dim,      td_scatter_add_dim,
 };
 static const fsdp_linalg_kernels td_linalg = {
     td_gemm_many,
