@@ -3,6 +3,7 @@
 #                   is), libfsdp_nccl.so (where nccl.h is) and lua/fsdp/cdef.lua
 #   make test       C unit tests + busted specs (what .ci/run calls); installs missing packages first
 #   make demo       the main job: FSDP training on Fashion-MNIST (examples/train.lua)
+#   make demo-gpt   the second job: a character-level GPT on the fortunes text (examples/gpt.lua)
 #   make bench      benchmarks against PyTorch (python3-torch, and PyPI's torch after make bench-deps)
 #   make layers     the layers of src/: no include or call crosses them the wrong way
 #   make lint       cppcheck (warning, performance, portability) and the realloc check
@@ -233,6 +234,9 @@ bench-fsdp: all
 demo:
 	bash examples/demo.sh
 
+demo-gpt:
+	DEMO_SCRIPT=gpt.lua bash examples/demo.sh
+
 # ---- install ------------------------------------------------------------------------------------
 # Lua modules, the libraries, the launchers and the examples; fsdp-examples-dir learns where the
 # examples went. Prints the LUA_PATH/LUA_CPATH lines when LUADIR/LIBDIR are not on LuaJIT's path.
@@ -252,4 +256,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo install clean
+.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo demo-gpt install clean

@@ -5,16 +5,19 @@
 #
 #   bash examples/demo.sh [train.lua flags...]      e.g. --epochs 2, --ckpt DIR (see --help)
 #   DEMO_RANKS=4 bash examples/demo.sh              another number of ranks (default 2)
+#   DEMO_SCRIPT=gpt.lua bash examples/demo.sh       `make demo-gpt`: the second job, a character-level
+#                                                   GPT on the fortunes text (examples/gpt.lua)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash tools/deps.sh demo   # installs what is missing (root), else names the apt-get line and exits 1
 make
 ranks="${DEMO_RANKS:-2}"
-echo "make demo: bin/fsdprun -n $ranks examples/train.lua $*"
+script="${DEMO_SCRIPT:-train.lua}"
+echo "make demo: bin/fsdprun -n $ranks examples/$script $*"
 start=$(date +%s)
 status=0
-bin/fsdprun -n "$ranks" examples/train.lua "$@" || status=$?
+bin/fsdprun -n "$ranks" "examples/$script" "$@" || status=$?
 end=$(date +%s)
 echo "make demo: wall time $((end - start)) s ($(( (end - start) / 60 )) min $(( (end - start) % 60 )) s), exit status $status"
 exit "$status"

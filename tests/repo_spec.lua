@@ -115,9 +115,9 @@ describe("tools/deps.sh without root on a machine without the packages", functio
     assert.is_nil(ran, "apt-get ran without root")
   end)
 
-  it("stops make demo and make test before anything compiles", function()
+  it("stops make demo, make demo-gpt and make test before anything compiles", function()
     local dir = fake_bin()
-    for _, target in ipairs { "demo", "test", "all" } do
+    for _, target in ipairs { "demo", "test", "all", "demo-gpt" } do
       local rc, out = H.sh(("make -C %q -B %s"):format(H.root, target), ("PATH=%q:$PATH"):format(dir))
       assert.are_not.equal(0, rc, out)
       assert.truthy(out:find("sudo apt-get install", 1, true), out)

@@ -10,7 +10,8 @@
 #
 # Sets (each includes the one before):
 #   build   compile libfsdp.so and libfsdp_mpi.so and run scripts (`make`)
-#   demo    + the data set and the plot tool (`make demo`)
+#   demo    + the data sets (Fashion-MNIST, the fortunes text) and the plot tool (`make demo`,
+#           `make demo-gpt`)
 #   test    + busted and luarocks (`make test`)
 #   ci      + the guardrail tools and git (`.ci/run`: lint, format check, valgrind)
 #
@@ -19,7 +20,7 @@
 set -euo pipefail
 
 build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
-demo="$build dataset-fashion-mnist gnuplot-nox"
+demo="$build dataset-fashion-mnist gnuplot-nox fortunes"
 test="$demo libluajit-5.1-dev lua-busted luarocks"
 ci="$test git cppcheck valgrind clang-format iproute2"
 
