@@ -49,7 +49,7 @@ TEST(test_init_self) {
 TEST(test_collectives_values) {
   fsdp_comm_reset_stats();
   for (int dt = 0; dt < FSDP_NDTYPES; dt++) {  // all_gather and broadcast move any dtype
-    int is_bool = dt == FSDP_BOOL;                // bool: 0, 1, 1, 1, 1 (from 0, 1, 2, 3, 4)
+    int is_bool = dt == FSDP_BOOL;             // bool: 0, 1, 1, 1, 1 (from 0, 1, 2, 3, 4)
     fsdp_tensor* in = vec(5, dt, is_bool ? 0 : 1);
     int64_t shape[1] = {5};
     fsdp_tensor* out = fsdp_full(1, shape, 0, dt, FSDP_CPU);
