@@ -162,6 +162,21 @@ end
 -- ---- normalization, embedding, dropout -------------------------------------------------------------------
 local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
 
+-- the number of trailing dims of x that normalized_shape (an int or a table) names, checked
+-- (layer_norm, rms_norm); errors at the caller of op
+local function normalized_ndim(op, x, normalized_shape)
+  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
+  if type(ns) ~= "table" then error(op .. ": normalized_shape must be an integer or a table of integers", 3) end
+  local xs = x:shape()
+  local k = #ns
+  local ok = k >= 1 and k <= #xs
+  for i = 1, k do if not ok or xs[#xs - k + i] ~= ns[i] then ok = false; break end end
+  if not ok then
+    error(("%s: input of shape %s does not end with normalized_shape %s"):format(op, shape_str(xs), shape_str(ns)), 3)
+  end
+  return k
+end
+
 -- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
 -- normalized_shape (an int or a table), w and b of that shape or nil
 function F.layer_norm(x, ...)
@@ -169,15 +184,7 @@ function F.layer_norm(x, ...)
     { "weight", optional = true }, { "bias", optional = true }, { "eps", 1e-5 } }, ...)
   local normalized_shape, w, b, eps = o.normalized_shape, o.weight, o.bias, o.eps
   local px, pw, pb = T(x, "layer_norm", "input"), P(w, "layer_norm", "weight"), P(b, "layer_norm", "bias")
-  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
-  if type(ns) ~= "table" then error("layer_norm: normalized_shape must be an integer or a table of integers", 2) end
-  local xs = x:shape()
-  local k = #ns
-  local ok = k >= 1 and k <= #xs
-  for i = 1, k do if not ok or xs[#xs - k + i] ~= ns[i] then ok = false; break end end
-  if not ok then
-    error(("layer_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
-  end
+  local k = normalized_ndim("layer_norm", x, normalized_shape)
   return (wrap(C.fsdp_layer_norm(px, k, pw, pb, eps or 1e-5)))
 end
 
@@ -226,15 +233,7 @@ function F.rms_norm(x, ...)
     { "eps", optional = true } }, ...)
   local normalized_shape = o.normalized_shape
   local px, pw = T(x, "rms_norm", "input"), P(o.weight, "rms_norm", "weight")
-  local ns = type(normalized_shape) == "number" and { normalized_shape } or normalized_shape
-  if type(ns) ~= "table" then error("rms_norm: normalized_shape must be an integer or a table of integers", 2) end
-  local xs = x:shape()
-  local k = #ns
-  local ok = k >= 1 and k <= #xs
-  for i = 1, k do if not ok or xs[#xs - k + i] ~= ns[i] then ok = false; break end end
-  if not ok then
-    error(("rms_norm: input of shape %s does not end with normalized_shape %s"):format(shape_str(xs), shape_str(ns)), 2)
-  end
+  local k = normalized_ndim("rms_norm", x, normalized_shape)
   return (wrap(C.fsdp_rms_norm(px, k, pw, o.eps or finfo_eps[x.dtype] or finfo_eps.float32)))
 end
 

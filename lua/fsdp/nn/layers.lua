@@ -270,40 +270,32 @@ end
 function Flatten:forward(x) return (F.flatten(x, self.start_dim, self.end_dim)) end
 function Flatten:extra_repr() return ("start_dim=%d, end_dim=%d"):format(self.start_dim, self.end_dim) end
 
--- nn.Dropout(p = 0.5): active in training mode only
-local Dropout = Module:extend("Dropout")
-L.Dropout = Dropout
-function Dropout:__init(...)
-  local o = args_of("Dropout", { { "p", optional = true }, { "inplace", false } }, ...)
+-- nn.Dropout(p = 0.5) and nn.Dropout2d(p = 0.5) (whole channels of (N, C, H, W) or (C, H, W)):
+-- active in training mode only; one constructor (PyTorch's _DropoutNd)
+local function dropout_init(self, ...)
+  local cls = self.__name
+  local o = args_of(cls, { { "p", optional = true }, { "inplace", false } }, ...)
   local p = o.p or 0.5
   if type(p) ~= "number" then
-    error(("Dropout: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
+    error(("%s: p must be a number, got %s (%s)"):format(cls, type(p), tostring(p)), 2)
   end
   if p < 0 or p > 1 then
-    error(("Dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
+    error(("%s: probability has to be between 0 and 1, got %s"):format(cls, tostring(p)), 2)
   end
-  if type(o.inplace) ~= "boolean" then fsdp._arg_error("Dropout", "inplace", "a boolean", o.inplace, 2) end
+  if type(o.inplace) ~= "boolean" then fsdp._arg_error(cls, "inplace", "a boolean", o.inplace, 2) end
   self.p, self.inplace = p, o.inplace
 end
-function Dropout:forward(x) return (F.dropout(x, self.p, self.training)) end
-function Dropout:extra_repr() return ("p=%s, inplace=%s"):format(tostring(self.p), pybool(self.inplace)) end
+local function dropout_repr(self) return ("p=%s, inplace=%s"):format(tostring(self.p), pybool(self.inplace)) end
 
--- nn.Dropout2d(p = 0.5): zeroes whole channels of (N, C, H, W) or (C, H, W) in training mode only
+local Dropout = Module:extend("Dropout")
+L.Dropout = Dropout
+Dropout.__init, Dropout.extra_repr = dropout_init, dropout_repr
+function Dropout:forward(x) return (F.dropout(x, self.p, self.training)) end
+
 local Dropout2d = Module:extend("Dropout2d")
 L.Dropout2d = Dropout2d
-function Dropout2d:__init(...)
-  local o = args_of("Dropout2d", { { "p", optional = true }, { "inplace", false } }, ...)
-  local p = o.p or 0.5
-  if type(p) ~= "number" then
-    error(("Dropout2d: p must be a number, got %s (%s)"):format(type(p), tostring(p)), 2)
-  end
-  if p < 0 or p > 1 then
-    error(("Dropout2d: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
-  end
-  self.p = p
-end
+Dropout2d.__init, Dropout2d.extra_repr = dropout_init, dropout_repr
 function Dropout2d:forward(x) return (F.dropout2d(x, self.p, self.training)) end
-function Dropout2d:extra_repr() return ("p=%s, inplace=False"):format(tostring(self.p)) end
 
 -- ---- pooling ---------------------------------------------------------------------------------------------------
 -- nn.MaxPool2d(kernel_size[, stride = kernel_size, padding = 0, dilation = 1, return_indices, ceil_mode])
