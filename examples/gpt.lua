@@ -41,82 +41,46 @@ local function now()
 end
 
 -- ---- flags ---------------------------------------------------------------------------------------
-local help = [[
-usage: fsdprun -n N examples/gpt.lua [flags]      (or plain luajit: one rank)
-
-Trains a character-level GPT on the fortunes corpus with FSDP, prints the validation loss every
---eval-every steps, checkpoints, and ends with a sample of generated text.
-
-  --steps N          optimizer steps (default 2000)
-  --batch-size B     crops per micro-batch, global, split over the ranks (default 16)
-  --accum K          micro-batches per optimizer step (gradient accumulation, default 2)
-  --block T          context length (default 128)
-  --layers L         transformer blocks (default 4)
-  --heads H          attention heads (default 6)
-  --dim D            embedding width (default 192)
-  --untied           a separate LM head weight (default: tied to the token embedding)
-  --lr LR            peak AdamW learning rate (default 0.002), cosine decay to LR/10
-  --warmup W         linear warmup steps (default 100)
-  --weight-decay WD  AdamW weight decay of the matrices (default 0.1)
-  --clip C           clip the global gradient norm to C (default 1.0; 0: off)
-  --eval-every E     steps between validation evaluations and checkpoints (default 100)
-  --eval-iters I     validation batches of B crops per evaluation (default 8)
-  --bf16             mixed precision: bf16 compute, float32 master weights and reduction
-  --seed S           initialisation, crops and sampling (default 0)
-  --data DIR         the fortunes directory (default /usr/share/games/fortunes)
-  --limit N          use only the first N bytes of the corpus (CI)
-  --ckpt DIR         checkpoint directory (default ./gpt_ckpt, or the --resume DIR)
-  --resume DIR       continue the run saved in DIR (pass the same training flags)
-  --stop-at S        stop after step S (checkpointed there when S is a multiple of --eval-every);
-                     --resume then goes on as if the run had never stopped
-  --sample-len N     characters to generate at the end (default 400; 0: none)
-  --temperature X    sampling temperature (default 0.8)
-  --top-k K          sample among the K most likely characters (default 10)
-  --prompt TEXT      the text generation starts from (default a newline)
-  -h, --help         this text
-]]
-local cfg = { steps = 2000, ["batch-size"] = 16, accum = 2, block = 128, layers = 4, heads = 6, dim = 192,
-  untied = false, lr = 2e-3, warmup = 100, ["weight-decay"] = 0.1, clip = 1.0, ["eval-every"] = 100,
-  ["eval-iters"] = 8, bf16 = false, seed = 0, data = "/usr/share/games/fortunes", limit = nil, ckpt = nil,
-  resume = nil, ["stop-at"] = nil, ["sample-len"] = 400, temperature = 0.8, ["top-k"] = 10, prompt = "\n" }
-local kinds = { untied = "bool", bf16 = "bool", data = "str", ckpt = "str", resume = "str", prompt = "str",
-  lr = "num", ["weight-decay"] = "num", clip = "num", temperature = "num", limit = "int", ["stop-at"] = "int" }
-
-local function usage_error(msg)
-  io.stderr:write("gpt.lua: ", msg, "\n(see --help)\n")
-  os.exit(2)
+local p = fsdp.argparse.ArgumentParser { prog = "gpt.lua",
+  usage = "fsdprun -n N examples/gpt.lua [flags]      (or plain luajit: one rank)",
+  description = "Trains a character-level GPT on the fortunes corpus with FSDP, prints the validation loss every\n"
+    .. "--eval-every steps, checkpoints, and ends with a sample of generated text." }
+local function int(name, default, help, metavar)
+  p:add_argument(name, { type = "int", default = default, min = 1, metavar = metavar, help = help })
 end
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    if a == "-h" or a == "--help" then io.write(help) os.exit(0) end
-    local key = a:match("^%-%-([%w%-]+)$")
-    local kind = key and (kinds[key] or (cfg[key] ~= nil and "int"))
-    if not kind then usage_error(("unknown argument '%s'"):format(a)) end
-    if kind == "bool" then
-      cfg[key] = true
-    else
-      local v = arg[i + 1]
-      if v == nil then usage_error(("--%s needs a value"):format(key)) end
-      i = i + 1
-      if kind ~= "str" then
-        local n = tonumber(v)
-        if not n or n < 0 or (kind == "int" and n ~= math.floor(n)) then
-          usage_error(("--%s expects a %s number, got '%s'"):format(key, kind == "int" and "non-negative whole" or "non-negative", v))
-        end
-        v = n
-      end
-      cfg[key] = v
-    end
-    i = i + 1
-  end
-end
-for _, k in ipairs { "batch-size", "accum", "block", "layers", "heads", "dim", "eval-every", "eval-iters", "top-k" } do
-  if cfg[k] < 1 then usage_error(("--%s must be at least 1"):format(k)) end
-end
-if cfg.dim % cfg.heads ~= 0 then usage_error(("--dim %d is not a multiple of --heads %d"):format(cfg.dim, cfg.heads)) end
-if cfg.temperature <= 0 then usage_error("--temperature must be positive") end
+int("--steps", 2000, "optimizer steps (default 2000)", "N")
+int("--batch-size", 16, "crops per micro-batch, global, split over the ranks (default 16)", "B")
+int("--accum", 2, "micro-batches per optimizer step (gradient accumulation, default 2)", "K")
+int("--block", 128, "context length (default 128)", "T")
+int("--layers", 4, "transformer blocks (default 4)", "L")
+int("--heads", 6, "attention heads (default 6)", "H")
+int("--dim", 192, "embedding width (default 192)", "D")
+p:add_argument("--untied", { action = "store_true", help = "a separate LM head weight (default: tied to the token embedding)" })
+p:add_argument("--lr", { type = "float", default = 2e-3, min = 0, help = "peak AdamW learning rate (default 0.002), cosine decay to LR/10" })
+p:add_argument("--warmup", { type = "int", default = 100, min = 0, metavar = "W", help = "linear warmup steps (default 100)" })
+p:add_argument("--weight-decay", { type = "float", default = 0.1, min = 0, metavar = "WD",
+  help = "AdamW weight decay of the matrices (default 0.1)" })
+p:add_argument("--clip", { type = "float", default = 1.0, min = 0, metavar = "C",
+  help = "clip the global gradient norm to C (default 1.0; 0: off)" })
+int("--eval-every", 100, "steps between validation evaluations and checkpoints (default 100)", "E")
+int("--eval-iters", 8, "validation batches of B crops per evaluation (default 8)", "I")
+p:add_argument("--bf16", { action = "store_true", help = "mixed precision: bf16 compute, float32 master weights and reduction" })
+p:add_argument("--seed", { type = "int", default = 0, min = 0, metavar = "S", help = "initialisation, crops and sampling (default 0)" })
+p:add_argument("--data", { default = "/usr/share/games/fortunes", metavar = "DIR",
+  help = "the fortunes directory (default /usr/share/games/fortunes)" })
+int("--limit", nil, "use only the first N bytes of the corpus (CI)", "N")
+p:add_argument("--ckpt", { metavar = "DIR", help = "checkpoint directory (default ./gpt_ckpt, or the --resume DIR)" })
+p:add_argument("--resume", { metavar = "DIR", help = "continue the run saved in DIR (pass the same training flags)" })
+int("--stop-at", nil, "stop after step S (checkpointed there when S is a multiple of --eval-every);\n"
+  .. "--resume then goes on as if the run had never stopped", "S")
+p:add_argument("--sample-len", { type = "int", default = 400, min = 0, metavar = "N",
+  help = "characters to generate at the end (default 400; 0: none)" })
+p:add_argument("--temperature", { type = "float", default = 0.8, metavar = "X", help = "sampling temperature (default 0.8)" })
+int("--top-k", 10, "sample among the K most likely characters (default 10)", "K")
+p:add_argument("--prompt", { default = "\n", metavar = "TEXT", help = "the text generation starts from (default a newline)" })
+local cfg = p:parse_args(arg)
+if cfg.dim % cfg.heads ~= 0 then p:error(("--dim %d is not a multiple of --heads %d"):format(cfg.dim, cfg.heads)) end
+if cfg.temperature <= 0 then p:error("--temperature must be positive") end
 cfg.ckpt = (cfg.ckpt or cfg.resume or "./gpt_ckpt"):gsub("/+$", "")
 
 local function fail(fmt, ...) error({ msg = fmt:format(...) }, 0) end
@@ -210,7 +174,7 @@ local function main()
   fsdp.init()
   local R, N = fsdp.rank(), fsdp.world_size()
   local say = R == 0 and function(fmt, ...) io.write(fmt:format(...), "\n") io.flush() end or function() end
-  local B, K, T = cfg["batch-size"], cfg.accum, cfg.block
+  local B, K, T = cfg.batch_size, cfg.accum, cfg.block
   if B % N ~= 0 then fail("--batch-size %d must be a multiple of the number of ranks (%d)", B, N) end
   local b = B / N
 
@@ -248,7 +212,7 @@ local function main()
   fsdp.wrap(model, wrap_opts)
   local decay, no_decay = {}, {}
   for _, p in ipairs(model:parameters()) do table.insert(p:dim() >= 2 and decay or no_decay, p) end
-  local opt = optim.AdamW({ { params = decay, weight_decay = cfg["weight-decay"] }, { params = no_decay, weight_decay = 0 } },
+  local opt = optim.AdamW({ { params = decay, weight_decay = cfg.weight_decay }, { params = no_decay, weight_decay = 0 } },
     { lr = cfg.lr, betas = { 0.9, 0.95 } })
   local S = optim.lr_scheduler
   local warm = math.max(1, math.min(cfg.warmup, cfg.steps - 1))
@@ -257,7 +221,7 @@ local function main()
   say("GPT: %d blocks, d %d, %d heads, context %d, %s head: %d parameters, %d FSDP units, %d ranks%s",
     cfg.layers, cfg.dim, cfg.heads, T, cfg.untied and "untied" or "tied", nparams, cfg.layers + 1, N, cfg.bf16 and ", bf16 compute" or "")
   say("AdamW lr %g (warmup %d, cosine to %g), weight decay %g on %d matrices; %d steps of %d x %d crops of %d characters",
-    cfg.lr, warm, cfg.lr / 10, cfg["weight-decay"], #decay, cfg.steps, K, B, T)
+    cfg.lr, warm, cfg.lr / 10, cfg.weight_decay, #decay, cfg.steps, K, B, T)
 
   local function loss_of(x, y)
     local logits = model(x)
@@ -268,20 +232,20 @@ local function main()
     if N > 1 then fsdp.all_reduce(t, "avg") end
     return t:item()
   end
-  local val_offs = crop_offsets(cfg.seed + 7777, 0, B * cfg["eval-iters"], splits.val.len - T)
+  local val_offs = crop_offsets(cfg.seed + 7777, 0, B * cfg.eval_iters, splits.val.len - T)
   local function evaluate()
     model:eval()
     local sum = fsdp.no_grad(function()
       local s = 0
-      for it = 0, cfg["eval-iters"] - 1 do s = s + loss_of(batch(splits.val, val_offs, it * B + R * b + 1)):item() end
+      for it = 0, cfg.eval_iters - 1 do s = s + loss_of(batch(splits.val, val_offs, it * B + R * b + 1)):item() end
       return s
     end)
     model:train()
-    return mean_over_ranks(sum / cfg["eval-iters"])
+    return mean_over_ranks(sum / cfg.eval_iters)
   end
 
   -- what a resumed run must share with the saved one (the model's shapes are checked by load_sharded)
-  local resume_keys = { "steps", "batch-size", "accum", "block", "seed", "lr", "warmup", "weight-decay", "clip", "limit" }
+  local resume_keys = { "steps", "batch_size", "accum", "block", "seed", "lr", "warmup", "weight_decay", "clip", "limit" }
   local saved_cfg = {}
   for _, k in ipairs(resume_keys) do saved_cfg[k] = cfg[k] end
   local start, curve = 1, {}
@@ -290,7 +254,7 @@ local function main()
     if not ok then fail("cannot resume from %s: %s", cfg.resume, tostring(extra)) end
     if type(extra) ~= "table" or extra.job ~= "gpt" then fail("cannot resume from %s: not a checkpoint of examples/gpt.lua", cfg.resume) end
     for _, k in ipairs(resume_keys) do
-      if extra.cfg[k] ~= cfg[k] then fail("cannot resume from %s: it was trained with --%s %s, not %s", cfg.resume, k, tostring(extra.cfg[k]), tostring(cfg[k])) end
+      if extra.cfg[k] ~= cfg[k] then fail("cannot resume from %s: it was trained with --%s %s, not %s", cfg.resume, (k:gsub("_", "-")), tostring(extra.cfg[k]), tostring(cfg[k])) end
     end
     sched:load_state_dict(extra.sched)
     start, curve = extra.step + 1, extra.curve
@@ -301,10 +265,10 @@ local function main()
   -- ---- training -------------------------------------------------------------------------------------------
   local t0, tsum, tcount = now(), 0, 0
   local bar
-  local last = math.min(cfg.steps, cfg["stop-at"] or cfg.steps)
+  local last = math.min(cfg.steps, cfg.stop_at or cfg.steps)
   for step = start, last do
     if not bar then -- one live line per evaluation interval (on a terminal), closed by the evaluation's line
-      local count = math.min(cfg["eval-every"] - (step - 1) % cfg["eval-every"], last - step + 1)
+      local count = math.min(cfg.eval_every - (step - 1) % cfg.eval_every, last - step + 1)
       bar = fsdp.progress(count, { desc = ("steps %d-%d"):format(step, step + count - 1), unit = "step", every = 1 })
     end
     local offs = crop_offsets(cfg.seed, step, K * B, splits.train.len - T)
@@ -323,7 +287,7 @@ local function main()
     if l ~= l then fail("the loss became NaN at step %d (lower --lr)", step) end
     tsum, tcount = tsum + l, tcount + 1
     bar:update(1, { loss = l })
-    if step % cfg["eval-every"] == 0 or step == cfg.steps then
+    if step % cfg.eval_every == 0 or step == cfg.steps then
       local c = { step, tsum / tcount, evaluate(), lr }
       tsum, tcount = 0, 0
       curve[#curve + 1] = c
@@ -339,7 +303,7 @@ local function main()
   end
 
   -- ---- sampling: every rank runs the same forwards (the units gather) and draws the same characters --
-  if cfg["sample-len"] > 0 then
+  if cfg.sample_len > 0 then
     fsdp.manual_seed(cfg.seed)
     model:eval()
     local ctx = {}
@@ -349,9 +313,9 @@ local function main()
       ctx[#ctx + 1] = id
     end
     if #ctx == 0 then fail("--prompt must not be empty") end
-    local out, kk = {}, math.min(cfg["top-k"], V)
+    local out, kk = {}, math.min(cfg.top_k, V)
     fsdp.no_grad(function()
-      for _ = 1, cfg["sample-len"] do
+      for _ = 1, cfg.sample_len do
         local lo = math.max(1, #ctx - T + 1)
         local window = {}
         for i = lo, #ctx do window[#window + 1] = ctx[i] end
@@ -365,7 +329,7 @@ local function main()
       end
     end)
     say("sample (temperature %g, top-k %d, %d characters):\n%s%s\n-- end of sample --", cfg.temperature, kk,
-      cfg["sample-len"], cfg.prompt, table.concat(out))
+      cfg.sample_len, cfg.prompt, table.concat(out))
   end
   fsdp.barrier()
 end

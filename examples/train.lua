@@ -37,97 +37,46 @@ local nn, optim = fsdp.nn, fsdp.optim
 local F = nn.functional
 
 -- ---- flags ---------------------------------------------------------------------------------------
-local defaults = {
-  epochs = 8, ["batch-size"] = 128, lr = 1e-3, ["lr-decay"] = 0.7, data = nil, ckpt = nil, resume = nil,
-  ["linear-eval"] = false, ["skip-linear-eval"] = false, ["linear-epochs"] = 2, ["linear-lr"] = 1e-3,
-  seed = 0, limit = nil, ["test-limit"] = nil, metrics = nil, plot = nil,
-  channels = "32,64", ["eval-batch"] = 500, device = "cpu", summary = false,
-}
-local help = [[
-usage: fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)
-
-Pretrains a conv net on Fashion-MNIST with FSDP, checkpoints every epoch, then trains a new
-linear head on the frozen trunk and reports both test accuracies.
-
-  --epochs N            pretraining epochs (default 8)
-  --batch-size B        global batch size, split evenly over the ranks (default 128)
-  --lr LR               Adam learning rate for pretraining (default 0.001)
-  --lr-decay G          the learning rate of epoch e is LR * G^(e-1) (default 0.7)
-  --data DIR            directory with the four *-ubyte(.gz) files (default: $FSDP_DATA_DIR,
-                        /usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`)
-  --ckpt DIR            checkpoint directory (default ./checkpoints, or the --resume DIR)
-  --resume DIR          continue pretraining from the sharded checkpoint in DIR
-  --linear-eval         only the linear evaluation, from the checkpoint in --ckpt / --resume DIR
-  --skip-linear-eval    pretraining only
-  --linear-epochs N     epochs of linear evaluation (default 2)
-  --linear-lr LR        Adam learning rate of the linear evaluation (default 0.001)
-  --seed S              initialisation and data order (default 0)
-  --limit N             use only the first N training images (CI)
-  --test-limit N        evaluate on the first N test images only
-  --metrics FILE        JSONL metrics, one object per epoch (default CKPT/metrics.jsonl)
-  --plot FILE.png       loss/accuracy plot (default CKPT/metrics.png; needs gnuplot)
-  --channels C1,C2      conv channels of the two trunk blocks (default 32,64)
-  --eval-batch B        batch size of evaluation (default 500)
-  --summary             print the FSDP plan (fsdp.summary: units, bytes per rank, what a step
-                        sends) after the first pretraining epoch, optimizer state included
-  --device D            cpu (default) or cuda: model, data and training on the GPU (with several
-                        ranks their collectives run on NCCL where every rank has a GPU of its
-                        own, else through the host over MPI: FSDP_DEVICE_COMM)
-  -h, --help            this text
-]]
-local flags_bool = { ["linear-eval"] = true, ["skip-linear-eval"] = true, summary = true }
-local flags_num = { epochs = "int", ["batch-size"] = "int", lr = "num", ["lr-decay"] = "num", ["linear-epochs"] = "int",
-  ["linear-lr"] = "num", seed = "int", limit = "int", ["test-limit"] = "int", ["eval-batch"] = "int" }
-local flags_str = { data = true, ckpt = true, resume = true, metrics = true, plot = true, channels = true, device = true }
-
-local function usage_error(msg)
-  io.stderr:write("train.lua: ", msg, "\n(see --help)\n")
-  os.exit(2)
+local p = fsdp.argparse.ArgumentParser { prog = "train.lua",
+  usage = "fsdprun -n N examples/train.lua [flags]      (or plain luajit: one rank)",
+  description = "Pretrains a conv net on Fashion-MNIST with FSDP, checkpoints every epoch, then trains a new\n"
+    .. "linear head on the frozen trunk and reports both test accuracies." }
+p:add_argument("--epochs", { type = "int", default = 8, min = 0, metavar = "N", help = "pretraining epochs (default 8)" })
+p:add_argument("--batch-size", { type = "int", default = 128, min = 1, metavar = "B",
+  help = "global batch size, split evenly over the ranks (default 128)" })
+p:add_argument("--lr", { type = "float", default = 1e-3, help = "Adam learning rate for pretraining (default 0.001)" })
+p:add_argument("--lr-decay", { type = "float", default = 0.7, min = 0, metavar = "G",
+  help = "the learning rate of epoch e is LR * G^(e-1) (default 0.7)" })
+p:add_argument("--data", { metavar = "DIR", help = "directory with the four *-ubyte(.gz) files (default: $FSDP_DATA_DIR,\n"
+  .. "/usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`)" })
+p:add_argument("--ckpt", { metavar = "DIR", help = "checkpoint directory (default ./checkpoints, or the --resume DIR)" })
+p:add_argument("--resume", { metavar = "DIR", help = "continue pretraining from the sharded checkpoint in DIR" })
+p:add_argument("--linear-eval", { action = "store_true", help = "only the linear evaluation, from the checkpoint in --ckpt / --resume DIR" })
+p:add_argument("--skip-linear-eval", { action = "store_true", help = "pretraining only" })
+p:add_argument("--linear-epochs", { type = "int", default = 2, min = 0, metavar = "N", help = "epochs of linear evaluation (default 2)" })
+p:add_argument("--linear-lr", { type = "float", default = 1e-3, metavar = "LR",
+  help = "Adam learning rate of the linear evaluation (default 0.001)" })
+p:add_argument("--seed", { type = "int", default = 0, min = 0, metavar = "S", help = "initialisation and data order (default 0)" })
+p:add_argument("--limit", { type = "int", min = 1, metavar = "N", help = "use only the first N training images (CI)" })
+p:add_argument("--test-limit", { type = "int", min = 1, metavar = "N", help = "evaluate on the first N test images only" })
+p:add_argument("--metrics", { metavar = "FILE", help = "JSONL metrics, one object per epoch (default CKPT/metrics.jsonl)" })
+p:add_argument("--plot", { metavar = "FILE.png", help = "loss/accuracy plot (default CKPT/metrics.png; needs gnuplot)" })
+p:add_argument("--channels", { default = "32,64", metavar = "C1,C2", help = "conv channels of the two trunk blocks (default 32,64)" })
+p:add_argument("--eval-batch", { type = "int", default = 500, min = 1, metavar = "B", help = "batch size of evaluation (default 500)" })
+p:add_argument("--summary", { action = "store_true", help = "print the FSDP plan (fsdp.summary: units, bytes per rank, what a step\n"
+  .. "sends) after the first pretraining epoch, optimizer state included" })
+p:add_argument("--device", { choices = { "cpu", "cuda" }, default = "cpu", metavar = "D",
+  help = "cpu (default) or cuda: model, data and training on the GPU (with several\n"
+    .. "ranks their collectives run on NCCL where every rank has a GPU of its\n"
+    .. "own, else through the host over MPI: FSDP_DEVICE_COMM)" })
+local cfg = p:parse_args(arg)
+for _, k in ipairs { "lr", "linear_lr" } do
+  if cfg[k] <= 0 then p:error(("--%s must be positive, got %s"):format(k:gsub("_", "-"), cfg[k])) end
 end
-
-local cfg = {}
-for k, v in pairs(defaults) do cfg[k] = v end
-do
-  local i = 1
-  while i <= #arg do
-    local a = arg[i]
-    if a == "-h" or a == "--help" then io.write(help) os.exit(0) end
-    local key, inline = a:match("^%-%-([%w%-]+)=(.*)$")
-    key = key or a:match("^%-%-([%w%-]+)$")
-    if not key then usage_error(("unexpected argument '%s'"):format(a)) end
-    if flags_bool[key] then
-      if inline then usage_error(("--%s takes no value"):format(key)) end
-      cfg[key] = true
-      i = i + 1
-    elseif flags_num[key] or flags_str[key] then
-      local v = inline
-      if not v then
-        v = arg[i + 1]
-        if v == nil then usage_error(("--%s needs a value"):format(key)) end
-        i = i + 1
-      end
-      i = i + 1
-      if flags_num[key] then
-        local n = tonumber(v)
-        if not n or (flags_num[key] == "int" and n ~= math.floor(n)) then
-          usage_error(("--%s expects %s, got '%s'"):format(key, flags_num[key] == "int" and "an integer" or "a number", v))
-        end
-        if n < 0 or (n == 0 and key ~= "seed" and key ~= "epochs" and key ~= "linear-epochs" and key ~= "lr-decay") then
-          usage_error(("--%s must be positive, got %s"):format(key, v))
-        end
-        v = n
-      end
-      cfg[key] = v
-    else
-      usage_error(("unknown flag --%s"):format(key))
-    end
-  end
-end
-if cfg.device ~= "cpu" and cfg.device ~= "cuda" then usage_error(("--device expects cpu or cuda, got '%s'"):format(cfg.device)) end
-if cfg["linear-eval"] and cfg["skip-linear-eval"] then usage_error("--linear-eval and --skip-linear-eval exclude each other") end
+if cfg.linear_eval and cfg.skip_linear_eval then p:error("--linear-eval and --skip-linear-eval exclude each other") end
 local C1, C2 = cfg.channels:match("^(%d+),(%d+)$")
 C1, C2 = tonumber(C1), tonumber(C2)
-if not C1 or C1 < 1 or C2 < 1 then usage_error(("--channels expects C1,C2 like 32,64, got '%s'"):format(cfg.channels)) end
+if not C1 or C1 < 1 or C2 < 1 then p:error(("--channels expects C1,C2 like 32,64, got '%s'"):format(cfg.channels)) end
 cfg.ckpt = (cfg.ckpt or cfg.resume or "./checkpoints"):gsub("/+$", "")
 cfg.metrics = cfg.metrics or (cfg.ckpt .. "/metrics.jsonl")
 cfg.plot = cfg.plot or (cfg.ckpt .. "/metrics.png")
@@ -232,7 +181,7 @@ end
 local function main()
   fsdp.init()
   local R, N = fsdp.rank(), fsdp.world_size()
-  local B = cfg["batch-size"]
+  local B = cfg.batch_size
   if B % N ~= 0 then fail("--batch-size %d must be a multiple of the number of ranks (%d)", B, N) end
   local device = cfg.device
   if device == "cuda" then
@@ -253,7 +202,7 @@ local function main()
     fail("data directory %s does not exist (pass --data DIR holding the Fashion-MNIST *-ubyte(.gz) files, or `apt-get install dataset-fashion-mnist`)", cfg.data)
   end
   local xtrain, ytrain = expect("loading the training set", fm.load, "train", { dir = cfg.data, limit = cfg.limit, normalize = true })
-  local xtest, ytest = expect("loading the test set", fm.load, "test", { dir = cfg.data, limit = cfg["test-limit"], normalize = true })
+  local xtest, ytest = expect("loading the test set", fm.load, "test", { dir = cfg.data, limit = cfg.test_limit, normalize = true })
   xtrain, ytrain, xtest, ytest = xtrain:to(device), ytrain:to(device), xtest:to(device), ytest:to(device)
   local ntrain, ntest = xtrain:size(1), xtest:size(1)
 
@@ -274,7 +223,7 @@ local function main()
   local function evaluate(model)
     local lo = math.floor(ntest * R / N)
     local hi = math.floor(ntest * (R + 1) / N)
-    local eb = cfg["eval-batch"]
+    local eb = cfg.eval_batch
     local nb = math.ceil(math.ceil(ntest / N) / eb)
     model:eval()
     local correct = fsdp.no_grad(function()
@@ -365,7 +314,7 @@ local function main()
 
   -- ---- pretraining -------------------------------------------------------------------------------------
   local pretrain_acc, linear_acc
-  if not cfg["linear-eval"] then
+  if not cfg.linear_eval then
     fsdp.manual_seed(cfg.seed)
     local model = wrap_model(Net(C1, C2):to(device))
     local opt = optim.Adam(model:parameters(), { lr = cfg.lr })
@@ -375,7 +324,7 @@ local function main()
       if type(extra) ~= "table" or extra.phase ~= "pretrain" or type(extra.epoch) ~= "number" then
         fail("cannot resume from %s: it is not a checkpoint of examples/train.lua's pretraining", cfg.resume)
       end
-      if extra.global_batch ~= B or extra.seed ~= cfg.seed or extra.lr ~= cfg.lr or extra.lr_decay ~= cfg["lr-decay"] then
+      if extra.global_batch ~= B or extra.seed ~= cfg.seed or extra.lr ~= cfg.lr or extra.lr_decay ~= cfg.lr_decay then
         fail("cannot resume from %s: it was trained with --batch-size %s --seed %s --lr %s --lr-decay %s; pass the same values to continue it",
           cfg.resume, tostring(extra.global_batch), tostring(extra.seed), tostring(extra.lr), tostring(extra.lr_decay))
       end
@@ -393,18 +342,18 @@ local function main()
       metrics_write({}, "w")
     end
     say("FashionNet: trunk 2 x Conv3x3-ReLU-MaxPool (1-%d-%d), head Linear(%d, 10): %d parameters in %d FSDP units; Adam lr %g x %g per epoch",
-      C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr, cfg["lr-decay"])
+      C1, C2, C2 * 49, count_params(model), #require("fsdp.wrap").units(model), cfg.lr, cfg.lr_decay)
     local loader = train_loader(cfg.seed)
     for epoch = start, cfg.epochs do
       -- the schedule depends on the epoch alone, so a resumed run follows it too
-      for _, g in ipairs(opt.param_groups) do g.lr = cfg.lr * cfg["lr-decay"] ^ (epoch - 1) end
+      for _, g in ipairs(opt.param_groups) do g.lr = cfg.lr * cfg.lr_decay ^ (epoch - 1) end
       local r = train_epoch(model, opt, "pretrain", epoch, cfg.epochs, loader)
       -- (before the evaluation: the plan of the training steps just run, optimizer state included)
       if cfg.summary and epoch == start then fsdp.summary(model, { optimizer = opt }) end
       pretrain_acc = finish_epoch(model, "pretrain", epoch, cfg.epochs, r)
       expect("saving the checkpoint", fsdp.save_sharded, cfg.ckpt, model, opt,
         { phase = "pretrain", epoch = epoch, seed = cfg.seed, global_batch = B, test_acc = pretrain_acc,
-          loss = r.loss, channels = cfg.channels, lr = cfg.lr, lr_decay = cfg["lr-decay"] })
+          loss = r.loss, channels = cfg.channels, lr = cfg.lr, lr_decay = cfg.lr_decay })
       if not fsdp.all_idle() then error("a unit is not idle after the epoch (an FSDP bug)") end
     end
     if start > cfg.epochs then say("nothing to train: the checkpoint is at epoch %d, --epochs is %d", start - 1, cfg.epochs) end
@@ -418,7 +367,7 @@ local function main()
   end
 
   -- ---- linear evaluation -------------------------------------------------------------------------------
-  if not cfg["skip-linear-eval"] then
+  if not cfg.skip_linear_eval then
     local src = cfg.resume or cfg.ckpt
     fsdp.manual_seed(cfg.seed)
     local model = Net(C1, C2)
@@ -438,20 +387,20 @@ local function main()
     wrap_model(model)
     local trainable = {}
     for _, p in ipairs(model:parameters()) do if p.requires_grad then trainable[#trainable + 1] = p end end
-    local opt = optim.Adam(trainable, { lr = cfg["linear-lr"] })
+    local opt = optim.Adam(trainable, { lr = cfg.linear_lr })
     say("linear evaluation: trunk of %s frozen, new head Linear(%d, 10), Adam lr %g, %d epochs",
-      src, C2 * 49, cfg["linear-lr"], cfg["linear-epochs"])
-    if cfg["linear-eval"] then
+      src, C2 * 49, cfg.linear_lr, cfg.linear_epochs)
+    if cfg.linear_eval then
       local keep = {}
       for _, m in ipairs(metrics_read()) do if m.phase ~= "linear" then keep[#keep + 1] = m.line end end
       metrics_write(keep, "w")
     end
     linear_acc = evaluate(model)
-    say("linear 0/%d  test acc %.4f (untrained head)", cfg["linear-epochs"], linear_acc)
+    say("linear 0/%d  test acc %.4f (untrained head)", cfg.linear_epochs, linear_acc)
     local loader = train_loader(cfg.seed + 1000)
-    for epoch = 1, cfg["linear-epochs"] do
-      local r = train_epoch(model, opt, "linear", epoch, cfg["linear-epochs"], loader)
-      linear_acc = finish_epoch(model, "linear", epoch, cfg["linear-epochs"], r)
+    for epoch = 1, cfg.linear_epochs do
+      local r = train_epoch(model, opt, "linear", epoch, cfg.linear_epochs, loader)
+      linear_acc = finish_epoch(model, "linear", epoch, cfg.linear_epochs, r)
     end
   end
 

@@ -608,7 +608,7 @@ end
 -- lazily loaded submodules: fsdp.nn, fsdp.optim, fsdp.F, fsdp.autograd, save/load
 local lazy = {
   nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io", comm = "fsdp.comm",
-  data = "fsdp.data", progress = "fsdp.progress",
+  data = "fsdp.data", progress = "fsdp.progress", argparse = "fsdp.argparse",
 }
 setmetatable(fsdp, {
   __index = function(t, k)
