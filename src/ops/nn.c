@@ -380,7 +380,7 @@ static int layer_norm_backward(fsdp_node* node, fsdp_tensor* grad_out, fsdp_tens
 
 // checks that an affine parameter has exactly the normalized shape, and x's dtype or float32 (as
 // PyTorch's CPU layer_norm takes bfloat16 inputs with float32 parameters)
-static int check_affine(const char* op, const char* what, const fsdp_tensor* p, const fsdp_tensor* x, int k) {
+int fsdp_check_norm_affine(const char* op, const char* what, const fsdp_tensor* p, const fsdp_tensor* x, int k) {
   if (fsdp_check_float(op, p) || fsdp_check_same_device(op, p, x)) return -1;
   CHECK_INT(p->dtype == x->dtype || p->dtype == FSDP_F32,
             "%s: %s %s %s must have the input's dtype or float32 (input %s %s)", op, what, DT(p), SH(p), DT(x), SH(x));
@@ -397,7 +397,9 @@ fsdp_tensor* fsdp_layer_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w
   int k = normalized_ndim;
   CHECK_NULL(k >= 1 && k <= x->ndim, "%s: cannot normalize over the last %d dims of an input of shape %s", op, k,
              SH(x));
-  if ((w && check_affine(op, "weight", w, x, k)) || (b && check_affine(op, "bias", b, x, k))) return NULL;
+  if ((w && fsdp_check_norm_affine(op, "weight", w, x, k)) || (b && fsdp_check_norm_affine(op, "bias", b, x, k))) {
+    return NULL;
+  }
   CHECK_NULL(eps >= 0.0, "%s: eps must be >= 0, got %g", op, eps);
   const fsdp_backend* be = fsdp_backend_of(x);
   if (!be) return NULL;

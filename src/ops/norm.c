@@ -301,14 +301,7 @@ fsdp_tensor* fsdp_rms_norm(fsdp_tensor* x, int normalized_ndim, fsdp_tensor* w, 
   int k = normalized_ndim;
   CHECK_NULL(k >= 1 && k <= x->ndim, "%s: cannot normalize over the last %d dims of an input of shape %s", op, k,
              SH(x));
-  if (w) {
-    if (fsdp_check_float(op, w) || fsdp_check_same_device(op, w, x)) return NULL;
-    CHECK_NULL(w->dtype == x->dtype || w->dtype == FSDP_F32,
-               "%s: weight %s %s must have the input's dtype or float32 (input %s %s)", op, DT(w), SH(w), DT(x), SH(x));
-    int same = w->ndim == k && memcmp(w->shape, x->shape + (x->ndim - k), k * sizeof(int64_t)) == 0;
-    CHECK_NULL(same, "%s: weight of shape %s does not match the normalized shape %s of input %s", op, SH(w),
-               fsdp_dims_s(k, x->shape + (x->ndim - k)), SH(x));
-  }
+  if (w && fsdp_check_norm_affine(op, "weight", w, x, k)) return NULL;
   CHECK_NULL(eps >= 0.0, "%s: eps must be >= 0, got %g", op, eps);
   const fsdp_backend* be = fsdp_backend_of(x);
   if (!be) return NULL;

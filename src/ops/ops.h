@@ -37,6 +37,9 @@ int fsdp_result_dtype(const fsdp_tensor* a, const fsdp_tensor* b);
 // naming both unless a and b (b may be NULL) have one dtype
 int fsdp_check_same_dtype(const char* op, const char* what_a, const fsdp_tensor* a, const char* what_b,
                           const fsdp_tensor* b);
+// a normalization's weight or bias p (what) against input x normalized over its last k dims
+// (layer_norm, rms_norm): a float tensor on x's device, x's dtype or float32, of those k dims' shape
+int fsdp_check_norm_affine(const char* op, const char* what, const fsdp_tensor* p, const fsdp_tensor* x, int k);
 // t as float32 for a kernel to read (new ref): t itself when float32 (any layout), else a
 // contiguous float32 copy
 static inline fsdp_tensor* fsdp_as_f32(fsdp_tensor* t) {
