@@ -303,7 +303,8 @@ function R.mean(p, a)
 end
 
 -- max along p.dim: values and 0-based indices, the first index on ties, NaN wins (PyTorch)
-local function max_along(p, a)
+-- the largest (or, with smallest, the smallest) entry along p.dim and its first index; NaN wins
+local function max_along(p, a, smallest)
   local nd = #a.shape
   local d = dim1(p.dim, nd)
   local outer, n, inner = split_at(a.shape, d)
@@ -315,7 +316,7 @@ local function max_along(p, a)
       local best_c = -1
       for c = 0, n - 1 do
         local v = a.data[(o * n + c) * inner + i + 1]
-        local better = best == nil or (best == best and (v ~= v or v > best))
+        local better = best == nil or (best == best and (v ~= v or (smallest and v < best) or (not smallest and v > best)))
         if better then
           best = v
           best_c = c
@@ -335,14 +336,15 @@ local function max_along(p, a)
 end
 
 -- x:max() (a 0-dim value) or x:max(dim[, keepdim]) (values, indices)
-function R.max(p, a)
+local function extremum(p, a, smallest)
   if p.dim == nil then
     local flat = array({ #a.data }, a.data, a.dtype)
-    local v = max_along({ dim = 1 }, flat)
+    local v = max_along({ dim = 1 }, flat, smallest)
     return array({}, v.data, a.dtype)
   end
-  return max_along(p, a)
+  return max_along(p, a, smallest)
 end
+function R.max(p, a) return extremum(p, a, false) end
 
 function R.argmax(p, a)
   if p.dim == nil then
@@ -1149,40 +1151,7 @@ function R.clamp(p, x)
 end
 
 -- min along p.dim: values and 0-based indices, the first index on ties; or the 0-dim min of all
-function R.min(p, a)
-  local shape = a.shape
-  local d = 1
-  if p.dim == nil then
-    shape = { #a.data }
-  else
-    d = dim1(p.dim, #shape)
-  end
-  local outer, n, inner = split_at(shape, d)
-  local values, indices = {}, {}
-  for o = 0, outer - 1 do
-    for i = 0, inner - 1 do
-      local best, best_c = nil, -1
-      for c = 0, n - 1 do
-        local v = a.data[(o * n + c) * inner + i + 1]
-        if best == nil or v < best then
-          best, best_c = v, c
-        end
-      end
-      values[#values + 1] = best
-      indices[#indices + 1] = best_c
-    end
-  end
-  if p.dim == nil then
-    return array({}, values, a.dtype)
-  end
-  local out_shape = copy(shape)
-  if p.keepdim then
-    out_shape[d] = 1
-  else
-    table.remove(out_shape, d)
-  end
-  return array(out_shape, values, a.dtype), array(copy(out_shape), indices, "int64")
-end
+function R.min(p, a) return extremum(p, a, true) end
 
 -- running sums along p.dim
 function R.cumsum(p, a)
