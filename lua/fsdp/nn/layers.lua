@@ -63,6 +63,18 @@ function Linear:extra_repr()
   return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features, self.out_features, pybool(self.bias ~= nil))
 end
 
+-- a convolution's weight (wshape) and bias (cout, unless bias == false), PyTorch's uniform init
+-- from fan_in = wshape's dim 2 times the kernel (for Conv2d cin/groups, for ConvTranspose2d cout/groups)
+local function conv_params(self, wshape, cout, bias)
+  local fan_in = wshape[2] * wshape[3] * wshape[4]
+  self.weight = uniform_param(wshape, fan_in)
+  if bias ~= false then
+    self.bias = uniform_param({ cout }, fan_in)
+  else
+    self:register_parameter("bias", nil)
+  end
+end
+
 -- ---- Conv2d -------------------------------------------------------------------------------------------
 -- nn.Conv2d(in_channels, out_channels, kernel_size[, stride, padding, dilation, groups, bias]) or
 -- nn.Conv2d(cin, cout, k, {stride =, padding =, dilation =, groups =, bias =}); sizes are ints or
@@ -98,13 +110,7 @@ function Conv2d:__init(...)
   end
   local kh, kw = self.kernel_size[1], self.kernel_size[2]
   check_int("Conv2d", "kernel_size", kh); check_int("Conv2d", "kernel_size", kw)
-  local fan_in = in_channels / groups * kh * kw
-  self.weight = uniform_param({ out_channels, in_channels / groups, kh, kw }, fan_in)
-  if o.bias ~= false then
-    self.bias = uniform_param({ out_channels }, fan_in)
-  else
-    self:register_parameter("bias", nil)
-  end
+  conv_params(self, { out_channels, in_channels / groups, kh, kw }, out_channels, o.bias)
 end
 function Conv2d:forward(x)
   return (F.conv2d(x, self.weight, self.bias, { stride = self.stride, padding = self.padding,
@@ -161,14 +167,7 @@ function ConvTranspose2d:__init(...)
     end
   end
   local kh, kw = self.kernel_size[1], self.kernel_size[2]
-  -- PyTorch's fan_in of this weight layout: its dim 2 times the kernel
-  local fan_in = out_channels / groups * kh * kw
-  self.weight = uniform_param({ in_channels, out_channels / groups, kh, kw }, fan_in)
-  if o.bias ~= false then
-    self.bias = uniform_param({ out_channels }, fan_in)
-  else
-    self:register_parameter("bias", nil)
-  end
+  conv_params(self, { in_channels, out_channels / groups, kh, kw }, out_channels, o.bias)
 end
 -- forward(x[, output_size]): output_size {h, w} (or {N, C, h, w}) picks the output_padding that
 -- reaches it, as PyTorch's does; it must lie within stride - 1 of the smallest output
