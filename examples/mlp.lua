@@ -11,7 +11,6 @@ local root = (arg and arg[0] or ""):match("^(.*)/examples/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 package.cpath = root .. "/?.so;" .. package.cpath
 
-local ffi = require "ffi"
 local fsdp = require "fsdp"
 local fm = require "fsdp.data.fashion_mnist"
 local nn, optim = fsdp.nn, fsdp.optim
@@ -39,12 +38,7 @@ while i <= #arg do
 end
 cfg.lr = cfg.lr or (cfg.optim == "sgd" and 0.05 or 1e-3)
 
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } fsdp_ex_timespec; int clock_gettime(int, fsdp_ex_timespec*);")
-local ts = ffi.new("fsdp_ex_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = fsdp.perf_counter
 
 -- ---- data -----------------------------------------------------------------------------------------
 local t0 = now()

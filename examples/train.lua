@@ -81,32 +81,16 @@ cfg.ckpt = (cfg.ckpt or cfg.resume or "./checkpoints"):gsub("/+$", "")
 cfg.metrics = cfg.metrics or (cfg.ckpt .. "/metrics.jsonl")
 cfg.plot = cfg.plot or (cfg.ckpt .. "/metrics.png")
 
--- ---- errors: expected ones are a message, anything else a traceback ---------------------------------
-local UserError = {}
-local function fail(fmt, ...) error(setmetatable({ msg = fmt:format(...) }, UserError), 0) end
--- runs fn; an error from it becomes a user error prefixed with `what`
+-- ---- errors: expected ones are a message (fsdp.exit), anything else a traceback --------------------
+local fail = fsdp.exit
+-- runs fn; an error from it is a message prefixed with `what`
 local function expect(what, fn, ...)
   local res = { pcall(fn, ...) }
-  if not res[1] then
-    local e = res[2]
-    if getmetatable(e) == UserError then error(e, 0) end
-    fail("%s: %s", what, tostring(e))
-  end
+  if not res[1] then fail("%s: %s", what, tostring(res[2])) end
   return unpack(res, 2, table.maxn(res))
 end
 
--- ---- small helpers ------------------------------------------------------------------------------------
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } fsdp_ex_timespec;
-int clock_gettime(int, fsdp_ex_timespec*);
-int usleep(unsigned int);
-void _exit(int);
-]])
-local ts = ffi.new("fsdp_ex_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = fsdp.perf_counter
 
 -- os.execute's success across Lua 5.1 (status 0) and 5.2-style (true) builds
 local function os_ok(a) return a == 0 or a == true end
@@ -448,23 +432,4 @@ local function main()
   fsdp.barrier()
 end
 
-local ok, err = xpcall(main, function(e)
-  if getmetatable(e) == UserError then return e end
-  return debug.traceback(tostring(e), 2)
-end)
-if not ok then
-  local msg = getmetatable(err) == UserError and err.msg or tostring(err)
-  local r = ""
-  if fsdp.comm.is_initialized() and fsdp.world_size() > 1 then
-    r = (" (rank %d)"):format(fsdp.rank())
-    -- an error every rank hits (bad data, a wrong checkpoint) is told once: rank 0 exits first and
-    -- the launcher stops the others; an error of another rank alone is still told a second later
-    if fsdp.rank() > 0 then ffi.C.usleep(1500000) end
-  end
-  io.stderr:write("train.lua", r, ": ", msg, "\n")
-  io.stderr:flush()
-  io.stdout:flush()
-  -- with several ranks, no orderly MPI finalize (it would wait for ranks that are not coming)
-  if r ~= "" then ffi.C._exit(1) end
-  os.exit(1)
-end
+main()

@@ -59,6 +59,26 @@ describe("fsdp.argparse", function()
     assert.equal(#"  --batch-size BATCH_SIZE" + 2, #col, help)
   end)
 
+  it("ends each help with the flag's default under formatter_class = ArgumentDefaultsHelpFormatter", function()
+    local p = argparse.ArgumentParser { prog = "t.lua", formatter_class = argparse.ArgumentDefaultsHelpFormatter }
+    p:add_argument("--steps", { type = "int", default = 2000, help = "optimizer steps" })
+    p:add_argument("--lr", { type = "float", default = 2e-3, help = "peak rate\ncosine decay" })
+    p:add_argument("--prompt", { default = "\n", help = "start text" })
+    p:add_argument("--bf16", { action = "store_true", help = "bf16 compute" })
+    p:add_argument("--resume", { help = "a directory" })
+    p:add_argument("--seed", { type = "int", default = 0 })
+    local help = p:format_help()
+    assert.truthy(help:find("\n  %-%-steps STEPS +optimizer steps %(default: 2000%)\n"), help)
+    assert.truthy(help:find("\n  %-%-lr LR +peak rate\n +cosine decay %(default: 0.002%)\n"), help)
+    assert.truthy(help:find("start text (default: \\n)\n", 1, true), help)
+    assert.truthy(help:find("\n  %-%-bf16 +bf16 compute %(default: false%)\n"), help)
+    assert.truthy(help:find("\n  %-%-resume RESUME +a directory\n"), help)
+    assert.truthy(help:find("\n  %-%-seed SEED +%(default: 0%)\n"), help)
+    assert.falsy(parser():format_help():find("default:", 1, true)) -- the plain formatter adds nothing
+    assert.has_error(function() argparse.ArgumentParser { formatter_class = "RawTextHelpFormatter" } end,
+      "ArgumentParser: formatter_class must be argparse.ArgumentDefaultsHelpFormatter, got RawTextHelpFormatter")
+  end)
+
   it("rejects a malformed declaration, naming the argument", function()
     local p = argparse.ArgumentParser { prog = "t.lua" }
     H.assert_error(function() p:add_argument("--x", { typ = "int" }) end, 'add_argument("--x"): unknown option typ')

@@ -23,13 +23,21 @@ local A = {}
 local Parser = {}
 Parser.__index = Parser
 
--- ArgumentParser{prog =, usage =, description =, epilog =, exit_on_error = true}
+-- formatter_class = A.ArgumentDefaultsHelpFormatter (Python's name): each flag's help ends with
+-- its default, " (default: 100)", for the flags that have one (a switch's is false)
+A.ArgumentDefaultsHelpFormatter = setmetatable({}, { __tostring = function() return "ArgumentDefaultsHelpFormatter" end })
+
+-- ArgumentParser{prog =, usage =, description =, epilog =, formatter_class =, exit_on_error = true}
 function A.ArgumentParser(o)
   o = o or {}
   if type(o) ~= "table" then error("ArgumentParser: expected an options table {prog =, description =, ...}", 2) end
   local prog = o.prog or ((arg and arg[0] or "script"):match("([^/]*)$"))
+  if o.formatter_class ~= nil and o.formatter_class ~= A.ArgumentDefaultsHelpFormatter then
+    error("ArgumentParser: formatter_class must be argparse.ArgumentDefaultsHelpFormatter, got " .. tostring(o.formatter_class), 2)
+  end
   return setmetatable({ prog = prog, usage = o.usage, description = o.description, epilog = o.epilog,
-    exit_on_error = o.exit_on_error ~= false, flags = {}, by_name = {}, positionals = {} }, Parser)
+    show_defaults = o.formatter_class ~= nil, exit_on_error = o.exit_on_error ~= false, flags = {}, by_name = {},
+    positionals = {} }, Parser)
 end
 
 local converters = {
@@ -96,7 +104,13 @@ function Parser:format_help()
   lines[#lines + 1] = ""
   local entries = {}
   for _, a in ipairs(self.positionals) do entries[#entries + 1] = { "  " .. a.metavar, a.help } end
-  for _, a in ipairs(self.flags) do entries[#entries + 1] = { "  " .. a.name .. (a.switch and "" or (" " .. a.metavar)), a.help } end
+  for _, a in ipairs(self.flags) do
+    local help = a.help
+    if self.show_defaults and a.default ~= nil then
+      help = help .. (help == "" and "" or " ") .. "(default: " .. tostring(a.default):gsub("\n", "\\n") .. ")"
+    end
+    entries[#entries + 1] = { "  " .. a.name .. (a.switch and "" or (" " .. a.metavar)), help }
+  end
   entries[#entries + 1] = { "  -h, --help", "this text" }
   local width = 0
   for _, e in ipairs(entries) do width = math.max(width, #e[1]) end

@@ -578,6 +578,30 @@ function fsdp.no_grad(fn, ...)
   return unpack(res, 2, table.maxn(res))
 end
 
+-- fsdp.perf_counter(): seconds on a monotonic clock, for timing (Python's time.perf_counter())
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } fsdp_timespec;")
+pcall(ffi.cdef, "int clock_gettime(int, fsdp_timespec*);")
+local timespec = ffi.new("fsdp_timespec")
+local timespec_arg = ffi.cast("void*", timespec) -- fits whatever struct a script declared clock_gettime with
+function fsdp.perf_counter()
+  C.clock_gettime(1, timespec_arg) -- CLOCK_MONOTONIC
+  return tonumber(timespec.tv_sec) + tonumber(timespec.tv_nsec) * 1e-9
+end
+
+-- fsdp.exit(fmt, ...): a script's way out on bad input (Python's sys.exit(msg), with the message
+-- formatted as string.format does): writes "<script>: message" to stderr, flushes stdout, and exits
+-- with status 1, without a traceback. With several ranks the others learn it at their next
+-- collective (the comm's shutdown at exit), and bin/fsdprun shows a line every rank wrote once.
+-- fsdp.exit() alone exits with status 0 and says nothing.
+function fsdp.exit(fmt, ...)
+  io.stdout:flush()
+  if fmt == nil then os.exit(0) end
+  local msg = select("#", ...) > 0 and tostring(fmt):format(...) or tostring(fmt)
+  io.stderr:write(((arg and arg[0] or "fsdp"):match("[^/]*$")), ": ", msg, "\n")
+  io.stderr:flush()
+  os.exit(1)
+end
+
 -- fsdp.memory_stats([device]) -> { params = {current=, peak=}, grads = ..., ... } in bytes, on the
 -- CPU or the device named ("cuda")
 function fsdp.memory_stats(device)

@@ -14,18 +14,8 @@
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } fsdp_progress_timespec;
-int clock_gettime(int, fsdp_progress_timespec*);
-int isatty(int);
-]])
--- (a void* fits whatever struct another module declared clock_gettime with: two longs)
-local ts = ffi.new("fsdp_progress_timespec")
-local ts_arg = ffi.cast("void*", ts)
-local function monotonic()
-  ffi.C.clock_gettime(1, ts_arg)  -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+pcall(ffi.cdef, "int isatty(int);")
+local monotonic = fsdp.perf_counter
 
 local M = {}
 M.clock = monotonic  -- seconds, monotonic
