@@ -221,7 +221,7 @@ bench-deps:
 	  echo "$(TORCH_VENV): torch $$($(TORCH_VENV)/bin/python -c 'import torch; print(torch.__version__)') is there"; \
 	else \
 	  python3 -m venv $(TORCH_VENV) && \
-	  $(TORCH_VENV)/bin/pip install torch numpy; \
+	  $(TORCH_VENV)/bin/pip install torch numpy tqdm; \
 	fi
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no

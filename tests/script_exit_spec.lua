@@ -80,6 +80,19 @@ describe("fsdp.perf_counter", function()
     assert.is_true(dt >= 0.2 and dt < 60, tostring(dt))
   end)
 
+  it("leaves a script free to declare clock_gettime with a timespec struct of its own", function()
+    local rc, out = H.lua([[
+local ffi = require "ffi"
+ffi.cdef("typedef struct { long s; long ns; } my_timespec; int clock_gettime(int, my_timespec*);")
+local ts = ffi.new("my_timespec")
+assert(ffi.C.clock_gettime(1, ts) == 0)
+local t = fsdp.perf_counter()
+assert(math.abs(tonumber(ts.s) + tonumber(ts.ns) * 1e-9 - t) < 5, "two readings of one clock")
+print("clock ok")]])
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("clock ok", 1, true), out)
+  end)
+
   it("is the clock fsdp.progress counts with", function()
     assert.are.equal(fsdp.perf_counter, fsdp.progress.clock)
   end)
