@@ -109,16 +109,17 @@ local fsdp_fns = {
   tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
   arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},
   is_grad_enabled = {}, set_grad_enabled = {}, memory_stats = {}, reset_peak_memory_stats = {},
-  backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {},
+  backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {}, perf_counter = {},
   where = { { "T", "condition", mask23 }, { "TN", "input", x23 }, { "TN", "other", x23 } },
   minimum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
   maximum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
   tril = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } }, triu = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } },
 }
--- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here
+-- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here, and fsdp.exit by script_exit_spec
 local comm_fns = { init = true, rank = true, world_size = true, local_rank = true, local_world_size = true,
   barrier = true, all_reduce = true, broadcast = true,
-  all_gather = true, reduce_scatter = true, comm_stats = true, comm_device_plane = true, save = true, load = true }
+  all_gather = true, reduce_scatter = true, comm_stats = true, comm_device_plane = true, save = true, load = true,
+  exit = true }  -- every call of fsdp.exit ends the process
 
 local F_fns = {
   linear = { { "T", "input", x23 }, { "T", "weight", function() return fsdp.randn(4, 3) end },
