@@ -115,7 +115,7 @@ local fsdp_fns = {
   maximum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
   tril = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } }, triu = { { "T", "input", x23 }, { "N?", "diagonal", v(0) } },
 }
--- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, not here, and fsdp.exit by script_exit_spec
+-- fsdp/comm.lua's collectives (init, all_reduce, ...) are covered by comm_spec, fsdp.exit by script_exit_spec
 local comm_fns = { init = true, rank = true, world_size = true, local_rank = true, local_world_size = true,
   barrier = true, all_reduce = true, broadcast = true,
   all_gather = true, reduce_scatter = true, comm_stats = true, comm_device_plane = true, save = true, load = true,
