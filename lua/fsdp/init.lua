@@ -579,12 +579,15 @@ function fsdp.no_grad(fn, ...)
 end
 
 -- fsdp.perf_counter(): seconds on a monotonic clock, for timing (Python's time.perf_counter())
--- (declared with a void*: the first declaration of a C function is the one LuaJIT keeps, and a
--- script's own later `int clock_gettime(int, its_timespec*)` then still takes its struct)
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } fsdp_timespec; int clock_gettime(int, void*);")
+-- (the first declaration of a C function is the one LuaJIT keeps: ours takes a void*, so a script's
+-- own later `int clock_gettime(int, its_timespec*)` still takes its struct, and we pass a void*,
+-- which converts to whatever struct pointer a script declared it with first)
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } fsdp_timespec;")
+pcall(ffi.cdef, "int clock_gettime(int, void*);")
 local timespec = ffi.new("fsdp_timespec")
+local timespec_arg = ffi.cast("void*", timespec)
 function fsdp.perf_counter()
-  ffi.C.clock_gettime(1, timespec) -- CLOCK_MONOTONIC
+  ffi.C.clock_gettime(1, timespec_arg) -- CLOCK_MONOTONIC
   return tonumber(timespec.tv_sec) + tonumber(timespec.tv_nsec) * 1e-9
 end
 
