@@ -1,6 +1,6 @@
 -- The GEMM floor of a training step: the step's Linear-layer GEMMs (bench/models.lua linear_gemms:
--- forward, input grad, weight grad), each timed alone through the raw sgemm of the library fsdp
--- chose (oneDNN or OpenBLAS, see backend/cpu/linalg.c) on one thread,
+-- forward, input grad, weight grad), each timed alone through fsdp's own GEMM call on one thread
+-- (fsdp_cpu_sgemm: the library fsdp chose, oneDNN or OpenBLAS, as backend/cpu/linalg.c calls it),
 -- summed and divided by the thread count. That is the step's time if everything but those GEMMs
 -- were free and the threads shared them perfectly, packing included (OpenBLAS packs either way);
 -- attention's products, the optimizer and all elementwise work count as zero.
@@ -31,14 +31,9 @@ int openblas_get_num_threads(void);
 ]])
 local blas = ffi.load("openblas")
 local RowMajor, NoTrans, Trans = 101, 111, 112
-pcall(ffi.cdef, [[
-int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-]])
 -- the library fsdp runs its GEMMs on (backend/cpu/linalg.c)
 local backend = ffi.string(fsdp.C.fsdp_cpu_gemm_backend())
-local dnnl = backend:match("^onednn") and ffi.load("dnnl") or nil
-G.library = dnnl and "oneDNN" or "OpenBLAS"
+G.library = backend:match("^onednn") and "oneDNN" or "OpenBLAS"
 
 
 -- a GEMM's operands: A (M, K) or, transposed, (K, M); B (K, N) or (N, K); C (M, N)
@@ -51,12 +46,8 @@ local function operands(g)
 end
 -- C += op(A) op(B) (beta 1: no zeroing pass; the floor counts the product alone)
 local function gemm(o)
-  if dnnl then
-    dnnl.dnnl_sgemm(o[1] == Trans and 84 or 78, o[2] == Trans and 84 or 78, o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1,
-      o[10], o[4])  -- 'T' / 'N'
-  else
-    blas.cblas_sgemm(RowMajor, o[1], o[2], o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1, o[10], o[4])
-  end
+  fsdp.C.fsdp_cpu_sgemm(o[1] == Trans and 1 or 0, o[2] == Trans and 1 or 0, o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9],
+    1, o[10], o[4])
 end
 
 local function step_list(name)

@@ -225,12 +225,12 @@ else
   print("note: no PyTorch (the torch lines above say why); only our times are shown")
 end
 
--- The GEMM floor: each model's Linear GEMMs alone through the raw sgemm, split perfectly over the
+-- The GEMM floor: each model's Linear GEMMs alone through fsdp's GEMM call, split perfectly over the
 -- threads (bench/gemm_floor.lua). No step on this library is faster, so floor/torch is the lowest
 -- ours/torch can go; the rest of our step is what sits above the floor.
 local floor_ok, gemm_floor = pcall(require, "gemm_floor")
 if floor_ok then
-  print(("\nGEMM floor: the step's Linear GEMMs alone, raw %s sgemm on one thread each, divided by %d threads;")
+  print(("\nGEMM floor: the step's Linear GEMMs alone, fsdp's %s sgemm call on one thread each, divided by %d threads;")
     :format(gemm_floor.library, opts.threads))
   print("  their rate per thread as a fraction of the FMA peak above (the roofline of these GEMMs on this BLAS)")
   for _, r in ipairs(rows) do

@@ -86,6 +86,10 @@ double fsdp_cpu_fma_peak(double seconds);
 // which library runs the GEMMs and why ("onednn (OpenBLAS at 0.56x oneDNN's speed)", "openblas (FSDP_GEMM)", ...;
 // backend/cpu/linalg.c chooses at the first GEMM, or when asked here first)
 const char* fsdp_cpu_gemm_backend(void);
+// one float32 GEMM on the calling thread, as the CPU kernels run it on that library: C (M, N) =
+// alpha op(A) op(B) + beta C, row-major, op(X) = X^T where tX (bench/gemm_floor.lua times these)
+void fsdp_cpu_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // how GEMMs on two bfloat16 operands run ("onednn bf16 (native: avx512_bf16)", "upcast to float32
 // (oneDNN has no bf16 GEMM for this CPU)", "upcast to float32 (FSDP_BF16_GEMM)", ...; backend/cpu/bf16.c
 // chooses at the first such GEMM, or when asked here first)

@@ -79,6 +79,21 @@ describe("GEMM scheduler at 2 threads", function()
     end)
   end)
 
+  it("a weight gradient over 1300 rows (oneDNN sums it in K slices of 512, the last ragged) matches loops", function()
+    for _, threads in ipairs { 1, 2 } do
+      at_threads(threads, function()
+        local M, IN, OUT = 1300, 24, 40
+        local x, w = fsdp.randn(M, IN), fsdp.randn(OUT, IN):requires_grad_()
+        local gy = fsdp.randn(M, OUT)
+        F.linear(x, w):backward(gy)
+        local ref = ref_mm(transpose(gy:tolist(), M, OUT), x:tolist(), OUT, M, IN) -- gy^T (OUT, M) @ x (M, IN)
+        H.assert_close(w.grad, ref, 1e-4, 1e-4, "grad w at " .. threads .. " thread(s)")
+        local gt = x:t():matmul(gy) -- x^T @ gy: the same kind of product, (IN, OUT)
+        H.assert_close(gt, ref_mm(transpose(x:tolist(), M, IN), gy:tolist(), IN, M, OUT), 1e-4, 1e-4, "x^T @ gy")
+      end)
+    end
+  end)
+
   it("a batch of 64 small products is shared out whole, and matches one thread", function()
     local a, b = fsdp.randn(64, 33, 40), fsdp.randn(64, 40, 31) -- 2.7M multiply-adds
     local two = at_threads(2, function() return a:bmm(b) end)
@@ -159,9 +174,11 @@ describe("attention backward (paired GEMMs) at 2 threads", function()
   end)
 
   -- T = 300: the causal products' sums run over more than one 256-deep slice of k, and their rows
-  -- over more than one 128-row block (gemm_tiles' cache blocking)
+  -- over more than one 128-row block (gemm_tiles' cache blocking); D = 40 puts the products with D
+  -- columns on a pair of panels (AVX-512's 8x32 tiles, which add the later slices) and a partial one
   it("causal products deeper than one k slice (T = 300) match the explicit composition", function()
     check_causal_attention(6, 1, 2, 300, 8)
+    check_causal_attention(9, 1, 2, 300, 40)
   end)
 
   -- products run on 16-wide panels of packed k^T, v, dO, q (k^T transposed in 8x8 blocks): T = 37 and
