@@ -15,6 +15,18 @@ describe("cpu info", function()
     assert.truthy(peak > 0.5 and peak < 640, "peak " .. peak .. " GFLOP/s")
   end)
 
+  -- lua/fsdp/init.lua: idle OpenMP threads spin briefly, then sleep; a user's own settings win
+  it("sets OpenMP's wait policy before libgomp loads, unless the user set it", function()
+    local H = require "helpers"
+    local show = [[io.write(os.getenv("OMP_WAIT_POLICY"), " ", os.getenv("GOMP_SPINCOUNT"))]]
+    local rc, out = H.lua(show, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT")
+    assert.equal(0, rc, out)
+    assert.equal("passive 10000", (out:gsub("%s*__rc=%d+%s*$", "")))
+    rc, out = H.lua(show, "OMP_WAIT_POLICY=active GOMP_SPINCOUNT=5")
+    assert.equal(0, rc, out)
+    assert.equal("active 5", (out:gsub("%s*__rc=%d+%s*$", "")))
+  end)
+
   -- the GEMM library is a rule of the CPU's features, never a timing: every process of a job (a
   -- run and its resume, every rank) computes with the same one, so their bits agree
   it("chooses the GEMM library by a fixed rule of the CPU's features", function()

@@ -68,10 +68,15 @@ local function find_library()
   not_built("libfsdp.so (not in package.cpath: " .. package.cpath .. ")")
 end
 
--- Idle OpenMP threads must sleep, not spin: spinning threads take the cores OpenBLAS (and
--- other ranks) need. libgomp reads this when it loads with libfsdp.so, so set it first.
+-- Idle OpenMP threads sleep rather than spin for long: spinning threads take the cores OpenBLAS
+-- (and other ranks) need. They spin briefly first (10000 pauses: ~0.35 ms where a pause is ~140
+-- cycles, as on recent Intel cores; well under 0.1 ms on AMD's short pauses), as the next parallel
+-- region of a step usually follows within that: waking a sleeping thread each time cost 5-8% of the
+-- MLP and transformer steps at 2 threads on a Xeon family 6 model 143 (bench/README.md). A user's own
+-- setting of either wins. libgomp reads them when it loads with libfsdp.so, so set them first.
 ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); ]]
 ffi.C.setenv("OMP_WAIT_POLICY", "passive", 0)
+ffi.C.setenv("GOMP_SPINCOUNT", "10000", 0)
 
 -- FSDP_CPU_ISA caps the vector ISA of every kernel (src/backend/cpu/cpuinfo.c); C reads it once
 local isa_cap = os.getenv("FSDP_CPU_ISA")
