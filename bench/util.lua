@@ -63,10 +63,6 @@ end
 -- s quoted for the shell
 function U.shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- The two PyTorch builds a benchmark compares with: A, Debian's (opts.python), and B, the PyPI one
--- in tmp/torch-venv (opts.python2: "auto" for that venv, "none", or a path). Each is asked once for
--- its version and libraries (bench/torch_models.py --info). Returns both, each {label, python} with
--- version and config when it answered, or why it is left out; opts.torch == false leaves both out.
 -- the two OpenMP wait settings a torch runs under (bench/run.lua takes the faster per model), as an
 -- `env` prefix: our own process has set OMP_WAIT_POLICY and GOMP_SPINCOUNT (lua/fsdp/init.lua), and
 -- children would inherit them
@@ -75,6 +71,10 @@ U.torch_waits = {
   { name = "passive", env = "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive" }, -- sleep at once
 }
 
+-- The two PyTorch builds a benchmark compares with: A, Debian's (opts.python), and B, the PyPI one
+-- in tmp/torch-venv (opts.python2: "auto" for that venv, "none", or a path). Each is asked once for
+-- its version and libraries (bench/torch_models.py --info). Returns both, each {label, python} with
+-- version and config when it answered, or why it is left out; opts.torch == false leaves both out.
 function U.torches(root, opts)
   local venv = root .. "/tmp/torch-venv/bin/python"
   local function executable(path)

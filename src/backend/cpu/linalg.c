@@ -542,7 +542,8 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 // of rows (A's block stays in L2), each 16-wide micro-panel of packed B (in L1) meets the block's
 // row tiles. A tile's first slice overwrites it, the later ones add. Panels are 16 wide, not the
 // convolutions' 24: heads are 64 wide and sequences multiples of 16, so no panel is partial, and the
-// causal diagonal wastes 16-wide steps instead of 24 (single-head products 1.2-1.4x faster).
+// causal diagonal wastes 16-wide steps instead of 24 (single-head products 1.2-1.4x faster). With
+// AVX-512 a tile takes two adjacent panels at once (8x32) wherever it needs both whole, else one.
 #define TILES_MC 128
 #define TILES_NR 16
 #define TILES_BLAS_MIN (1 << 21)  // multiply-adds per full product from which OpenBLAS runs it instead
