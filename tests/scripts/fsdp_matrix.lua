@@ -624,10 +624,14 @@ case { name = "usage/dropped-forward,save_sharded", model = "conv", wrap = P.con
   before_step = function(S, k, ctx)
     S.model(S.batch(500 + k))
     if S.is_ref then return end
-    local dir = ("/tmp/fsdp_matrix_drop_%d_%d"):format(os.time(), R)
+    -- one directory for all ranks, named by rank 0 (each rank's own clock could straddle a second)
+    pcall(ffi.cdef, "int getpid(void);")
+    local id = fsdp.tensor({ R == 0 and os.time() % 1000000 or 0, R == 0 and ffi.C.getpid() % 1000000 or 0 })
+    fsdp.broadcast(id, 0)
+    local v = id:tolist()
+    local dir = ("/tmp/fsdp_matrix_drop_%d_%d"):format(v[1], v[2])
     if R == 0 then os.execute("rm -rf " .. dir) end
     fsdp.barrier()
-    dir = dir:gsub("_%d+$", "_0")
     fsdp.save_sharded(dir, S.model, S.opt)
     fsdp.barrier()
     if R == 0 then os.execute("rm -rf " .. dir) end
