@@ -551,9 +551,9 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
   int64_t M = g->M, N = g->N, K = g->K, ldc = g->ldc;
   int wide = fsdp_cpu_isa_level() >= FSDP_ISA_AVX512;
-  int64_t mr = wide ? MR8 : MR;  // the tile's height
+  int64_t mr = wide ? MR8 : MR;                   // the tile's height
   int64_t step = wide ? 2 * TILES_NR : TILES_NR;  // AVX-512: two panels per tile where both are needed
-  if (K == 0) {                  // an empty sum
+  if (K == 0) {                                   // an empty sum
     for (int64_t i = 0; i < M; i++) memset(g->C + i * ldc, 0, N * sizeof(float));
     return;
   }
