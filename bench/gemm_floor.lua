@@ -24,13 +24,10 @@ local models = require "models"
 local U = require "util"
 
 pcall(ffi.cdef, [[
-void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha, const float* a, int lda,
-                 const float* b, int ldb, float beta, float* c, int ldc);
 void openblas_set_num_threads(int n);
 int openblas_get_num_threads(void);
 ]])
 local blas = ffi.load("openblas")
-local RowMajor, NoTrans, Trans = 101, 111, 112
 -- the library fsdp runs its GEMMs on (backend/cpu/linalg.c)
 local backend = ffi.string(fsdp.C.fsdp_cpu_gemm_backend())
 G.library = backend:match("^onednn") and "oneDNN" or "OpenBLAS"
@@ -42,12 +39,11 @@ local function operands(g)
   local A, B, C = ffi.new("float[?]", M * K), ffi.new("float[?]", K * N), ffi.new("float[?]", M * N)
   for i = 0, M * K - 1, 7 do A[i] = (i % 13) * 0.01 end
   for i = 0, K * N - 1, 5 do B[i] = (i % 11) * 0.01 end
-  return { ta and Trans or NoTrans, tb and Trans or NoTrans, M, N, K, A, ta and M or K, B, tb and K or N, C }
+  return { ta and 1 or 0, tb and 1 or 0, M, N, K, A, ta and M or K, B, tb and K or N, C }
 end
 -- C += op(A) op(B) (beta 1: no zeroing pass; the floor counts the product alone)
 local function gemm(o)
-  fsdp.C.fsdp_cpu_sgemm(o[1] == Trans and 1 or 0, o[2] == Trans and 1 or 0, o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9],
-    1, o[10], o[4])
+  fsdp.C.fsdp_cpu_sgemm(o[1], o[2], o[3], o[4], o[5], 1, o[6], o[7], o[8], o[9], 1, o[10], o[4])
 end
 
 local function step_list(name)
@@ -102,7 +98,6 @@ function G.floor_ms(name, threads, reps)
   local saved = blas.openblas_get_num_threads()
   local saved_omp = fsdp.C.fsdp_get_num_threads()
   fsdp.set_num_threads(1)  -- OpenBLAS and OpenMP (oneDNN's threads) alike
-  gemm(operands({ false, false, 64, 1024, 384 })) -- a wide GEMM first: src/backend/cpu/linalg.c openblas_warm_thread
   local ops, flop = {}, 0
   for _, g in ipairs(list) do
     ops[#ops + 1] = operands(g)

@@ -60,6 +60,16 @@ local TOL = {
 -- ---- helpers ------------------------------------------------------------------------------------------
 local function flat(t) return t:contiguous():tolist() end
 
+-- a directory under /tmp that every rank names alike: rank 0's clock and pid, broadcast (each rank's
+-- own clock could straddle a second)
+pcall(ffi.cdef, "int getpid(void);")
+local function shared_dir(prefix)
+  local id = fsdp.tensor({ os.time() % 1000000, ffi.C.getpid() % 1000000 })
+  if N > 1 then fsdp.broadcast(id, 0) end
+  local v = id:tolist()
+  return ("/tmp/%s_%d_%d"):format(prefix, v[1], v[2])
+end
+
 local function same_ptr(a, b) return ffi.cast("void*", a) == ffi.cast("void*", b) end
 
 -- [start, start + len) of p's flattened full tensor that this rank holds as p
@@ -624,12 +634,7 @@ case { name = "usage/dropped-forward,save_sharded", model = "conv", wrap = P.con
   before_step = function(S, k, ctx)
     S.model(S.batch(500 + k))
     if S.is_ref then return end
-    -- one directory for all ranks, named by rank 0 (each rank's own clock could straddle a second)
-    pcall(ffi.cdef, "int getpid(void);")
-    local id = fsdp.tensor({ R == 0 and os.time() % 1000000 or 0, R == 0 and ffi.C.getpid() % 1000000 or 0 })
-    fsdp.broadcast(id, 0)
-    local v = id:tolist()
-    local dir = ("/tmp/fsdp_matrix_drop_%d_%d"):format(v[1], v[2])
+    local dir = shared_dir("fsdp_matrix_drop")
     if R == 0 then os.execute("rm -rf " .. dir) end
     fsdp.barrier()
     fsdp.save_sharded(dir, S.model, S.opt)
@@ -932,11 +937,8 @@ local function running_stats(m)
 end
 local function sharded_roundtrip(ctx)
   local S = ctx.fs
-  local dir = ("/tmp/fsdp_matrix_bn_%d"):format(os.time())
   fsdp.barrier()
-  dir = fsdp.tensor({ tonumber(dir:match("%d+$")) })
-  if N > 1 then fsdp.broadcast(dir, 0) end
-  dir = ("/tmp/fsdp_matrix_bn_%d"):format(dir:item())
+  local dir = shared_dir("fsdp_matrix_bn")
   fsdp.save_sharded(dir, S.model, S.opt)
   local before = running_stats(S.model)
   fsdp.no_grad(function()
