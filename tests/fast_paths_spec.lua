@@ -94,6 +94,23 @@ describe("GEMM scheduler at 2 threads", function()
     end
   end)
 
+  it("a bias gradient over 1301 rows and 2100 columns (four rows per pass, two column blocks) matches loops", function()
+    for _, threads in ipairs { 1, 2 } do
+      at_threads(threads, function()
+        local M, IN, OUT = 1301, 3, 2100
+        local x, w, b = fsdp.randn(M, IN), fsdp.randn(OUT, IN), fsdp.randn(OUT):requires_grad_()
+        local gy = fsdp.randn(M, OUT)
+        F.linear(x, w, b):backward(gy)
+        local fg, rb = gy:tolist(), {}
+        for j = 1, OUT do rb[j] = 0 end
+        for i = 0, M - 1 do
+          for j = 1, OUT do rb[j] = rb[j] + fg[i * OUT + j] end
+        end
+        H.assert_close(b.grad, rb, 1e-4, 1e-4, "grad b at " .. threads .. " thread(s)")
+      end)
+    end
+  end)
+
   it("a batch of 64 small products is shared out whole, and matches one thread", function()
     local a, b = fsdp.randn(64, 33, 40), fsdp.randn(64, 40, 31) -- 2.7M multiply-adds
     local two = at_threads(2, function() return a:bmm(b) end)

@@ -255,12 +255,14 @@ static void cpu_bias_rows(float* y, const float* b, int64_t M, int64_t N) {
   for (int64_t i = 0; i < M; i++) memcpy(y + i * N, b, N * sizeof(float));
 }
 
-// gb (N) = sum_i gy (i, :), vectorized over j. Threads take tiles of (row range, 256-column block):
-// a block's running sums stay in L1 while the rows stream past. Narrow outputs (N = 256: one block)
-// split the rows too, each row range summed into its own partial row; the partials are added at
-// the end.
+// gb (N) = sum_i gy (i, :), vectorized over j. Threads take tiles of (row range, 2048-column block):
+// a block's running sums (8 KB) stay in L1 while whole rows stream past in order, four rows per
+// pass (one add into the sums per four rows read). Every output splits its rows over the threads,
+// each row range summed into its own partial row; the partials are added at the end. (One thread,
+// 2048 rows of 384-1536 columns from memory, on a 2-core AMD EPYC family 25 model 17: 0.40-1.41 ms
+// with 256-column blocks one row at a time, 0.23-0.66 ms so: 14-19 GB/s.)
 static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
-  const int64_t CB = 256;  // column block
+  enum { CB = 2048 };  // column block
   int64_t nb = (N + CB - 1) / CB, nr = 1;
   int nt = omp_in_parallel() || M * N <= FSDP_LINEAR_OMP_MIN ? 1 : omp_get_max_threads();
   if (nt > 1) nr = nt;  // row ranges: every thread gets tiles of every column block
@@ -270,14 +272,18 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t t = 0; t < nb * nr; t++) {
     int64_t b = t / nr, r = t % nr;
-    int64_t j0 = b * CB, j1 = j0 + CB < N ? j0 + CB : N, i0 = M * r / nr, i1 = M * (r + 1) / nr;
-    float acc[256];
-    for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0.0f;
-    for (int64_t i = i0; i < i1; i++) {
-      const float* row = gy + i * N;
-      for (int64_t j = j0; j < j1; j++) acc[j - j0] += row[j];
+    int64_t j0 = b * CB, nj = N - j0 < CB ? N - j0 : CB, i0 = M * r / nr, i1 = M * (r + 1) / nr, i = i0;
+    float acc[CB];
+    for (int64_t j = 0; j < nj; j++) acc[j] = 0.0f;
+    for (; i + 4 <= i1; i += 4) {
+      const float *r0 = gy + i * N + j0, *r1 = r0 + N, *r2 = r1 + N, *r3 = r2 + N;
+      for (int64_t j = 0; j < nj; j++) acc[j] += (r0[j] + r1[j]) + (r2[j] + r3[j]);
     }
-    for (int64_t j = j0; j < j1; j++) dst0[r * N + j] = acc[j - j0];
+    for (; i < i1; i++) {
+      const float* row = gy + i * N + j0;
+      for (int64_t j = 0; j < nj; j++) acc[j] += row[j];
+    }
+    for (int64_t j = 0; j < nj; j++) dst0[r * N + j0 + j] = acc[j];
   }
   if (part) {
     for (int64_t j = 0; j < N; j++) gb[j] = part[j];
