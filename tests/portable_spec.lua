@@ -42,6 +42,40 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
   end)
 end)
 
+describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
+  -- oneDNN has no Winograd without AVX-512; there 3x3 layers of 64 to 128 channels run ours
+  -- (backend/cpu/linalg.c, winograd_over_onednn), others and FSDP_CONV_ALGO=direct run oneDNN's
+  local code = [[
+    package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
+    local fsdp = require "fsdp"; local H = require "helpers"; local F = fsdp.nn.functional
+    local function run(C, O, algo)
+      H.setenv("FSDP_CONV_ALGO", algo)
+      fsdp.manual_seed(3)
+      local x, w, b = fsdp.randn(2, C, 10, 10):requires_grad_(), fsdp.randn(O, C, 3, 3):requires_grad_(), fsdp.randn(O):requires_grad_()
+      local before = fsdp.C.fsdp_cpu_onednn_conv_passes(fsdp.C.FSDP_F32)
+      local y = F.conv2d(x, w, b, { padding = 1 })
+      y:backward(fsdp.randn(2, O, 10, 10))
+      return { y = y, x = x.grad, w = w.grad, b = b.grad }, tonumber(fsdp.C.fsdp_cpu_onednn_conv_passes(fsdp.C.FSDP_F32) - before)
+    end
+    for _, c in ipairs { { 64, 64 }, { 128, 96 }, { 32, 64 }, { 256, 256 } } do
+      local ref = run(c[1], c[2], "im2col")
+      local got, passes = run(c[1], c[2], nil)
+      local _, direct = run(c[1], c[2], "direct")
+      for _, k in ipairs { "y", "x", "w", "b" } do H.assert_rel(got[k], ref[k], 1e-4, k .. " at " .. c[1] .. "->" .. c[2]) end
+      print(("%d->%d onednn=%d direct=%d"):format(c[1], c[2], passes, direct))
+    end]]
+
+  it("runs 3x3 layers of 64 to 128 channels through our Winograd, others through oneDNN", function()
+    if not require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") then return end -- no AVX2: no such cap to take
+    local rc, out = H.sh(lua_cmd(code), "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1")
+    assert.equal(0, rc, out)
+    for _, want in ipairs { "64->64 onednn=0 direct=3", "128->96 onednn=0 direct=3", "32->64 onednn=3 direct=3",
+      "256->256 onednn=3 direct=3" } do
+      assert.truthy(out:find(want, 1, true), want .. " in:\n" .. out)
+    end
+  end)
+end)
+
 describe("a missing shared library", function()
   it("names the Debian package that provides it", function()
     local hint = fsdp._missing_library_hint
