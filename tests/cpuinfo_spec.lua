@@ -26,6 +26,24 @@ describe("cpu info", function()
     end
   end)
 
+  -- OpenBLAS runs inside our threads, one each (src/backend/cpu/backend.c): it loads without
+  -- workers of its own whatever OPENBLAS_NUM_THREADS says, which processes we start still see
+  it("loads OpenBLAS single-threaded and leaves OPENBLAS_NUM_THREADS to the programs it starts", function()
+    local H = require "helpers"
+    local rc, out = H.lua([[
+      local ffi = require "ffi"
+      ffi.cdef "int openblas_get_num_threads(void);"
+      local blas = ffi.load("openblas")
+      local f = io.open("/proc/self/status"); local threads = f:read("*a"):match("Threads:%s*(%d+)"); f:close()
+      fsdp.set_num_threads(2)
+      local y = fsdp.randn(300, 300):matmul(fsdp.randn(300, 300))
+      io.write(("threads=%s blas=%d env=%s child=%s"):format(threads, blas.openblas_get_num_threads(),
+        os.getenv("OPENBLAS_NUM_THREADS"), io.popen("echo $OPENBLAS_NUM_THREADS"):read("*l")))]],
+      "OPENBLAS_NUM_THREADS=3 OMP_NUM_THREADS=1")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("threads=1 blas=1 env=3 child=3", 1, true), out)
+  end)
+
   -- the GEMM library is a rule of the CPU's features, never a timing: every process of a job (a
   -- run and its resume, every rank) computes with the same one, so their bits agree
   it("chooses the GEMM library by a fixed rule of the CPU's features", function()

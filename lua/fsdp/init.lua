@@ -103,8 +103,18 @@ function fsdp._missing_library_hint(msg)
   return msg
 end
 
+-- OpenBLAS runs single-threaded inside our OpenMP threads (src/backend/cpu/backend.c, "threads"),
+-- so it should start no workers of its own: it starts OPENBLAS_NUM_THREADS - 1 (all cores when
+-- unset) as it loads, and each spins in sched_yield for its first ~0.1-0.3 s, on the cores our
+-- first steps run on. So it loads under OPENBLAS_NUM_THREADS=1, and the variable is put back
+-- after: programs this process starts (a PyTorch to compare with) see the user's value.
+ffi.cdef [[ int unsetenv(const char* name); ]]
+local user_blas_threads = os.getenv("OPENBLAS_NUM_THREADS")
+ffi.C.setenv("OPENBLAS_NUM_THREADS", "1", 1)
 local lib_path = find_library()
 local loaded, C = pcall(ffi.load, lib_path)
+if user_blas_threads then ffi.C.setenv("OPENBLAS_NUM_THREADS", user_blas_threads, 1)
+else ffi.C.unsetenv("OPENBLAS_NUM_THREADS") end
 if not loaded then error(("fsdp: cannot load %s: %s"):format(lib_path, fsdp._missing_library_hint(tostring(C))), 0) end
 fsdp.C = C
 

@@ -80,6 +80,8 @@ static const fsdp_backend cpu_backend = {
     .norm = &fsdp_cpu_norm_kernels,
 };
 
+void openblas_set_num_threads(int n);
+
 // registered before anything of libfsdp.so can run (a constructor runs when the library loads);
 // the ISA level is settled then too, so an FSDP_CPU_ISA cap reaches oneDNN before any of its
 // kernels (convolution, float32 or bfloat16 GEMM), whichever runs first
@@ -89,13 +91,19 @@ __attribute__((constructor)) static void cpu_register(void) {
     abort();
   }
   fsdp_cpu_isa_level();
+  openblas_set_num_threads(1);  // see "threads" below
 }
 
 // ---- threads ----------------------------------------------------------------------------------------
-void openblas_set_num_threads(int n);
+// The threads are OpenMP's: our kernels, oneDNN, and our GEMM scheduler, which runs OpenBLAS on
+// each of them single-threaded (backend/cpu/linalg.c). So OpenBLAS's own thread count is 1 from
+// the moment libfsdp.so loads, whatever OPENBLAS_NUM_THREADS says. Left at 2 it cost a core's
+// share: OpenBLAS 0.3.21 wakes its idle workers whenever the count is set, and they spin in
+// sched_yield for ~0.1 s before they sleep again; the scheduler set the count around each GEMM
+// list, so one worker yielded 200000 times a second through every step (MLP and transformer steps
+// at 2 threads, AMD EPYC family 25 model 17: CPU time 0.94-0.97x, wall 0.95-0.98x without it).
 void fsdp_set_num_threads(int n) {
   if (n < 1) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 int fsdp_get_num_threads(void) { return omp_get_max_threads(); }
