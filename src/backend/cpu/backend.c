@@ -97,11 +97,9 @@ __attribute__((constructor)) static void cpu_register(void) {
 // ---- threads ----------------------------------------------------------------------------------------
 // The threads are OpenMP's: our kernels, oneDNN, and our GEMM scheduler, which runs OpenBLAS on
 // each of them single-threaded (backend/cpu/linalg.c). So OpenBLAS's own thread count is 1 from
-// the moment libfsdp.so loads, whatever OPENBLAS_NUM_THREADS says. Left at 2 it cost a core's
-// share: OpenBLAS 0.3.21 wakes its idle workers whenever the count is set, and they spin in
-// sched_yield for ~0.1 s before they sleep again; the scheduler set the count around each GEMM
-// list, so one worker yielded 200000 times a second through every step (MLP and transformer steps
-// at 2 threads, AMD EPYC family 25 model 17: CPU time 0.94-0.97x, wall 0.95-0.98x without it).
+// the moment libfsdp.so loads, and fsdp_set_num_threads leaves it there; lua/fsdp/init.lua also
+// loads OpenBLAS under OPENBLAS_NUM_THREADS=1, so it starts no idle workers (each spun in
+// sched_yield, ~120000 calls, through a process's first 0.1-0.3 s, on the cores of its first steps).
 void fsdp_set_num_threads(int n) {
   if (n < 1) n = 1;
   omp_set_num_threads(n);
