@@ -2,8 +2,8 @@
 --   OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2 luajit bench/linear_sgemm.lua [batch] [width] [runs]
 -- fsdp:  y = F.linear(x, w, b); y:backward(gy)   (x, w, b require grad)
 -- raw:   y = x @ w^T, gx = gy @ w, gw = gy^T @ x  (cblas_sgemm on preallocated buffers)
--- The raw calls run on OpenBLAS's own threads (as many as fsdp's). Blocks of runs alternate between the two so machine noise hits both alike; prints medians and
--- the ratio.
+-- The raw calls run on OpenBLAS's own threads (as many as fsdp's). Blocks of runs alternate
+-- between the two so machine noise hits both alike; prints medians and the ratio.
 package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"

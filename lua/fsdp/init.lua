@@ -74,7 +74,7 @@ end
 -- region of a step usually follows within that: waking a sleeping thread each time cost 5-8% of the
 -- MLP and transformer steps at 2 threads on a Xeon family 6 model 143 (bench/README.md). A user's own
 -- setting of either wins. libgomp reads them when it loads with libfsdp.so, so set them first.
-ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); ]]
+ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); int unsetenv(const char* name); ]]
 ffi.C.setenv("OMP_WAIT_POLICY", "passive", 0)
 ffi.C.setenv("GOMP_SPINCOUNT", "10000", 0)
 
@@ -108,7 +108,6 @@ end
 -- unset) as it loads, and each spins in sched_yield for its first ~0.1-0.3 s, on the cores our
 -- first steps run on. So it loads under OPENBLAS_NUM_THREADS=1, and the variable is put back
 -- after: programs this process starts (a PyTorch to compare with) see the user's value.
-ffi.cdef [[ int unsetenv(const char* name); ]]
 local user_blas_threads = os.getenv("OPENBLAS_NUM_THREADS")
 ffi.C.setenv("OPENBLAS_NUM_THREADS", "1", 1)
 local lib_path = find_library()

@@ -803,14 +803,18 @@ static int conv_threads(const fsdp_conv_geom* g) {
 // choose between them, unset (or direct: oneDNN without its Winograd) runs the convolutions through
 // oneDNN (onednn.c); read
 // on each call (a getenv is nothing next to a convolution) so tests can switch it
+enum { CONV_DEFAULT, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, CONV_OURS };
 static int conv_algo(void) {
   const char* s = getenv("FSDP_CONV_ALGO");
-  if (!s) return 0;
-  if (!strcmp(s, "im2col")) return 1;
-  if (!strcmp(s, "winograd")) return 2;
-  if (!strcmp(s, "ours")) return 3;
-  return 0;
+  if (!s) return CONV_DEFAULT;
+  if (!strcmp(s, "direct")) return CONV_DIRECT;
+  if (!strcmp(s, "im2col")) return CONV_IM2COL;
+  if (!strcmp(s, "winograd")) return CONV_WINOGRAD;
+  if (!strcmp(s, "ours")) return CONV_OURS;
+  return CONV_DEFAULT;
 }
+// whether FSDP_CONV_ALGO sends the float32 convolutions to one of our paths instead of oneDNN
+static int ours_forced(void) { return conv_algo() >= CONV_IM2COL; }
 
 // whether the convolution (its forward and its input and weight gradients) goes through Winograd
 static int use_winograd(const fsdp_conv_geom* g) {
@@ -818,7 +822,7 @@ static int use_winograd(const fsdp_conv_geom* g) {
       g->groups != 1 || g->N * g->H * g->W == 0)
     return 0;
   int algo = conv_algo();
-  if (algo == 1 || algo == 2) return algo == 2;
+  if (algo == CONV_IM2COL || algo == CONV_WINOGRAD) return algo == CONV_WINOGRAD;
   return g->C >= WINO_MIN_CHANNELS && g->O >= WINO_MIN_CHANNELS;
 }
 
@@ -830,10 +834,8 @@ static int use_winograd(const fsdp_conv_geom* g) {
 // at 256->256 (its 16 transformed kernels, 4 MB, leave the L2: 11.3 -> 12.2 forward) and on the conv
 // net's 32->64 input gradient. FSDP_CONV_ALGO=direct keeps oneDNN.
 static int winograd_over_onednn(const fsdp_conv_geom* g) {
-  const char* s = getenv("FSDP_CONV_ALGO");
-  if (s && !strcmp(s, "direct")) return 0;
-  return fsdp_cpu_isa_level() == FSDP_ISA_AVX2 && g->C >= 64 && g->O >= 64 && g->C * g->O <= 128 * 128 &&
-         use_winograd(g);
+  return conv_algo() == CONV_DEFAULT && fsdp_cpu_isa_level() == FSDP_ISA_AVX2 && g->C >= 64 && g->O >= 64 &&
+         g->C * g->O <= 128 * 128 && use_winograd(g);
 }
 
 // the 16 transformed kernels U[pos] (Co, Ci) = (G k G^T)[pos], each packed as GEMM operand A
@@ -1205,8 +1207,8 @@ static int conv1x1_backward(const fsdp_conv_geom* g, float* gx, float* gw, float
 }
 
 static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
-  if (!conv_algo() && is_conv1x1(g)) return conv1x1_forward(g, y, x, w, b);
-  if (!conv_algo() && !winograd_over_onednn(g)) {  // oneDNN unless one of ours is forced or wins
+  if (!ours_forced() && is_conv1x1(g)) return conv1x1_forward(g, y, x, w, b);
+  if (!ours_forced() && !winograd_over_onednn(g)) {  // oneDNN unless one of ours is forced or wins
     int rc = fsdp_cpu_onednn_conv2d_forward(g, FSDP_F32, y, x, w, b);
     if (rc <= 0) return rc;
   }
@@ -1240,8 +1242,8 @@ static int cpu_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x,
 static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
                                const float* x, const float* w) {
   int64_t G = g->groups, Og = g->O / G, Cg = g->C / G, P = g->OH * g->OW, HW = g->H * g->W;
-  if (!conv_algo() && is_conv1x1(g)) return conv1x1_backward(g, gx, gw, gb, gy, x, w);
-  if (!conv_algo() && !winograd_over_onednn(g) && (gx || gw)) {  // oneDNN unless one of ours is forced or wins
+  if (!ours_forced() && is_conv1x1(g)) return conv1x1_backward(g, gx, gw, gb, gy, x, w);
+  if (!ours_forced() && !winograd_over_onednn(g) && (gx || gw)) {  // oneDNN unless one of ours is forced or wins
     int rc = fsdp_cpu_onednn_conv2d_backward(g, FSDP_F32, gx, gw, gw ? gb : NULL, gy, x, w);
     if (rc < 0) return -1;
     if (rc == 0) return gb && !gw ? cpu_conv2d_backward(g, NULL, NULL, gb, gy, x, w) : 0;
@@ -1313,11 +1315,11 @@ static int cpu_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, fl
 // leave them to the float32 path
 static int cpu_conv2d_forward_bf16(const fsdp_conv_geom* g, float* y, const uint16_t* x, const uint16_t* w,
                                    const float* b) {
-  return conv_algo() ? 1 : fsdp_cpu_onednn_conv2d_forward(g, FSDP_BF16, y, x, w, b);
+  return ours_forced() ? 1 : fsdp_cpu_onednn_conv2d_forward(g, FSDP_BF16, y, x, w, b);
 }
 static int cpu_conv2d_backward_bf16(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const uint16_t* gy,
                                     const uint16_t* x, const uint16_t* w) {
-  if (conv_algo() || (!gx && !gw)) return 1;
+  if (ours_forced() || (!gx && !gw)) return 1;
   int rc = fsdp_cpu_onednn_conv2d_backward(g, FSDP_BF16, gx, gw, gw ? gb : NULL, gy, x, w);
   if (rc != 0 || !gb || gw) return rc;
   // gb (O) = sum over n, p of gy (N, O, P), in float32
