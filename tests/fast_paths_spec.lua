@@ -365,6 +365,33 @@ describe("conv2d backward in image chunks at 2 threads", function()
   end)
 end)
 
+describe("our Winograd F(2x2, 3x3) at 2 threads", function()
+  -- backend/cpu/linalg.c: tiles in blocks (wino_block: 605 tiles of 21x21 planes, 5 images, are 7 blocks of
+  -- 96, the last ragged), the packed kernels built by both threads, the weight gradient summed over 4 chunks
+  it("matches im2col and one thread, and is the same from run to run", function()
+    fsdp.manual_seed(12)
+    local x0, w0, b0 = fsdp.randn(5, 64, 21, 21), fsdp.randn(48, 64, 3, 3), fsdp.randn(48)
+    local gy = fsdp.randn(5, 48, 21, 21)
+    local function run(algo)
+      H.setenv("FSDP_CONV_ALGO", algo)
+      local x, w, b = x0:clone():requires_grad_(), w0:clone():requires_grad_(), b0:clone():requires_grad_()
+      local y = F.conv2d(x, w, b, { padding = 1 })
+      y:backward(gy)
+      H.setenv("FSDP_CONV_ALGO", nil)
+      return { y = y, x = x.grad, w = w.grad, b = b.grad }
+    end
+    local two = at_threads(2, function() return run("winograd") end)
+    local again = at_threads(2, function() return run("winograd") end)
+    local one = at_threads(1, function() return run("winograd") end)
+    local ref = at_threads(2, function() return run("im2col") end)
+    for _, k in ipairs { "y", "x", "w", "b" } do
+      H.assert_rel(two[k], ref[k], 1e-5, k .. " against im2col")
+      H.assert_rel(two[k], one[k], 1e-5, k .. " against one thread")
+      H.assert_close(again[k], two[k], 0, 0, k .. ", second run")
+    end
+  end)
+end)
+
 describe("conv2d stride-1 'same' fast path (im2col / col2im as one shifted run)", function()
   -- naive y[n, o, oh, ow] = b[o] + sum_{c, i, j} x[n, c, oh - p + i*d, ow - p + j*d] w[o, c, i, j]
   local function ref_conv(x, w, b, N, C, Hh, W, O, k, p, d)

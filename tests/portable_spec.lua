@@ -43,7 +43,7 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
 end)
 
 describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
-  -- oneDNN has no Winograd without AVX-512; there 3x3 layers of 64 to 128 channels run ours
+  -- oneDNN has no Winograd without AVX-512; there 3x3 layers of 32 to 256 channels run ours
   -- (backend/cpu/linalg.c, winograd_over_onednn), others and FSDP_CONV_ALGO=direct run oneDNN's
   local code = [[
     package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
@@ -57,7 +57,7 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
       y:backward(fsdp.randn(2, O, 10, 10))
       return { y = y, x = x.grad, w = w.grad, b = b.grad }, tonumber(fsdp.C.fsdp_cpu_onednn_conv_passes(fsdp.C.FSDP_F32) - before)
     end
-    for _, c in ipairs { { 64, 64 }, { 128, 96 }, { 32, 64 }, { 256, 256 } } do
+    for _, c in ipairs { { 64, 64 }, { 128, 96 }, { 32, 64 }, { 256, 256 }, { 16, 64 }, { 512, 256 } } do
       local ref = run(c[1], c[2], "im2col")
       local got, passes = run(c[1], c[2], nil)
       local _, direct = run(c[1], c[2], "direct")
@@ -65,12 +65,12 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
       print(("%d->%d onednn=%d direct=%d"):format(c[1], c[2], passes, direct))
     end]]
 
-  it("runs 3x3 layers of 64 to 128 channels through our Winograd, others through oneDNN", function()
+  it("runs 3x3 layers of 32 to 256 channels through our Winograd, others through oneDNN", function()
     if not require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") then return end -- no AVX2: no such cap to take
     local rc, out = H.sh(lua_cmd(code), "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1")
     assert.equal(0, rc, out)
-    for _, want in ipairs { "64->64 onednn=0 direct=3", "128->96 onednn=0 direct=3", "32->64 onednn=3 direct=3",
-      "256->256 onednn=3 direct=3" } do
+    for _, want in ipairs { "64->64 onednn=0 direct=3", "128->96 onednn=0 direct=3", "32->64 onednn=0 direct=3",
+      "256->256 onednn=0 direct=3", "16->64 onednn=3 direct=3", "512->256 onednn=3 direct=3" } do
       assert.truthy(out:find(want, 1, true), want .. " in:\n" .. out)
     end
   end)

@@ -319,7 +319,10 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 // apart (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose:
 // a[r] = A + r, acs = lda). nv (2 or 3 vectors of 8 columns) is a constant at each call, so the
 // accumulator arrays live in registers: 4x24 (12 accumulators) for the convolutions, 4x16 (8) for
-// attention's tiles, both 38-39 GFLOPS on one core.
+// attention's tiles. The empty asm pins each B vector in a register: 12 accumulators, 3 B vectors and
+// a broadcast fill all 16 ymm registers, and GCC would otherwise fold B's loads into the FMAs (16 loads
+// per 12 FMAs instead of 7), which made the kernel load-bound: Winograd forward of 64-256 channels, one
+// thread under FSDP_CPU_ISA=avx2 on a 2-core AMD EPYC family 25 model 17, 15.2-17.6 -> 11.8-13.1 ms.
 static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[MR], int64_t acs,
                                                                        const float* Bp, float* C, int64_t ldc,
                                                                        int accumulate, const int nv) {
@@ -327,7 +330,10 @@ static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < nv; j++) c[r][j] = _mm256_setzero_ps();
   for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
-    for (int j = 0; j < nv; j++) b[j] = _mm256_loadu_ps(Bp + 8 * j);
+    for (int j = 0; j < nv; j++) {
+      b[j] = _mm256_loadu_ps(Bp + 8 * j);
+      __asm__("" : "+x"(b[j]));
+    }
     for (int r = 0; r < MR; r++) {
       __m256 x = _mm256_broadcast_ss(a[r] + o);
       for (int j = 0; j < nv; j++) c[r][j] = _mm256_fmadd_ps(x, b[j], c[r][j]);
@@ -787,14 +793,23 @@ static int conv_threads(const fsdp_conv_geom* g) {
 // from direct convolution by a few ulps (the transforms only add, subtract and halve).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
-// Tiles run over all images, t = (n, th, tw), in blocks of WINO_TB (a multiple of NR); a thread takes a
-// block at a time: input transform straight into the 16 packed B operands, 16 packed GEMMs, output
+// Tiles run over all images, t = (n, th, tw), in blocks of up to WINO_TB (a multiple of NR: wino_block); a
+// thread takes a block at a time: input transform straight into the 16 packed B operands, 16 packed GEMMs, output
 // transform into y. The input gradient of the same convolution is a same-padding correlation of gy with
 // the channel-transposed, 180-degree-rotated weights, so it goes through the same routine; the weight
 // gradient is the forward's adjoint (wino_wgrad). On the benchmark's Conv(32->64) at batch 64 (1 thread)
 // the forward, input gradient and weight gradient each take ~0.6-0.75x the im2col path's time.
 #define WINO_TB 96
 #define WINO_PAD 16  // floats between the 16 operands of a block: 4 KiB multiples apart, they share cache sets
+
+// the tiles of a block: up to WINO_TB, a multiple of NR, so that the blocks come out as a multiple of the
+// threads -- 256 channels at 14x14, batch 8, are 392 tiles: 5 blocks of 96 kept one of two threads
+// waiting a fifth of the time, 6 of 72 do not
+static int64_t wino_block(int64_t T, int nt) {
+  int64_t per = (T + nt * WINO_TB - 1) / (nt * WINO_TB), blocks = nt * per;  // blocks per thread, blocks
+  return round_up((T + blocks - 1) / blocks, NR);
+}
+
 // smaller convolutions stay with im2col: measured (28x28, batch 64, forward + backward), Winograd wins from
 // 16 in and 16 out channels, ties at 12, and loses below (a first layer on 1-3 channels badly)
 #define WINO_MIN_CHANNELS 16
@@ -827,23 +842,28 @@ static int use_winograd(const fsdp_conv_geom* g) {
 }
 
 // Without AVX-512 oneDNN has no Winograd (its jit_wino_4x3 is AVX-512 code) and runs 3x3 layers
-// direct; there ours beats it from 64 to 128 channels in and out. Measured under FSDP_CPU_ISA=avx2 on
-// a 2-core AMD EPYC family 25 model 17, 2 threads, ms oneDNN direct -> ours (forward / input grad /
-// weight grad): 64->64 at 56x56, batch 8: 11.1 -> 7.9-9.4 / 10.3-10.9 -> 8.4-8.8 / 13.7-15.9 -> 12.0-12.1;
-// 128->128 at 28x28: 10.2-10.6 -> 8.5-9.1 / 10.3-11.0 -> 8.4-9.2 / 13.0-13.2 -> 10.5-11.4. Ours loses
-// at 256->256 (its 16 transformed kernels, 4 MB, leave the L2: 11.3 -> 12.2 forward) and on the conv
-// net's 32->64 input gradient. FSDP_CONV_ALGO=direct keeps oneDNN.
+// direct; there ours beats it from 32 to 256 channels in and out. Measured under FSDP_CPU_ISA=avx2 on
+// a 2-core AMD EPYC family 25 model 17, one thread, ms oneDNN direct -> ours (forward / input grad /
+// weight grad): 64->64 at 56x56, batch 8: 22.6 -> 12.6 input grad, 26.6 -> 14.5 weight grad;
+// 256->256 at 14x14: 19.4 -> 13.1 / 19.7 -> 13.7 / 21.1 -> 16.9; the conv net's 32->64 at 28x28,
+// batch 64: 21.1 -> 16.3 / 19.0 -> 19.9 / 23.5 -> 19.2. Ours loses at 512->512 at 7x7 (24.4 -> 32.2
+// forward: its 16 transformed kernels are 16 MB, and 7x7 planes waste a quarter of their 2x2 tiles).
+// FSDP_CONV_ALGO=direct keeps oneDNN.
 static int winograd_over_onednn(const fsdp_conv_geom* g) {
-  return conv_algo() == CONV_DEFAULT && fsdp_cpu_isa_level() == FSDP_ISA_AVX2 && g->C >= 64 && g->O >= 64 &&
-         g->C * g->O <= 128 * 128 && use_winograd(g);
+  return conv_algo() == CONV_DEFAULT && fsdp_cpu_isa_level() == FSDP_ISA_AVX2 && g->C >= 32 && g->O >= 32 &&
+         g->C * g->O <= 256 * 256 && use_winograd(g);
 }
 
 // the 16 transformed kernels U[pos] (Co, Ci) = (G k G^T)[pos], each packed as GEMM operand A
-// ([ceil(Co/4)][Ci][4], at Up + pos*round_up(Co, MR)*Ci). The kernel k of (co, ci) is w[co][ci] of
+// ([ceil(Co/4)][Ci][4], at Up + pos*wino_us(Co, Ci)). The kernel k of (co, ci) is w[co][ci] of
 // w (Co, Ci, 3, 3), or with `rot` (input gradient) w[ci][co] of w (Ci, Co, 3, 3) rotated 180 degrees.
+// The 16 operands are WINO_PAD apart too: each kernel writes all 16, and 256 KiB apart (256 channels)
+// they thrashed one cache set.
+static int64_t wino_us(int64_t Co, int64_t Ci) { return round_up(Co, MR) * Ci + WINO_PAD; }
 static void wino_weights(float* Up, const float* w, int64_t Co, int64_t Ci, int rot) {
-  int64_t us = round_up(Co, MR) * Ci;
+  int64_t us = wino_us(Co, Ci);
   memset(Up, 0, (size_t)(16 * us) * sizeof(float));
+#pragma omp parallel for if (Co * Ci >= 4096)
   for (int64_t co = 0; co < Co; co++)
     for (int64_t ci = 0; ci < Ci; ci++) {
       float k[3][3], t[4][3];
@@ -984,12 +1004,13 @@ static void wino_output(float* y, float* q, const float* M, int64_t ms, int64_t 
 // w (Co, Ci, 3, 3), or with `rot` w (Ci, Co, 3, 3) rotated) + b (Co) (b may be NULL)
 static int wino_conv(float* y, const float* x, const float* w, int rot, const float* b, int64_t N, int64_t Ci,
                      int64_t Co, int64_t H, int64_t W) {
-  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2), nblocks = (T + WINO_TB - 1) / WINO_TB;
+  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2);
   int nt = omp_get_max_threads();
-  if (nt > nblocks) nt = (int)nblocks;
   if (16 * Co * Ci * T < 262144) nt = 1;
+  int64_t tb = wino_block(T, nt), nblocks = (T + tb - 1) / tb;
+  if (nt > nblocks) nt = (int)nblocks;
   // shared: the packed kernels; per thread: the packed V of a block and its M (16, Co, WINO_TB)
-  int64_t us = round_up(Co, MR) * Ci, vsz = 16 * (WINO_TB * Ci + WINO_PAD), ms = Co * WINO_TB + WINO_PAD, msz = 16 * ms;
+  int64_t us = wino_us(Co, Ci), vsz = 16 * (WINO_TB * Ci + WINO_PAD), ms = Co * WINO_TB + WINO_PAD, msz = 16 * ms;
   int64_t per = vsz + msz + 16 * WINO_TB + 16 * WINO_TB;
   size_t bytes = (size_t)(16 * us + nt * per) * sizeof(float);
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
@@ -999,7 +1020,7 @@ static int wino_conv(float* y, const float* x, const float* w, int rot, const fl
   for (int64_t bi = 0; bi < nblocks; bi++) {
     float* Vp = buf + 16 * us + omp_get_thread_num() * per;
     float* M = Vp + vsz;  // M[pos] (Co, WINO_TB)
-    int64_t t0 = bi * WINO_TB, n = T - t0 < WINO_TB ? T - t0 : WINO_TB, vs = round_up(n, NR) * Ci + WINO_PAD;
+    int64_t t0 = bi * tb, n = T - t0 < tb ? T - t0 : tb, vs = round_up(n, NR) * Ci + WINO_PAD;
     float* scratch = M + msz;
     wino_input(Vp, scratch, x, Ci, H, W, t0, n);
     for (int pos = 0; pos < 16; pos++)  // M[pos] (Co, n) = U[pos] (Co, Ci) @ V[pos] (Ci, n)
@@ -1045,15 +1066,18 @@ static void wino_grad_output(float* Zp, const float* gy, int64_t Co, int64_t H, 
 // x and gy: the adjoint of the forward, gw[o][c] = G^T [ sum over tiles (A z A^T) .* (B^T d B) ] G, so per
 // position one GEMM over the tiles (transposed, so that the long side Co is the micro-kernel's 24 columns)
 //   dU[pos]^T (Ci, Co) += V[pos] (Ci, T) @ Z[pos]^T (T, Co)
-// The blocks of tiles are cut into fixed chunks, each summing into its own dU, and the chunks are summed
-// in order at the end: the result does not depend on which thread ran which chunk.
+// The blocks of tiles are cut into fixed chunks, each summing into its own dU (its first block writes it),
+// and the chunks are summed in order at the end: the result does not depend on which thread ran which
+// chunk. Two chunks per thread: each dU is 4 MiB at 256 channels, and four per thread cost more to clear
+// and sum than the balance they bought.
 static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int64_t Ci, int64_t Co, int64_t H,
                       int64_t W) {
-  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2), nblocks = (T + WINO_TB - 1) / WINO_TB;
+  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2);
   int nt = omp_get_max_threads();
-  if (nt > nblocks) nt = (int)nblocks;
   if (16 * Co * Ci * T < 262144) nt = 1;
-  int64_t nchunk = nt == 1 ? 1 : (nblocks < 4 * nt ? nblocks : 4 * nt);
+  int64_t tb = wino_block(T, nt), nblocks = (T + tb - 1) / tb;
+  if (nt > nblocks) nt = (int)nblocks;
+  int64_t nchunk = nt == 1 ? 1 : (nblocks < 2 * nt ? nblocks : 2 * nt);
   // per chunk: its dU^T (16, Ci, Co); per thread: packed V and Z^T of a block, the input transform's
   // scratch and the transformed input of MR channels (MR, 16, WINO_TB)
   int64_t usz = 16 * Co * Ci, zsz = 16 * (round_up(Co, NR) * WINO_TB + WINO_PAD);
@@ -1062,14 +1086,14 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
   size_t bytes = (size_t)(nchunk * usz + nt * per) * sizeof(float);
   float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
   if (!buf) return -1;
-  memset(buf, 0, (size_t)(nchunk * usz) * sizeof(float));
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t ch = 0; ch < nchunk; ch++) {
     float* Zp = buf + nchunk * usz + omp_get_thread_num() * per;
     float *Vp = Zp + zsz, *row = Vp + vsz, *v = row + 16 * WINO_TB;
     float* dU = buf + ch * usz;
-    for (int64_t bi = nblocks * ch / nchunk; bi < nblocks * (ch + 1) / nchunk; bi++) {
-      int64_t t0 = bi * WINO_TB, n = T - t0 < WINO_TB ? T - t0 : WINO_TB;
+    int64_t b0 = nblocks * ch / nchunk;
+    for (int64_t bi = b0; bi < nblocks * (ch + 1) / nchunk; bi++) {
+      int64_t t0 = bi * tb, n = T - t0 < tb ? T - t0 : tb;
       int64_t zs = round_up(Co, NR) * n + WINO_PAD, vs = round_up(Ci, MR) * n + WINO_PAD;
       wino_grad_output(Zp, gy, Co, H, W, t0, n);
       for (int64_t c0 = 0; c0 < Ci; c0 += MR) {  // V (Ci, n) packed as operand A: (c, j) at [c/4][j][c%4]
@@ -1082,11 +1106,14 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
               d[pos * vs + j * MR + r] = c0 + r < Ci ? v[(r * 16 + pos) * WINO_TB + j] : 0.0f;
       }
       for (int pos = 0; pos < 16; pos++)  // dU[pos]^T (Ci, Co) += V[pos] (Ci, n) @ Z[pos]^T (n, Co)
-        gemm_packed(Ci, Co, n, Vp + pos * vs, Zp + pos * zs, dU + pos * Co * Ci, Co, 1);
+        gemm_packed(Ci, Co, n, Vp + pos * vs, Zp + pos * zs, dU + pos * Co * Ci, Co, bi > b0);
     }
   }
-  for (int64_t ch = 1; ch < nchunk; ch++)  // sum the chunks, in order
-    for (int64_t i = 0; i < usz; i++) buf[i] += buf[ch * usz + i];
+#pragma omp parallel for num_threads(nt) if (nchunk > 1)
+  for (int64_t i0 = 0; i0 < usz; i0 += 4096)  // sum the chunks, in order, 4096 sums at a time
+    for (int64_t ch = 1; ch < nchunk; ch++)
+      for (int64_t i = i0; i < usz && i < i0 + 4096; i++) buf[i] += buf[ch * usz + i];
+#pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t o = 0; o < Co; o++)
     for (int64_t c = 0; c < Ci; c++) {  // gw[o][c] = G^T dU G
       float u[4][4], t[3][4];
