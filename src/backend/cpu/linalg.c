@@ -887,48 +887,69 @@ static void wino_weights(float* Up, const float* w, int64_t Co, int64_t Ci, int 
 
 // input transform of channel c of tiles [t0, t0 + nt) of x (N, Ci, H, W): v[pos][j] (16, WINO_TB) =
 // (B^T d B)[pos] of tile t0 + j's 4x4 input d (rows 2th-1.., columns 2tw-1.., zero outside the plane).
-// The tiles' inputs are gathered into D[i*4 + k][j] = d[i][k] (one tile row at a time: stride-2 loads),
-// then transformed in one loop over all nt tiles, which vectorizes. `D` is scratch: 16*WINO_TB floats.
+// One segment of a tile row at a time: its 4 input rows are split into their odd and even columns,
+// e[i][m] = row i [2(tw0 + m) - 1] and o[i][m] = row i [2(tw0 + m)], so that tile m's four columns are
+// e[m], o[m], e[m + 1], o[m + 1] and both transforms run along m in plain vector loops. `D` is scratch:
+// 16*WINO_TB floats.
 static void wino_input_channel(float* restrict v, float* restrict D, const float* x, int64_t c, int64_t Ci, int64_t H,
                                int64_t W, int64_t t0, int64_t nt) {
-  int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, HW = H * W;
-  for (int64_t j = 0; j < nt;) {  // one segment of a tile row at a time
+  int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, HW = H * W, L = WINO_TB + 1;
+  float *e = D, *o = D + 4 * L;  // e[i][m] at e + i*L + m, o likewise
+  for (int64_t j = 0; j < nt;) {
     int64_t t = t0 + j, n = t / (TH * TW), r = t % (TH * TW), th = r / TW, tw0 = r % TW;
-    int64_t tw1 = tw0 + (TW - tw0 < nt - j ? TW - tw0 : nt - j);
+    int64_t len = TW - tw0 < nt - j ? TW - tw0 : nt - j;
     const float* xp = x + (n * Ci + c) * HW;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++) {  // B^T's rows need d's odd and even columns: split them, zero outside
       int64_t ih = 2 * th - 1 + i;
-      for (int k = 0; k < 4; k++) {
-        float* Dk = D + (i * 4 + k) * WINO_TB + j - tw0;  // indexed by tw
-        // column iw = 2tw - 1 + k is inside for tw in [lo, hi)
-        int64_t lo = k == 0 ? 1 : 0, hi = W - k >= 0 ? (W - k) / 2 + 1 : 0;
-        if (ih < 0 || ih >= H) lo = hi = tw1;
-        lo = lo < tw0 ? tw0 : (lo > tw1 ? tw1 : lo);
-        hi = hi < lo ? lo : (hi > tw1 ? tw1 : hi);
-        for (int64_t tw = tw0; tw < lo; tw++) Dk[tw] = 0.0f;
-        for (int64_t tw = lo; tw < hi; tw++) Dk[tw] = xp[ih * W + 2 * tw - 1 + k];
-        for (int64_t tw = hi; tw < tw1; tw++) Dk[tw] = 0.0f;
+      float *ei = e + i * L, *oi = o + i * L;
+      if (ih < 0 || ih >= H) {
+        memset(ei, 0, (size_t)(len + 1) * sizeof(float));
+        memset(oi, 0, (size_t)(len + 1) * sizeof(float));
+        continue;
+      }
+      const float* row = xp + ih * W + 2 * tw0;  // row[2m - 1] and row[2m]
+      // columns 2(tw0 + m) - 1 and 2(tw0 + m) are inside for 0 < m < TW - tw0 (and m = 0 when tw0 > 0)
+      int64_t m = 0, end = len + 1 < TW - tw0 ? len + 1 : TW - tw0;
+      if (tw0 == 0) {  // column -1
+        ei[0] = 0.0f;
+        oi[0] = row[0];
+        m = 1;
+      }
+      for (; m < end; m++) {
+        ei[m] = row[2 * m - 1];
+        oi[m] = row[2 * m];
+      }
+      for (; m <= len; m++) {  // past the right edge: an even width leaves one column in
+        ei[m] = 2 * (tw0 + m) - 1 < W ? row[2 * m - 1] : 0.0f;
+        oi[m] = 0.0f;
       }
     }
-    j += tw1 - tw0;
-  }
-  const float *d0 = D, *d1 = D + 4 * WINO_TB, *d2 = D + 8 * WINO_TB, *d3 = D + 12 * WINO_TB;  // rows of d
+    for (int h = 0; h < 2; h++) {  // B^T d, in place, for the odd columns (e) and the even (o)
+      float* restrict p0 = D + h * 4 * L, * restrict p1 = p0 + L, * restrict p2 = p0 + 2 * L, * restrict p3 = p0 + 3 * L;
 #pragma omp simd
-  for (int64_t j = 0; j < nt; j++) {
-    float t[4][4];
-    for (int k = 0; k < 4; k++) {  // B^T d
-      float a = d0[k * WINO_TB + j], b = d1[k * WINO_TB + j], e = d2[k * WINO_TB + j], f = d3[k * WINO_TB + j];
-      t[0][k] = a - e;
-      t[1][k] = b + e;
-      t[2][k] = e - b;
-      t[3][k] = b - f;
+      for (int64_t m = 0; m <= len; m++) {
+        float d0 = p0[m], d1 = p1[m], d2 = p2[m], d3 = p3[m];
+        p0[m] = d0 - d2;
+        p1[m] = d1 + d2;
+        p2[m] = d2 - d1;
+        p3[m] = d1 - d3;
+      }
     }
-    for (int i = 0; i < 4; i++) {  // (B^T d) B
-      v[(i * 4 + 0) * WINO_TB + j] = t[i][0] - t[i][2];
-      v[(i * 4 + 1) * WINO_TB + j] = t[i][1] + t[i][2];
-      v[(i * 4 + 2) * WINO_TB + j] = t[i][2] - t[i][1];
-      v[(i * 4 + 3) * WINO_TB + j] = t[i][1] - t[i][3];
+    for (int i = 0; i < 4; i++) {  // (B^T d) B: tile m's columns are e[m], o[m], e[m + 1], o[m + 1]
+      const float *ei = e + i * L, *oi = o + i * L;
+      float* restrict v0 = v + j + (i * 4 + 0) * WINO_TB;
+      float* restrict v1 = v0 + WINO_TB;
+      float* restrict v2 = v0 + 2 * WINO_TB;
+      float* restrict v3 = v0 + 3 * WINO_TB;
+#pragma omp simd
+      for (int64_t m = 0; m < len; m++) {
+        v0[m] = ei[m] - ei[m + 1];
+        v1[m] = oi[m] + ei[m + 1];
+        v2[m] = ei[m + 1] - oi[m];
+        v3[m] = oi[m] - oi[m + 1];
+      }
     }
+    j += len;
   }
 }
 
