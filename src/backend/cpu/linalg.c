@@ -793,12 +793,13 @@ static int conv_threads(const fsdp_conv_geom* g) {
 // from direct convolution by a few ulps (the transforms only add, subtract and halve).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
-// Tiles run over all images, t = (n, th, tw), in blocks of up to WINO_TB (a multiple of NR: wino_block); a
-// thread takes a block at a time: input transform straight into the 16 packed B operands, 16 packed GEMMs, output
-// transform into y. The input gradient of the same convolution is a same-padding correlation of gy with
-// the channel-transposed, 180-degree-rotated weights, so it goes through the same routine; the weight
-// gradient is the forward's adjoint (wino_wgrad). On the benchmark's Conv(32->64) at batch 64 (1 thread)
-// the forward, input gradient and weight gradient each take ~0.6-0.75x the im2col path's time.
+// Tiles run over all images, t = (n, th, tw), in blocks of up to WINO_TB (a multiple of NR: wino_block);
+// a thread takes a block at a time: input transform straight into the 16 packed B operands, 16 packed
+// GEMMs, output transform into y. The input gradient of the same convolution is a same-padding
+// correlation of gy with the channel-transposed, 180-degree-rotated weights, so it goes through the
+// same routine; the weight gradient is the forward's adjoint (wino_wgrad). On the benchmark's
+// Conv(32->64) at batch 64 (1 thread) the forward, input gradient and weight gradient each take
+// ~0.6-0.75x the im2col path's time.
 #define WINO_TB 96
 #define WINO_PAD 16  // floats between the 16 operands of a block: 4 KiB multiples apart, they share cache sets
 
@@ -925,7 +926,8 @@ static void wino_input_channel(float* restrict v, float* restrict D, const float
       }
     }
     for (int h = 0; h < 2; h++) {  // B^T d, in place, for the odd columns (e) and the even (o)
-      float* restrict p0 = D + h * 4 * L, * restrict p1 = p0 + L, * restrict p2 = p0 + 2 * L, * restrict p3 = p0 + 3 * L;
+      float* restrict p0 = D + h * 4 * L;
+      float* restrict p1 = p0 + L, * restrict p2 = p0 + 2 * L, * restrict p3 = p0 + 3 * L;
 #pragma omp simd
       for (int64_t m = 0; m <= len; m++) {
         float d0 = p0[m], d1 = p1[m], d2 = p2[m], d3 = p3[m];
@@ -1089,8 +1091,7 @@ static void wino_grad_output(float* Zp, const float* gy, int64_t Co, int64_t H, 
 //   dU[pos]^T (Ci, Co) += V[pos] (Ci, T) @ Z[pos]^T (T, Co)
 // The blocks of tiles are cut into fixed chunks, each summing into its own dU (its first block writes it),
 // and the chunks are summed in order at the end: the result does not depend on which thread ran which
-// chunk. Two chunks per thread: each dU is 4 MiB at 256 channels, and four per thread cost more to clear
-// and sum than the balance they bought.
+// chunk. Two chunks per thread, not more: each is another dU to write and to sum, 4 MiB at 256 channels.
 static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int64_t Ci, int64_t Co, int64_t H,
                       int64_t W) {
   int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2);
