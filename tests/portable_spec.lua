@@ -74,6 +74,14 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
       assert.truthy(out:find(want, 1, true), want .. " in:\n" .. out)
     end
   end)
+
+  it("passes the fast paths: attention's 6x16 tiles, the 4x24 kernel, our Winograd at 2 threads", function()
+    if not require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") then return end
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/fast_paths_spec.lua"):format(sh_quote(H.root))),
+      "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1", 300)
+    assert.equal(0, rc, out:sub(-3000))
+    assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))
+  end)
 end)
 
 describe("a missing shared library", function()

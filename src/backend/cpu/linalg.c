@@ -315,32 +315,32 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 // which one runs is chosen at run time from fsdp_cpu_isa_level() (cpuinfo.c: the CPU's ISA, capped
 // by FSDP_CPU_ISA), so one build runs on any x86-64 CPU.
 #define AVX2 __attribute__((target("avx2,fma")))
-// C (4, 8*nv) = (accumulate ? C : 0) + A (4, k) @ Bp (k, 8*nv): row r of A at a[r], its elements acs
+// C (mr, 8*nv) = (accumulate ? C : 0) + A (mr, k) @ Bp (k, 8*nv): row r of A at a[r], its elements acs
 // apart (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose:
-// a[r] = A + r, acs = lda). nv (2 or 3 vectors of 8 columns) is a constant at each call, so the
-// accumulator arrays live in registers: 4x24 (12 accumulators) for the convolutions, 4x16 (8) for
-// attention's tiles. The empty asm pins each B vector in a register: 12 accumulators, 3 B vectors and
-// a broadcast fill all 16 ymm registers, and GCC would otherwise fold B's loads into the FMAs (16 loads
+// a[r] = A + r, acs = lda). mr (4 or 6 rows) and nv (2 or 3 vectors of 8 columns) are constants at each
+// call, so the accumulator arrays live in registers: 4x24 (12 accumulators) for the convolutions, 6x16
+// (12) for attention's tiles. The empty asm pins each B vector in a register: 12 accumulators, 3 B
+// vectors and a broadcast fill all 16 ymm registers, and GCC would otherwise fold B's loads into the FMAs (16 loads
 // per 12 FMAs instead of 7), which made the kernel load-bound: Winograd forward of 64-256 channels, one
 // thread under FSDP_CPU_ISA=avx2 on a 2-core AMD EPYC family 25 model 17, 15.2-17.6 -> 11.8-13.1 ms.
-static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[MR], int64_t acs,
+static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[], int64_t acs,
                                                                        const float* Bp, float* C, int64_t ldc,
-                                                                       int accumulate, const int nv) {
-  __m256 c[MR][3], b[3];
-  for (int r = 0; r < MR; r++)
+                                                                       int accumulate, const int mr, const int nv) {
+  __m256 c[6][3], b[3];
+  for (int r = 0; r < mr; r++)
     for (int j = 0; j < nv; j++) c[r][j] = _mm256_setzero_ps();
   for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
     for (int j = 0; j < nv; j++) {
       b[j] = _mm256_loadu_ps(Bp + 8 * j);
       __asm__("" : "+x"(b[j]));
     }
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < mr; r++) {
       __m256 x = _mm256_broadcast_ss(a[r] + o);
       for (int j = 0; j < nv; j++) c[r][j] = _mm256_fmadd_ps(x, b[j], c[r][j]);
     }
     Bp += 8 * nv;
   }
-  for (int r = 0; r < MR; r++) {
+  for (int r = 0; r < mr; r++) {
     float* cr = C + r * ldc;
     for (int j = 0; j < nv; j++) {
       __m256 v = c[r][j];
@@ -361,11 +361,15 @@ static void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, co
 }
 static AVX2 void micro_kernel_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
                                    int64_t ldc, int accumulate) {
-  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, NR / 8);
+  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, MR, NR / 8);
 }
-static AVX2 void micro_kernel16_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
-                                     int64_t ldc, int accumulate) {
-  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, 2);
+// attention's AVX2 tile: 6 rows of 16 columns, 12 accumulators (4x16 kept 8, with 6 loads per 8 FMAs):
+// causal attention (8, 6, 256, 64) forward + backward, one thread under the AVX2 cap on a 2-core AMD
+// EPYC family 25 model 17, 9.7-13.4 + 16.4-21.6 -> 9.2-9.4 + 15.0-15.5 ms
+#define MR6 6
+static AVX2 void micro_kernel6x16_avx2(int64_t k, const float* const a[MR6], int64_t acs, const float* Bp, float* C,
+                                       int64_t ldc, int accumulate) {
+  micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, MR6, 2);
 }
 // the 4x24 tile of the convolutions
 static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
@@ -373,10 +377,11 @@ static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const
   if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel_avx2(k, a, acs, Bp, C, ldc, accumulate);
   else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, NR);
 }
-// the 16-wide panel of attention's tiles: head widths and sequence lengths are multiples of 16, not 24
-static void micro_kernel16(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
+// the 16-wide panel of attention's tiles (head widths and sequence lengths are multiples of 16, not
+// 24): 6 rows with AVX2 (MR6), 4 in portable C
+static void micro_kernel16(int64_t k, const float* const a[], int64_t acs, const float* Bp, float* C, int64_t ldc,
                            int accumulate) {
-  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel16_avx2(k, a, acs, Bp, C, ldc, accumulate);
+  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel6x16_avx2(k, a, acs, Bp, C, ldc, accumulate);
   else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
 }
 
@@ -545,7 +550,8 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 // and head, so each is small: op(B) is packed once per product (alpha folded in) and stays in
 // L2, op(A) is read in place by the micro-kernel (rows or, transposed, columns: no packing). The
 // threads take whole products. limits[i] skips what causal self-attention (query i sees key j <= i;
-// T queries, T keys) knows to be zero, per tile of C holding rows [m0, m1) (4 rows, 8 with AVX-512):
+// T queries, T keys) knows to be zero, per tile of C holding rows [m0, m1) (6 rows with AVX2, 8 with
+// AVX-512, 4 in portable C):
 //   FSDP_TILES_COLS_TO_ROW  columns j < m1 only (scores q k^T, dP = dO v^T); the later columns are
 //                           set to 0
 //   FSDP_TILES_K_TO_ROW     k < m1 only (O = P v, dQ = dS k: P and dS are 0 past the diagonal)
@@ -563,7 +569,8 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
   int64_t M = g->M, N = g->N, K = g->K, ldc = g->ldc;
   int wide = fsdp_cpu_isa_level() >= FSDP_ISA_AVX512;
-  int64_t mr = wide ? MR8 : MR;                   // the tile's height
+  int64_t mr = wide ? MR8 : (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2 ? MR6 : MR);  // the tile's height
+  int64_t mc = TILES_MC / mr * mr;                                               // a block of rows: whole tiles
   int64_t step = wide ? 2 * TILES_NR : TILES_NR;  // AVX-512: two panels per tile where both are needed
   if (K == 0) {                                   // an empty sum
     for (int64_t i = 0; i < M; i++) memset(g->C + i * ldc, 0, N * sizeof(float));
@@ -574,8 +581,8 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
   float edge[MR8 * TILES_NR];
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     int64_t k1 = K - k0 < KC ? K : k0 + KC;
-    for (int64_t mb = 0; mb < M; mb += TILES_MC) {
-      int64_t mbe = M - mb < TILES_MC ? M : mb + TILES_MC;
+    for (int64_t mb = 0; mb < M; mb += mc) {
+      int64_t mbe = M - mb < mc ? M : mb + mc;
       for (int64_t n0 = 0; n0 < N; n0 += step) {
         for (int64_t m0 = mb; m0 < mbe; m0 += mr) {
           int64_t mm = mbe - m0 < mr ? mbe - m0 : mr, m1 = m0 + mm;
