@@ -146,12 +146,12 @@ end)
 describe("bfloat16: GEMMs on two bfloat16 operands", function()
   local ffi = require "ffi"
   local flags = H.read_file("/proc/cpuinfo")
-  local forced = os.getenv("FSDP_BF16_GEMM") or os.getenv("ONEDNN_MAX_CPU_ISA")
+  local forced = os.getenv("FSDP_BF16_GEMM") or os.getenv("ONEDNN_MAX_CPU_ISA") or os.getenv("FSDP_CPU_ISA")
 
   it("run through oneDNN's bf16 GEMM where the CPU has bf16 instructions, else on float32 copies", function()
     local name = ffi.string(fsdp.C.fsdp_cpu_bf16_gemm_backend())
     if forced then
-      return pending("FSDP_BF16_GEMM or ONEDNN_MAX_CPU_ISA is set: " .. name)
+      return pending("FSDP_BF16_GEMM, ONEDNN_MAX_CPU_ISA or FSDP_CPU_ISA is set: " .. name)
     end
     if flags:find(" avx512_bf16") or flags:find(" amx_bf16") then
       assert.truthy(name:find("^onednn bf16 %(native"), name)
