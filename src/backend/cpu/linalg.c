@@ -320,9 +320,10 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 // a[r] = A + r, acs = lda). mr (4 or 6 rows) and nv (2 or 3 vectors of 8 columns) are constants at each
 // call, so the accumulator arrays live in registers: 4x24 (12 accumulators) for the convolutions, 6x16
 // (12) for attention's tiles. The empty asm pins each B vector in a register: 12 accumulators, 3 B
-// vectors and a broadcast fill all 16 ymm registers, and GCC would otherwise fold B's loads into the FMAs (16 loads
-// per 12 FMAs instead of 7), which made the kernel load-bound: Winograd forward of 64-256 channels, one
-// thread under FSDP_CPU_ISA=avx2 on a 2-core AMD EPYC family 25 model 17, 15.2-17.6 -> 11.8-13.1 ms.
+// vectors and a broadcast fill all 16 ymm registers, and GCC would otherwise fold B's loads into the
+// FMAs (16 loads per 12 FMAs instead of 7), which made the kernel load-bound: Winograd forward of
+// 64-256 channels, one thread under FSDP_CPU_ISA=avx2 on a 2-core AMD EPYC family 25 model 17,
+// 15.2-17.6 -> 11.8-13.1 ms.
 static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[], int64_t acs,
                                                                        const float* Bp, float* C, int64_t ldc,
                                                                        int accumulate, const int mr, const int nv) {
