@@ -43,6 +43,7 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
 end)
 
 describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
+  local has_avx = require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") ~= nil
   -- oneDNN has no Winograd without AVX-512; there 3x3 layers of 32 to 256 channels run ours
   -- (backend/cpu/linalg.c, winograd_over_onednn), others and FSDP_CONV_ALGO=direct run oneDNN's
   local code = [[
@@ -66,7 +67,7 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
     end]]
 
   it("runs 3x3 layers of 32 to 256 channels through our Winograd, others through oneDNN", function()
-    if not require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") then return end -- no AVX2: no such cap to take
+    if not has_avx then return end -- no AVX2: no such cap to take
     local rc, out = H.sh(lua_cmd(code), "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1")
     assert.equal(0, rc, out)
     for _, want in ipairs { "64->64 onednn=0 direct=3", "128->96 onednn=0 direct=3", "32->64 onednn=0 direct=3",
@@ -76,7 +77,7 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
   end)
 
   it("passes the fast paths: attention's 6x16 tiles, the 4x24 kernel, our Winograd at 2 threads", function()
-    if not require("ffi").string(fsdp.C.fsdp_cpu_isa()):find("avx") then return end
+    if not has_avx then return end
     local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/fast_paths_spec.lua"):format(sh_quote(H.root))),
       "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1", 300)
     assert.equal(0, rc, out:sub(-3000))

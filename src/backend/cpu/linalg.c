@@ -308,6 +308,7 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 
 #define MR 4
 #define NR 24
+#define MR6 6   // the rows of attention's AVX2 tiles (micro_kernel6x16_avx2)
 #define KC 256  // K block: a packed B panel (KC x NR) stays in L1
 
 #include <immintrin.h>
@@ -327,7 +328,7 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[], int64_t acs,
                                                                        const float* Bp, float* C, int64_t ldc,
                                                                        int accumulate, const int mr, const int nv) {
-  __m256 c[6][3], b[3];
+  __m256 c[MR6][3], b[3];  // up to 6 rows (mr <= MR6)
   for (int r = 0; r < mr; r++)
     for (int j = 0; j < nv; j++) c[r][j] = _mm256_setzero_ps();
   for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
@@ -367,7 +368,6 @@ static AVX2 void micro_kernel_avx2(int64_t k, const float* const a[MR], int64_t 
 // attention's AVX2 tile: 6 rows of 16 columns, 12 accumulators (4x16 kept 8, with 6 loads per 8 FMAs):
 // causal attention (8, 6, 256, 64) forward + backward, one thread under the AVX2 cap on a 2-core AMD
 // EPYC family 25 model 17, 9.7-13.4 + 16.4-21.6 -> 9.2-9.4 + 15.0-15.5 ms
-#define MR6 6
 static AVX2 void micro_kernel6x16_avx2(int64_t k, const float* const a[MR6], int64_t acs, const float* Bp, float* C,
                                        int64_t ldc, int accumulate) {
   micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, MR6, 2);
@@ -801,7 +801,7 @@ static int conv_threads(const fsdp_conv_geom* g) {
 // from direct convolution by a few ulps (the transforms only add, subtract and halve).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
-// Tiles run over all images, t = (n, th, tw), in blocks of up to WINO_TB (a multiple of NR: wino_block);
+// Tiles run over all images, t = (n, th, tw), in blocks of up to WINO_TB (a multiple of NR: wino_split_tiles);
 // a thread takes a block at a time: input transform straight into the 16 packed B operands, 16 packed
 // GEMMs, output transform into y. The input gradient of the same convolution is a same-padding
 // correlation of gy with the channel-transposed, 180-degree-rotated weights, so it goes through the
@@ -811,12 +811,22 @@ static int conv_threads(const fsdp_conv_geom* g) {
 #define WINO_TB 96
 #define WINO_PAD 16  // floats between the 16 operands of a block: 4 KiB multiples apart, they share cache sets
 
-// the tiles of a block: up to WINO_TB, a multiple of NR, so that the blocks come out as a multiple of the
-// threads -- 256 channels at 14x14, batch 8, are 392 tiles: 5 blocks of 96 kept one of two threads
-// waiting a fifth of the time, 6 of 72 do not
-static int64_t wino_block(int64_t T, int nt) {
-  int64_t per = (T + nt * WINO_TB - 1) / (nt * WINO_TB), blocks = nt * per;  // blocks per thread, blocks
-  return round_up((T + blocks - 1) / blocks, NR);
+// how a Winograd pass over N images of H x W splits its T tiles: nt threads (one for a small pass) take
+// blocks of tb tiles, up to WINO_TB and a multiple of NR, sized so that the blocks come out as a
+// multiple of the threads -- 256 channels at 14x14, batch 8, are 392 tiles: 5 blocks of 96 kept one of
+// two threads waiting a fifth of the time, 6 of 72 do not
+typedef struct {
+  int64_t T, tb, nblocks;
+  int nt;
+} wino_split;
+static wino_split wino_split_tiles(int64_t N, int64_t Ci, int64_t Co, int64_t H, int64_t W) {
+  wino_split p = {N * ((H + 1) / 2) * ((W + 1) / 2), 0, 0, omp_get_max_threads()};
+  if (16 * Co * Ci * p.T < 262144) p.nt = 1;
+  int64_t per = (p.T + p.nt * WINO_TB - 1) / (p.nt * WINO_TB), blocks = p.nt * per;  // blocks per thread, blocks
+  p.tb = round_up((p.T + blocks - 1) / blocks, NR);
+  p.nblocks = (p.T + p.tb - 1) / p.tb;
+  if (p.nt > p.nblocks) p.nt = (int)p.nblocks;
+  return p;
 }
 
 // smaller convolutions stay with im2col: measured (28x28, batch 64, forward + backward), Winograd wins from
@@ -934,7 +944,7 @@ static void wino_input_channel(float* restrict v, float* restrict D, const float
       }
     }
     for (int h = 0; h < 2; h++) {  // B^T d, in place, for the odd columns (e) and the even (o)
-      float* restrict p0 = D + h * 4 * L;
+      float* restrict p0 = h ? o : e;
       float* restrict p1 = p0 + L, * restrict p2 = p0 + 2 * L, * restrict p3 = p0 + 3 * L;
 #pragma omp simd
       for (int64_t m = 0; m <= len; m++) {
@@ -1035,11 +1045,9 @@ static void wino_output(float* y, float* q, const float* M, int64_t ms, int64_t 
 // w (Co, Ci, 3, 3), or with `rot` w (Ci, Co, 3, 3) rotated) + b (Co) (b may be NULL)
 static int wino_conv(float* y, const float* x, const float* w, int rot, const float* b, int64_t N, int64_t Ci,
                      int64_t Co, int64_t H, int64_t W) {
-  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2);
-  int nt = omp_get_max_threads();
-  if (16 * Co * Ci * T < 262144) nt = 1;
-  int64_t tb = wino_block(T, nt), nblocks = (T + tb - 1) / tb;
-  if (nt > nblocks) nt = (int)nblocks;
+  wino_split sp = wino_split_tiles(N, Ci, Co, H, W);
+  int64_t T = sp.T, tb = sp.tb, nblocks = sp.nblocks;
+  int nt = sp.nt;
   // shared: the packed kernels; per thread: the packed V of a block and its M (16, Co, WINO_TB)
   int64_t us = wino_us(Co, Ci), vsz = 16 * (WINO_TB * Ci + WINO_PAD), ms = Co * WINO_TB + WINO_PAD, msz = 16 * ms;
   int64_t per = vsz + msz + 16 * WINO_TB + 16 * WINO_TB;
@@ -1102,11 +1110,9 @@ static void wino_grad_output(float* Zp, const float* gy, int64_t Co, int64_t H, 
 // chunk. Two chunks per thread, not more: each is another dU to write and to sum, 4 MiB at 256 channels.
 static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int64_t Ci, int64_t Co, int64_t H,
                       int64_t W) {
-  int64_t T = N * ((H + 1) / 2) * ((W + 1) / 2);
-  int nt = omp_get_max_threads();
-  if (16 * Co * Ci * T < 262144) nt = 1;
-  int64_t tb = wino_block(T, nt), nblocks = (T + tb - 1) / tb;
-  if (nt > nblocks) nt = (int)nblocks;
+  wino_split sp = wino_split_tiles(N, Ci, Co, H, W);
+  int64_t T = sp.T, tb = sp.tb, nblocks = sp.nblocks;
+  int nt = sp.nt;
   int64_t nchunk = nt == 1 ? 1 : (nblocks < 2 * nt ? nblocks : 2 * nt);
   // per chunk: its dU^T (16, Ci, Co); per thread: packed V and Z^T of a block, the input transform's
   // scratch and the transformed input of MR channels (MR, 16, WINO_TB)
@@ -1140,9 +1146,11 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
     }
   }
 #pragma omp parallel for num_threads(nt) if (nchunk > 1)
-  for (int64_t i0 = 0; i0 < usz; i0 += 4096)  // sum the chunks, in order, 4096 sums at a time
+  for (int64_t i0 = 0; i0 < usz; i0 += 4096) {  // sum the chunks, in order, 4096 sums at a time
+    int64_t i1 = usz - i0 < 4096 ? usz : i0 + 4096;
     for (int64_t ch = 1; ch < nchunk; ch++)
-      for (int64_t i = i0; i < usz && i < i0 + 4096; i++) buf[i] += buf[ch * usz + i];
+      for (int64_t i = i0; i < i1; i++) buf[i] += buf[ch * usz + i];
+  }
 #pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t o = 0; o < Co; o++)
     for (int64_t c = 0; c < Ci; c++) {  // gw[o][c] = G^T dU G
