@@ -366,7 +366,7 @@ describe("conv2d backward in image chunks at 2 threads", function()
 end)
 
 describe("our Winograd F(2x2, 3x3) at 2 threads", function()
-  -- backend/cpu/linalg.c: tiles in blocks (wino_block: 605 tiles of 21x21 planes, 5 images, are 7 blocks of
+  -- backend/cpu/linalg.c: tiles in blocks (wino_split_tiles: 605 tiles of 21x21 planes, 5 images, are 7 blocks of
   -- 96, the last ragged), the packed kernels built by both threads, the weight gradient summed over 4 chunks
   it("matches im2col and one thread, and is the same from run to run", function()
     fsdp.manual_seed(12)
