@@ -314,7 +314,9 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 #include <immintrin.h>
 // The micro-kernels come twice: AVX2/FMA (compiled for it with a target attribute) and portable C;
 // which one runs is chosen at run time from fsdp_cpu_isa_level() (cpuinfo.c: the CPU's ISA, capped
-// by FSDP_CPU_ISA), so one build runs on any x86-64 CPU.
+// by FSDP_CPU_ISA). The compiler's own vector loops follow the build's ARCH instead: a build for
+// `make ARCH=-march=x86-64` runs on any x86-64 CPU, the default -march=native on CPUs like the
+// one that built it.
 #define AVX2 __attribute__((target("avx2,fma")))
 // C (mr, 8*nv) = (accumulate ? C : 0) + A (mr, k) @ Bp (k, 8*nv): row r of A at a[r], its elements acs
 // apart (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose:
