@@ -1129,8 +1129,8 @@ static int wino_wgrad(float* gw, const float* x, const float* gy, int64_t N, int
     float* Zp = buf + nchunk * usz + omp_get_thread_num() * per;
     float *Vp = Zp + zsz, *row = Vp + vsz, *v = row + 16 * WINO_TB;
     float* dU = buf + ch * usz;
-    int64_t b0 = nblocks * ch / nchunk;
-    for (int64_t bi = b0; bi < nblocks * (ch + 1) / nchunk; bi++) {
+    int64_t b0 = nblocks * ch / nchunk, b1 = nblocks * (ch + 1) / nchunk;  // this chunk's blocks
+    for (int64_t bi = b0; bi < b1; bi++) {
       int64_t t0 = bi * tb, n = T - t0 < tb ? T - t0 : tb;
       int64_t zs = round_up(Co, NR) * n + WINO_PAD, vs = round_up(Ci, MR) * n + WINO_PAD;
       wino_grad_output(Zp, gy, Co, H, W, t0, n);
