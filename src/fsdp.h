@@ -33,6 +33,11 @@ extern "C" {
 
 // FFI-BEGIN
 typedef struct fsdp_tensor fsdp_tensor;
+// Every fsdp_tensor begins with these fields, which Lua reads without a call (a cast of the
+// pointer): fsdp._t checks `piece` for every tensor argument, in the hottest loops.
+typedef struct fsdp_tensor_head {
+  int piece;  // 1: a sharded FSDP parameter in its piece form (fsdp_param_piece), else 0
+} fsdp_tensor_head;
 typedef struct fsdp_node fsdp_node;
 typedef struct fsdp_st_file fsdp_st_file;
 
@@ -211,6 +216,10 @@ int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha);  // t += alpha 
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
 int fsdp_normal_(fsdp_tensor* t, double mean, double std);
+// t gets values [skip, skip + numel(t)) of a draw of `total` values (the stream moves past all of
+// them): a sharded parameter's piece gets the numbers its whole tensor would
+int fsdp_uniform_slice_(fsdp_tensor* t, double lo, double hi, int64_t skip, int64_t total);
+int fsdp_normal_slice_(fsdp_tensor* t, double mean, double std, int64_t skip, int64_t total);
 // t and its .grad take a float dtype in place, keeping the tensor object (module.to(dtype)): new
 // storage with the values converted (rounded to nearest even). Leaves only, not FSDP parameters.
 int fsdp_set_dtype_(fsdp_tensor* t, int dtype);
@@ -545,6 +554,12 @@ int64_t fsdp_param_full_numel(const fsdp_tensor* p);
 // 1 when p is a parameter in its piece form (sharded: this rank holds elements [start, start +
 // length) of its flattened full values), else 0
 int fsdp_param_piece(const fsdp_tensor* p, int64_t* start, int64_t* length);
+// 1 when p's .grad is still this rank's local, unreduced gradient (the last backward that gave it
+// one ran inside no_sync) and other ranks' gradients have yet to join it, else 0
+int fsdp_param_grad_unreduced(const fsdp_tensor* p);
+// the name a unit knows parameter p by ("0.weight") and the unit's path; "" for other tensors
+const char* fsdp_param_name(const fsdp_tensor* p);
+const char* fsdp_param_unit_path(const fsdp_tensor* p);
 fsdp_unit* fsdp_param_unit(const fsdp_tensor* p);  // NULL for standalone tensors
 // 1 when every unit is idle and holds no gathered buffer beyond its policy
 int fsdp_units_all_idle(void);

@@ -98,13 +98,17 @@ describe("fsdprun", function()
       assert.truthy(out:find("\nrank 1 local 1/2 world 2", 1, true) or out:find("^rank 1 local 1/2 world 2"), out)
     end)
 
-    it("shows the same error of every rank once, and exits with the first failing rank's status", function()
+    it("shows the same error of every rank once, says the failing rank's error again at the end, and exits with "
+      .. "that rank's status", function()
       local rc, out = run("-n 4 " .. script .. " fail")
       assert.equal(1, rc, out)
-      local _, n = out:gsub("matmul: shapes %(2, 3%) and %(4, 5%) cannot be multiplied", "")
+      local err = "matmul: shapes %(2, 3%) and %(4, 5%) cannot be multiplied"
+      local _, n = out:gsub("%[ranks 0%-3%] [^\n]*" .. err, "")
       assert.equal(1, n, out)
-      assert.truthy(out:find("[ranks 0-3] ", 1, true), out)
-      assert.truthy(out:match("fsdprun: rank %d failed first %(exit status 1%)"), out)
+      -- the last two lines: the error message (without luajit's prefix), then the rank and status
+      local r1, r2 = out:match("\nfsdprun: rank (%d)'s error: [^\n]*%.lua:%d+: " .. err .. "[^\n]*"
+        .. "\nfsdprun: rank (%d) failed first %(exit status 1%); the job was stopped\n")
+      assert.truthy(r1 and r1 == r2, out)
       assert.falsy(out:find("mpirun detected that one or more processes exited", 1, true), out)
       rc, out = run("-n 3 " .. script .. " exit 2 7")
       assert.equal(7, rc, out)

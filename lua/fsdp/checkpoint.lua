@@ -219,8 +219,8 @@ local function fingerprint(list)  -- list of {name=, shape=}
   return table.concat(lines, "\n")
 end
 
-local function flat_contig(t)
-  t = t:detach()
+local function flat_contig(t)  -- (a sharded parameter: its piece)
+  t = t:to_local():detach()
   if not t:is_contiguous() then t = t:contiguous() end
   return t
 end
@@ -541,7 +541,7 @@ function M.load_sharded(dir, model, optimizer)
     values[i] = assemble(ck, "model." .. e.name, e.name, e.start, e.length, what)
   end
   fsdp.no_grad(function()
-    for i, e in ipairs(entries) do if e.length > 0 then e.t:copy_(values[i]) end end
+    for i, e in ipairs(entries) do if e.length > 0 then e.t:to_local():copy_(values[i]) end end
   end)
   if opt_sd then optimizer:load_state_dict(opt_sd) end
   local r = fsdp.rank()

@@ -102,6 +102,7 @@ end
 
 local function need_tensor(name, what, t)
   if not fsdp.is_tensor(t) then error(("%s: %s must be a tensor, got %s"):format(name, what, type(t)), 3) end
+  if t.p ~= nil and fsdp._piece(t.p) then fsdp._piece_error(t, name, what, 3) end  -- (a sharded parameter)
 end
 
 -- ---- collectives -----------------------------------------------------------------------------------

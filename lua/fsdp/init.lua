@@ -213,12 +213,47 @@ function fsdp._arg_error(fn, arg, want, v, level)
 end
 local arg_error = fsdp._arg_error
 
+-- A sharded FSDP parameter outside its unit's forward and backward holds only this rank's piece
+-- of its values (elements [start, start + length) of the flattened whole), while it answers its
+-- full shape. Nothing may then act on the piece as if it were the parameter (README, "A sharded
+-- parameter outside forward and backward"): as self it may only be the argument of the methods
+-- below, which act on the whole parameter (metadata) or change it elementwise, each rank its own
+-- piece (tensor.lua); anything else -- reading values, indexing, views, arithmetic, an op's input --
+-- is an error that says where its values are and how to reach them.
+local piece_start, piece_len = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+local head_ptr = ffi.typeof("const fsdp_tensor_head*")
+local PIECE_METHODS = { dim = true, numel = true, shape = true, size = true, version = true, to_local = true,
+  tostring = true, requires_grad_ = true, register_hook = true,
+  zero_ = true, fill_ = true, mul_ = true, add_ = true, copy_ = true, uniform_ = true, normal_ = true }
+function fsdp._piece(p)  -- start, length of a parameter in its piece form, else nil
+  if C.fsdp_param_piece(p, piece_start, piece_len) == 0 then return nil end
+  return tonumber(piece_start[0]), tonumber(piece_len[0])
+end
+function fsdp._piece_error(v, fn, arg, level)
+  local start, len = fsdp._piece(v.p)
+  local n = tonumber(C.fsdp_param_full_numel(v.p))
+  local holds = len == 0 and ("no element of its %d"):format(n)
+    or ("elements %d..%d of its %d"):format(start + 1, start + len, n)
+  local shape = {}
+  for i, d in ipairs(v:shape()) do shape[i] = tostring(d) end
+  local name, unit = require("fsdp.wrap").param_names(v)
+  error(("%s: %sparameter '%s' (%s) is sharded by FSDP unit '%s': rank %d holds %s. Outside the unit's "
+    .. "forward and backward, read or change it whole inside model:summon_full_params(fn) (model:apply(fn) runs "
+    .. "there too), or use p:to_local() for this rank's piece"):format(fn, arg and arg ~= "self" and (arg .. ": ") or "",
+    name, table.concat(shape, "x"), unit, fsdp.rank(), holds), level + 1)
+end
+
 -- fsdp._t(v, fn[, arg = "self"[, want = "a tensor"]]): the C pointer of tensor argument v of
 -- function fn, or a Lua error (at the level of fn's caller)
 function fsdp._t(v, fn, arg, want)
   if ffi.istype(handle_ct, v) then
     local p = v.p
-    if p ~= nil then return p end
+    if p ~= nil then
+      if ffi.cast(head_ptr, p).piece ~= 0 and not (arg == nil and PIECE_METHODS[fn]) then
+        fsdp._piece_error(v, fn, arg, 3)
+      end
+      return p
+    end
   end
   arg_error(fn, arg or "self", want or "a tensor", v, 3)
 end
@@ -228,7 +263,10 @@ function fsdp._p(v, fn, arg)
   if v == nil then return nil end
   if ffi.istype(handle_ct, v) then
     local p = v.p
-    if p ~= nil then return p end
+    if p ~= nil then
+      if ffi.cast(head_ptr, p).piece ~= 0 then fsdp._piece_error(v, fn or "?", arg, 3) end
+      return p
+    end
   end
   arg_error(fn or "?", arg or "argument", "a tensor or nil", v, 3)
 end
@@ -665,8 +703,8 @@ setmetatable(fsdp, {
       local m = require "fsdp.nn.functional"; rawset(t, k, m); return m
     elseif k == "save" or k == "load" then
       return require("fsdp.io")[k]
-    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "unit_states" or k == "all_idle"
-      or k == "summary" then
+    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "clip_grad_value" or k == "unit_states"
+      or k == "all_idle" or k == "summary" then
       return require("fsdp.wrap")[k]
     elseif k == "save_sharded" or k == "load_sharded" then
       return require("fsdp.checkpoint")[k]

@@ -10,8 +10,8 @@
 -- 0.1 s when a "\r" came before it -- a progress line redrawn in place stays live --, else after
 -- 1 s). On stderr, identical lines that ranks print within 0.5 s of each other (the same error on
 -- every rank) are shown once, as "[ranks 0-3] line". mpirun's own account of a rank that failed is
--- replaced by one line naming the rank that failed first, and this process exits with that
--- rank's status (0 when none failed), which fsdprun makes its own.
+-- replaced by one line naming the rank that failed first, after one with that rank's Lua error,
+-- and this process exits with that rank's status (0 when none failed), which fsdprun makes its own.
 --
 -- Plain LuaJIT and its FFI over libc (open, poll, read, write); it does not load fsdp.
 local ffi = require "ffi"
@@ -162,7 +162,20 @@ local function run_collect(out_path, err_path)
       write_all(2, ("[%s] %s"):format(ranks_label(e.ranks), e.text))
     end
   end
+  -- each rank's error message: the line before its first "stack traceback:" (luajit's own "luajit:
+  -- " prefix dropped), said again beside the line that names the rank that failed first, where it
+  -- is easy to find among the ranks' tagged traceback lines
+  local last_line, message = {}, {}
+  local function note_error(rank, line)
+    line = line:gsub("[\r\n]+$", "")
+    if line == "stack traceback:" then
+      message[rank] = message[rank] or last_line[rank]
+    elseif not line:find("^%s") then
+      last_line[rank] = line:gsub("^%S*luajit: ", "")
+    end
+  end
   local function err_emit(rank, piece, whole, cont)
+    if whole and not cont then note_error(rank, piece) end
     if cont or not whole then flush(true); write_all(2, tagged(rank, piece, cont)); return end
     for _, e in ipairs(queue) do
       if e.text == piece and not e.seen[rank] then
@@ -234,6 +247,8 @@ local function run_collect(out_path, err_path)
   flush(true)
   if block then write_all(2, table.concat(block, "\n") .. "\n") end
   if failed then
+    local msg = message[failed[1]]
+    if msg then write_all(2, ("fsdprun: rank %d's error: %s\n"):format(failed[1], msg)) end
     write_all(2, ("fsdprun: rank %d failed first (exit status %d); the job was stopped\n"):format(failed[1], failed[2]))
     os.exit(failed[2] > 255 and 1 or failed[2])
   end

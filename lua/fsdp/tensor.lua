@@ -109,7 +109,7 @@ function Tensor._init(lib)
     end
     return (wrap(C.fsdp_pow_scalar(T(a, "pow", "input"), p)))
   end
-  mt.__unm = function(a) return (wrap(C.fsdp_neg(a.p))) end
+  mt.__unm = function(a) return (wrap(C.fsdp_neg(T(a, "neg")))) end
   mt.__len = function(t) return (t:size(1)) end
   mt.__tostring = function(t) return (t:tostring()) end
   -- two handles of one C tensor are the same tensor (x.grad returns a new handle each time)
@@ -256,7 +256,7 @@ function methods.tostring(t)
     if type(v) == "boolean" then return (tostring(v)) end
     return (("%.6g"):format(v))
   end
-  return head .. " " .. fmt(t:totable())
+  return head .. " " .. fmt(t:to_local():totable())
 end
 
 -- ---- autograd --------------------------------------------------------------------------------------
@@ -283,26 +283,79 @@ function methods.requires_grad_(t, flag)
 end
 
 -- ---- in place (no autograd) --------------------------------------------------------------------------
+-- On a sharded FSDP parameter (its piece form, outside its unit's forward and backward) these act on
+-- the whole parameter, each rank on its piece: a fill or a scale directly; a tensor operand is taken
+-- as the whole parameter's -- of its full shape or broadcastable to it, of which each rank takes its
+-- piece, or another sharded tensor laid out the same way -- and a random fill draws as for the whole
+-- parameter and keeps its piece (fsdp_uniform_slice_), so every rank's piece is what one process
+-- would write there.
+
+-- the operand of an in-place op on t as t holds it: src itself, or for a sharded parameter t, the
+-- piece of src that lines up with t's piece
+local function piece_operand(t, src, fn, arg)
+  local start, len = fsdp._piece(t.p)
+  if not start or not Tensor.is(src) or src.p == nil then return src end
+  local full = t:shape()
+  local s0, l0 = fsdp._piece(src.p)
+  if s0 then  -- sharded too: the same parameter shape and the same piece
+    if s0 ~= start or l0 ~= len or table.concat(src:shape(), "x") ~= table.concat(full, "x") then
+      error(("%s: %s is a sharded parameter of shape %s holding elements %d..%d, the parameter of shape %s holds "
+        .. "%d..%d: their pieces do not line up (use model:summon_full_params)"):format(fn, arg,
+        table.concat(src:shape(), "x"), s0 + 1, s0 + l0, table.concat(full, "x"), start + 1, start + len), 3)
+    end
+    return (src:to_local())
+  end
+  local ok, whole = pcall(src.expand, src, full)
+  if not ok then
+    error(("%s: %s of shape %s does not broadcast to the sharded parameter's full shape %s"):format(fn, arg,
+      table.concat(fsdp._held_shape(src), "x"), table.concat(full, "x")), 3)
+  end
+  return (whole:reshape(-1):narrow(1, start + 1, len))
+end
+
 function methods.zero_(t) check(C.fsdp_fill_(T(t, "zero_"), 0)); return t end
 function methods.fill_(t, v) check(C.fsdp_fill_(T(t, "fill_"), N(v, "fill_", "value"))); return t end
-function methods.copy_(t, src) check(C.fsdp_copy_(T(t, "copy_"), T(src, "copy_", "src"))); return t end
+function methods.copy_(t, src)
+  local p = T(t, "copy_")
+  check(C.fsdp_copy_(p, T(piece_operand(t, src, "copy_", "src"), "copy_", "src")))
+  return t
+end
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
     local one = fsdp.full(fsdp._held_shape(t), other, { device = t.device })
     check(C.fsdp_add_(p, one.p, N(alpha, "add_", "alpha", 1)))
   else
+    other = piece_operand(t, other, "add_", "other")
+    local held = fsdp._held_shape(t)
+    if Tensor.is(other) and other.p ~= nil and table.concat(fsdp._held_shape(other), "x") ~= table.concat(held, "x") then
+      local ok, e = pcall(other.expand, other, held)  -- broadcast to t, as PyTorch's add_ does
+      if not ok then
+        error(("add_: other of shape (%s) does not broadcast to the tensor's shape (%s)"):format(
+          table.concat(fsdp._held_shape(other), ", "), table.concat(held, ", ")), 2)
+      end
+      other = e
+    end
     check(C.fsdp_add_(p, T(other, "add_", "other", TN), N(alpha, "add_", "alpha", 1)))
   end
   return t
 end
 function methods.mul_(t, s) check(C.fsdp_mul_scalar_(T(t, "mul_"), N(s, "mul_", "value"))); return t end
+-- (skip, total): where t's values sit in the draw of its whole tensor
+local function draw_span(t, p)
+  local start = fsdp._piece(p)
+  return start or 0, tonumber(C.fsdp_param_full_numel(p))
+end
 function methods.uniform_(t, lo, hi)
-  check(C.fsdp_uniform_(T(t, "uniform_"), N(lo, "uniform_", "from", 0), N(hi, "uniform_", "to", 1)))
+  local p = T(t, "uniform_")
+  local skip, total = draw_span(t, p)
+  check(C.fsdp_uniform_slice_(p, N(lo, "uniform_", "from", 0), N(hi, "uniform_", "to", 1), skip, total))
   return t
 end
 function methods.normal_(t, mean, std)
-  check(C.fsdp_normal_(T(t, "normal_"), N(mean, "normal_", "mean", 0), N(std, "normal_", "std", 1)))
+  local p = T(t, "normal_")
+  local skip, total = draw_span(t, p)
+  check(C.fsdp_normal_slice_(p, N(mean, "normal_", "mean", 0), N(std, "normal_", "std", 1), skip, total))
   return t
 end
 
@@ -627,6 +680,7 @@ end
 function Tensor.index(t, key, level)
   level = level + 1
   local p = t.p
+  if fsdp._piece(p) then fsdp._piece_error(t, "index", nil, level) end
   local nd = held_ndim(p)
   if type(key) == "number" then
     if nd == 0 then error("index: cannot index a 0-dim tensor (use x:item())", level) end

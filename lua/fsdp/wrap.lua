@@ -300,8 +300,9 @@ end
 -- the inputs' own dtype
 local function cast(v, dtype)  -- dtype: a dtype number
   if fsdp.is_tensor(v) then
-    local d = C.fsdp_tensor_dtype(v.p)
-    if d ~= dtype and d ~= C.FSDP_I64 then return wrap_t(C.fsdp_to_dtype(v.p, dtype)) end
+    local p = fsdp._t(v, "FSDP forward (mixed precision input cast)", "input")
+    local d = C.fsdp_tensor_dtype(p)
+    if d ~= dtype and d ~= C.FSDP_I64 then return wrap_t(C.fsdp_to_dtype(p, dtype)) end
     return v
   end
   if type(v) == "table" and getmetatable(v) == nil then
@@ -363,6 +364,17 @@ function W.units(m)
   return r
 end
 
+-- a unit's parameter by its name in the whole model ("block.0.weight": the unit's path, then the
+-- name the unit knows it by) and its unit's path, for messages
+function W.param_names(p)
+  local c = C.fsdp_param_unit(p.p)
+  local name = ffi.string(C.fsdp_param_name(p.p))
+  for _, u in ipairs(all_units) do
+    if u.c == c then return u.parent and (u.path .. "." .. name) or name, u.path end
+  end
+  return name, ffi.string(C.fsdp_param_unit_path(p.p))
+end
+
 -- {path = state name} for the units of m's subtree
 function W.unit_states(m)
   local r = {}
@@ -394,11 +406,32 @@ function W.no_sync(m, fn)
   return unpack(res, 2, res.n)
 end
 
+-- the units that hold parameters of m's subtree: those in it, and those around it that own some of
+-- its parameters (m a module inside a unit, or a unit whose tied parameter a unit around it owns),
+-- in creation order (the order every rank gathers them in)
+function W.units_holding(m)
+  local owners = {}
+  for _, p in ipairs(m:parameters()) do
+    local c = C.fsdp_param_unit(p.p)
+    if c ~= nil then owners[fsdp._addr(c)] = true end
+  end
+  local r = {}
+  for _, u in ipairs(all_units) do
+    if u.module == m or path_in(m, u.module) or owners[fsdp._addr(u.c)] then r[#r + 1] = u end
+  end
+  return r
+end
+
 -- model:summon_full_params(fn[, {writeback = true}]): every parameter of the subtree takes its
--- full shape and values while fn runs; with writeback, changes are kept afterwards
+-- full shape and values while fn runs; with writeback, changes are kept afterwards. A call inside
+-- another one's fn leaves the units the outer call summoned to it (their parameters stay whole
+-- until it ends; its writeback decides).
 function W.summon_full_params(m, fn, opts)
   local writeback = not (opts and opts.writeback == false)
-  local us = W.units(m)
+  local us = {}
+  for _, u in ipairs(W.units_holding(m)) do
+    if not u.summoned then us[#us + 1] = u end
+  end
   check(C.fsdp_units_settle())  -- (a forward whose backward never came; checkpoint.lua's model_entries too)
   -- A unit whose layout world is 1 (world size 1, sharding "none") has no separate gathered
   -- buffer: the summoned parameters ARE the local ones, so without writeback the local values
@@ -412,9 +445,24 @@ function W.summon_full_params(m, fn, opts)
       end
     end
   end
-  for _, u in ipairs(us) do check(C.fsdp_unit_unshard(u.c)) end
+  local gathered = pack(pcall(function()
+    for _, u in ipairs(us) do
+      check(C.fsdp_unit_unshard(u.c))
+      u.summoned = true
+    end
+  end))
+  if not gathered[1] then
+    for _, u in ipairs(us) do
+      if u.summoned then C.fsdp_unit_reshard(u.c, 0) end
+      u.summoned = nil
+    end
+    error(gathered[2], 0)
+  end
   local res = pack(pcall(fn))
-  for _, u in ipairs(us) do check(C.fsdp_unit_reshard(u.c, writeback and 1 or 0)) end
+  for _, u in ipairs(us) do
+    u.summoned = nil
+    check(C.fsdp_unit_reshard(u.c, writeback and 1 or 0))
+  end
   -- (restored only where fn changed it: a copy bumps the parameter's version, and a graph built
   -- before -- state_dict between forward and backward -- would refuse it as modified in place)
   if #saved > 0 then
@@ -428,13 +476,8 @@ function W.summon_full_params(m, fn, opts)
   return unpack(res, 2, res.n)
 end
 
--- whether m's subtree contains any unit
-function W.has_units(m)
-  for _, u in ipairs(all_units) do
-    if u.module == m or path_in(m, u.module) then return true end
-  end
-  return false
-end
+-- whether any unit holds parameters of m's subtree (W.units_holding)
+function W.has_units(m) return #W.units_holding(m) > 0 end
 
 -- ---- the plan: fsdp.summary ----------------------------------------------------------------------------------------
 -- fsdp.summary(model[, {optimizer = opt, print = true}]) -> plan table (and prints it on rank 0)
@@ -611,33 +654,119 @@ function W.summary(model, opts)
   return plan
 end
 
--- ---- gradient clipping over the global norm ---------------------------------------------------------------------
--- the parameter's gradient elements that this rank alone accounts for: a piece is held by
--- world / W ranks (W: the ranks its unit is sharded over; 1 for NO_SHARD units and unwrapped
--- parameters, the shard group's size under hybrid sharding), so its squares count that fraction
-function W.clip_grad_norm(model, max_norm, norm_type)
-  if norm_type and norm_type ~= 2 then error("clip_grad_norm: only the 2-norm is supported", 2) end
-  local world = fsdp.world_size()
-  local local_sq = 0
-  local grads = {}
-  for _, p in ipairs(model:parameters()) do
-    local g = p.grad
-    if g then
-      grads[#grads + 1] = g
-      local sq = fsdp.no_grad(function() return (g * g):sum():item() end)
-      local unit = C.fsdp_param_unit(p.p)
-      local W = unit == nil and 1 or C.fsdp_unit_world_size(unit)
-      local_sq = local_sq + sq * W / world
+-- ---- gradient clipping -----------------------------------------------------------------------------------------
+-- fsdp.clip_grad_norm(model or params, max_norm[, norm_type = 2][, {error_if_nonfinite = false,
+-- foreach = ignored}]) -> total norm: torch.nn.utils.clip_grad_norm_ over the whole model, whatever
+-- its units and ranks. norm_type: any p > 0, or math.huge / "inf" (the largest |g|). The norm is of
+-- every gradient element of the model once: a rank's piece of a sharded gradient is held by
+-- world / W ranks (W: the ranks its unit is sharded over; 1 for NO_SHARD units and parameters no
+-- unit owns, the shard group's size under hybrid sharding), so its sum of |g|^p counts that
+-- fraction; the ranks' sums add up (all-reduce), and the largest |g| is the ranks' largest. Every
+-- gradient is then scaled by min(1, max_norm / (norm + 1e-6)), PyTorch's formula, unless
+-- error_if_nonfinite refuses a NaN or infinite norm.
+local function clip_args(fn, model, opts_or_type, opts)
+  local params
+  if type(model) == "table" and rawget(model, "_modules") then params = model:parameters()
+  elseif fsdp.is_tensor(model) then params = { model }
+  elseif type(model) == "table" then params = model
+  else fsdp._arg_error(fn, "model", "an nn.Module or a list of parameters", model, 4) end
+  local norm_type = opts_or_type
+  if type(opts_or_type) == "table" then opts, norm_type = opts_or_type, opts_or_type.norm_type end
+  opts = opts or {}
+  if type(opts) ~= "table" then fsdp._arg_error(fn, "options", "a table like {error_if_nonfinite = true}", opts, 4) end
+  for k in pairs(opts) do
+    if k ~= "norm_type" and k ~= "error_if_nonfinite" and k ~= "foreach" then
+      error(("%s: unknown option %s (norm_type, error_if_nonfinite, foreach)"):format(fn, tostring(k)), 4)
     end
   end
-  local t = fsdp.tensor({ local_sq })
-  if world > 1 then fsdp.all_reduce(t, "sum") end
-  local total = math.sqrt(t:item())
+  return params, norm_type, opts
+end
+
+-- the gradients of params (each once), refusing local ones a no_sync backward left (their sum is
+-- not the model's gradient until a synced backward averages them)
+local function grads_of(fn, params)
+  local grads, seen = {}, {}
+  for i, p in ipairs(params) do
+    if not fsdp.is_tensor(p) then fsdp._arg_error(fn, ("params[%d]"):format(i), "a tensor", p, 4) end
+    local g = p.grad
+    if g ~= nil and not seen[fsdp._key(p)] then
+      seen[fsdp._key(p)] = true
+      if C.fsdp_param_grad_unreduced(p.p) ~= 0 then
+        local name, unit = W.param_names(p)
+        error(("%s: parameter '%s' of FSDP unit '%s' holds an unreduced gradient: the last backward ran inside "
+          .. "no_sync; run one backward outside no_sync before clipping"):format(fn, name, unit), 4)
+      end
+      local unit = C.fsdp_param_unit(p.p)
+      grads[#grads + 1] = { g = g, W = unit == nil and 1 or C.fsdp_unit_world_size(unit) }
+    end
+  end
+  return grads
+end
+
+function W.clip_grad_norm(model, max_norm, norm_type, opts)
+  local fn = "clip_grad_norm"
+  local params
+  params, norm_type, opts = clip_args(fn, model, norm_type, opts)
+  max_norm = fsdp._n(max_norm, fn, "max_norm")
+  if norm_type == nil then norm_type = 2 end
+  if norm_type == "inf" then norm_type = math.huge end
+  if type(norm_type) ~= "number" or not (norm_type > 0) then
+    error(("%s: norm_type must be a number > 0 or math.huge (\"inf\"), got %s"):format(fn, tostring(norm_type)), 2)
+  end
+  local grads = grads_of(fn, params)
+  local world, inf = fsdp.world_size(), norm_type == math.huge
+  local total = 0
+  fsdp.no_grad(function()
+    local acc = {}  -- per device: the sum of |g|^p (or the largest |g|), one transfer each at the end
+    for _, e in ipairs(grads) do
+      local a = e.g:abs()
+      local v
+      if inf then v = a:numel() > 0 and a:max() or nil
+      elseif norm_type == 1 then v = a:sum() * (e.W / world)
+      elseif norm_type == 2 then v = (a * a):sum() * (e.W / world)
+      else v = (a ^ norm_type):sum() * (e.W / world) end
+      if v ~= nil then
+        local d = e.g.device
+        if acc[d] == nil then acc[d] = v
+        elseif inf then acc[d] = fsdp.maximum(acc[d], v)
+        else acc[d] = acc[d] + v end
+      end
+    end
+    for _, v in pairs(acc) do
+      local x = v:item()
+      if inf then total = math.max(total, x) else total = total + x end
+    end
+    if world > 1 then
+      local t = fsdp.tensor({ total }, { device = "cpu" })
+      fsdp.all_reduce(t, inf and "max" or "sum")
+      total = t:item()
+    end
+    if not inf then total = total ^ (1 / norm_type) end
+  end)
+  if opts.error_if_nonfinite and (total ~= total or total == math.huge) then
+    error(("%s: the total norm of order %s for gradients from `parameters` is non-finite, so it cannot be clipped. "
+      .. "To disable this error and scale the gradients by the non-finite norm anyway, set error_if_nonfinite = false")
+      :format(fn, tostring(norm_type)), 2)
+  end
   local coef = max_norm / (total + 1e-6)
-  if coef < 1 then
-    fsdp.no_grad(function() for _, g in ipairs(grads) do g:mul_(coef) end end)
+  if coef < 1 or coef ~= coef then  -- (a NaN norm makes every gradient NaN, an infinite one zeroes them: PyTorch's)
+    fsdp.no_grad(function() for _, e in ipairs(grads) do e.g:mul_(coef) end end)
   end
   return total
+end
+
+-- fsdp.clip_grad_value(model or params, clip_value[, {foreach = ignored}]): every gradient element
+-- clamped to [-clip_value, clip_value] in place (torch.nn.utils.clip_grad_value_); elementwise, so
+-- each rank clamps its pieces
+function W.clip_grad_value(model, clip_value, opts)
+  local fn = "clip_grad_value"
+  local params = clip_args(fn, model, opts, nil)
+  clip_value = fsdp._n(clip_value, fn, "clip_value")
+  if not (clip_value >= 0) then error(("%s: clip_value must be >= 0, got %s"):format(fn, tostring(clip_value)), 2) end
+  local grads = grads_of(fn, params)
+  fsdp.no_grad(function()
+    for _, e in ipairs(grads) do e.g:copy_(e.g:clamp(-clip_value, clip_value)) end
+  end)
 end
 
 -- ---- full state dicts ------------------------------------------------------------------------------------------------
@@ -663,6 +792,8 @@ Module._state_dict_providers[#Module._state_dict_providers + 1] = {
   applies = W.has_units,
   state_dict = W.state_dict,
   load_state_dict = W.load_state_dict,
+  -- model:apply(fn) after wrapping sees and writes whole parameters, as PyTorch FSDP's apply does
+  with_full_params = function(m, fn) return W.summon_full_params(m, fn, { writeback = true }) end,
 }
 function Module:no_sync(fn) return W.no_sync(self, fn) end
 function Module:summon_full_params(fn, opts) return W.summon_full_params(self, fn, opts) end

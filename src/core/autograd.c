@@ -327,6 +327,7 @@ int fsdp_tensor_set_grad(fsdp_tensor* t, fsdp_tensor* g) {
   }
   fsdp_tensor_release(t->grad);
   t->grad = g;
+  t->grad_sets++;
   return 0;
 }
 

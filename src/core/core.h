@@ -107,7 +107,8 @@ typedef struct fsdp_hook {
 void fsdp_hooks_free(fsdp_hook* h);
 
 struct fsdp_tensor {
-  _Atomic int refcount;  // atomic: a tensor may be released from another thread
+  fsdp_tensor_head head;  // first: Lua reads it through the pointer (fsdp.h); set by dist (shard.c)
+  _Atomic int refcount;   // atomic: a tensor may be released from another thread
   int ndim;
   int dtype;
   int64_t shape[FSDP_MAX_DIMS];
@@ -118,6 +119,7 @@ struct fsdp_tensor {
   int requires_grad;   // leaves: user flag; non-leaves: 1 iff grad_fn != NULL
   fsdp_node* grad_fn;  // owning ref; NULL for leaves
   fsdp_tensor* grad;   // owning ref; accumulated gradient of a leaf
+  unsigned grad_sets;  // bumped by every fsdp_tensor_set_grad (an assignment from outside the engine)
   fsdp_hook* hooks;    // leaf hooks (non-leaf hooks live on grad_fn)
   // engine scratch (leaves): contributions still to come in this backward, and whether any came
   int bw_pending, bw_got;

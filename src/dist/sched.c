@@ -84,11 +84,16 @@ int64_t fsdp_param_full_numel(const fsdp_tensor* t) {
   return p ? p->numel : fsdp_tensor_numel(t);
 }
 int fsdp_param_piece(const fsdp_tensor* t, int64_t* start, int64_t* length) {
-  const unit_param* p = param_of(t);
-  if (!p || p->len == p->numel || t->storage != ((const fsdp_unit*)t->owner)->g[p->group].shard) return 0;
-  *start = p->start;
-  *length = p->len;
+  if (!t->head.piece) return 0;
+  *start = param_of(t)->start;
+  *length = param_of(t)->len;
   return 1;
+}
+
+const char* fsdp_param_name(const fsdp_tensor* t) { return t->owner ? param_of(t)->name : ""; }
+const char* fsdp_param_unit_path(const fsdp_tensor* t) { return t->owner ? ((const fsdp_unit*)t->owner)->path : ""; }
+int fsdp_param_grad_unreduced(const fsdp_tensor* t) {
+  return t->owner && fsdp_comm_world_size() > 1 && grad_is_local(param_of(t));
 }
 
 int fsdp_unit_param_layout(const fsdp_unit* u, int i, int64_t* numel, int64_t* chunk, int64_t* start, int64_t* length) {
@@ -304,23 +309,62 @@ static void trace_forward_end(const fsdp_unit* u, const char* what) {
   fsdp_trace_span(FSDP_TRACE_COMPUTE, name, u->trace_t0, -1);
 }
 
+// .grad becomes this rank's local gradient (unit.h): float32, contiguous, held by the parameter alone
+static int make_local(unit_param* p) {
+  fsdp_tensor* g = p->t->grad;
+  if (!fsdp_grad_exclusive(g)) {  // (exclusive: also contiguous float32)
+    fsdp_tensor* c = fsdp_new_cat(g->ndim, g->shape, FSDP_F32, fsdp_device_of(g), FSDP_MEM_GRADS);
+    if (!c || fsdp_copy_strided(c, g)) {
+      fsdp_tensor_release(c);
+      return -1;
+    }
+    fsdp_tensor_release(g);
+    p->t->grad = c;
+  }
+  p->grad_is_local = 1;
+  p->local_stamp = p->t->grad_sets;
+  return 0;
+}
+
+// The reduced piece set aside at pre_backward rejoins .grad (unit.h): as it was when no new
+// gradient came, else folded into the new gradient, which becomes local: its elements of this
+// rank's piece gain W times the piece. (A synced backward's reduction adds it instead: shard.c.)
+static int rejoin_stash(fsdp_unit* u, unit_param* p) {
+  fsdp_tensor* s = p->stash;
+  if (!s) return 0;
+  p->stash = NULL;
+  if (!p->t->grad) {
+    p->t->grad = s;
+    return 0;
+  }
+  int rc = make_local(p);
+  fsdp_tensor* g = p->t->grad;
+  fsdp_tensor* sc = rc ? NULL : fsdp_as_contig(s);  // (offload: the piece is on the host, .grad on the GPU)
+  fsdp_tensor* sd = sc && fsdp_device_of(sc) != fsdp_device_of(g) ? fsdp_copy_to_device(sc, fsdp_device_of(g)) : sc;
+  if (sd) {
+    fsdp_backend_of(g)->elem->axpy(fsdp_f32(g) + p->start, p->len, fsdp_f32(sd), p->len, 1, p->len, (float)u->W);
+    fsdp_bump_version(g);
+  } else {
+    rc = -1;
+  }
+  if (sd != sc) fsdp_tensor_release(sd);
+  fsdp_tensor_release(sc);
+  fsdp_tensor_release(s);
+  return rc;
+}
+
 // returns a unit left over from an earlier pass to IDLE (its backward never came, or an error
-// stopped it); reductions already issued are completed and their gradients assigned
+// stopped it); reductions already issued are completed and their gradients assigned. A backward
+// that began but never finished leaves its new gradients local, with the earlier ones folded in.
 static int finalize_unit(fsdp_unit* u) {
   int rc = 0;
+  int began = u->state == FSDP_UNIT_BACKWARD;
   trace_backward(u, 0);
   if (u->reduced_pending) rc = fsdp_shard_reduce_finish(u);
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
-    if (p->stash) {  // no new gradient for this one: it keeps what it had
-      if (!p->t->grad) {
-        p->t->grad = p->stash;
-        p->stash = NULL;
-      } else {
-        fsdp_tensor_release(p->stash);
-        p->stash = NULL;
-      }
-    }
+    if (began && p->group == 0 && p->t->grad && !grad_is_local(p) && make_local(p)) rc = -1;
+    if (rejoin_stash(u, p)) rc = -1;
   }
   if (fsdp_shard_reshard(u, 0)) rc = -1;
   u->state = FSDP_UNIT_IDLE;
@@ -419,7 +463,7 @@ static int pre_backward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;  // gathered again for a late node; nothing else to do
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
-    if (p->t->grad && !p->grad_is_local) {  // the piece from earlier steps waits aside
+    if (p->t->grad && !grad_is_local(p)) {  // the reduced piece from earlier backwards waits aside
       fsdp_tensor_release(p->stash);
       p->stash = p->t->grad;
       p->t->grad = NULL;
@@ -486,15 +530,14 @@ static int post_backward(fsdp_unit* u) {
   if (u->state == FSDP_UNIT_BACKWARD_DONE) return 0;
   if (g_phase != FSDP_PHASE_BACKWARD) set_phase(FSDP_PHASE_BACKWARD);
   int any = 0;
-  for (int i = 0; i < u->n; i++) any |= u->p[i].group == 0 && (u->p[i].got_grad || u->p[i].grad_is_local);
-  if (any) {
-    if (u->sync_grads) {
-      if (fsdp_shard_reduce_start(u)) return -1;
-    } else {
-      for (int i = 0; i < u->n; i++)
-        if (u->p[i].got_grad) u->p[i].grad_is_local = 1;
+  for (int i = 0; i < u->n; i++) any |= u->p[i].group == 0 && (u->p[i].got_grad || grad_is_local(&u->p[i]));
+  if (any && u->sync_grads && fsdp_shard_reduce_start(u)) return -1;
+  if (!u->sync_grads)  // no_sync: the new gradients stay local, the earlier reduced ones join them
+    for (int i = 0; i < u->n; i++) {
+      unit_param* p = &u->p[i];
+      if (p->group == 0 && p->got_grad && make_local(p)) return -1;
+      if (rejoin_stash(u, p)) return -1;
     }
-  }
   u->state = FSDP_UNIT_BACKWARD_DONE;
   trace_backward(u, 0);
   if (fsdp_shard_reshard(u, 0)) return -1;

@@ -55,6 +55,7 @@ void fsdp_shard_set_form(fsdp_unit* u, int full) {
     unit_param* p = &u->p[i];
     fsdp_tensor* t = p->t;
     unit_group* g = &u->g[p->group];
+    t->head.piece = !full && p->len != p->numel;
     if (full || p->len == p->numel) {  // full view, or a piece that is the whole parameter
       point_at(t, full ? g->full : g->shard);
       t->dtype = full ? u->full_dtype : FSDP_F32;
@@ -162,6 +163,7 @@ int fsdp_shard_release_param(fsdp_unit* u, int i) {
   t->dtype = FSDP_F32;
   t->owner = NULL;
   t->owner_index = 0;
+  t->head.piece = 0;
   return 0;
 }
 
@@ -287,7 +289,7 @@ int fsdp_shard_reduce_start(fsdp_unit* u) {
   for (int i = 0; i < u->n; i++) {
     unit_param* p = &u->p[i];
     if (p->group != 0) continue;
-    fsdp_tensor* gr = p->got_grad || p->grad_is_local ? p->t->grad : NULL;
+    fsdp_tensor* gr = p->got_grad || grad_is_local(p) ? p->t->grad : NULL;
     fsdp_tensor* gc = gr ? fsdp_as_contig(gr) : NULL;
     if (gr && !gc) return -1;
     for (int r = 0; r < u->W; r++) {

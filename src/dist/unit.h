@@ -33,10 +33,28 @@ typedef struct unit_param {
   int64_t shard_off;             // offset of the chunk in the group's shard buffer (elements)
   int64_t full_off;              // offset of the parameter in the group's full buffer
   int rg_at_forward;             // requires_grad when the last forward ran (checked in backward)
-  fsdp_tensor* stash;            // the piece .grad from before this backward, added after reduction
-  int grad_is_local;             // .grad holds a full, unreduced gradient (no_sync)
+  fsdp_tensor* stash;            // inside a backward: the reduced .grad piece from before it, set aside
+  int grad_is_local;             // .grad is a local gradient (below), while .grad_sets == local_stamp
+  unsigned local_stamp;          // the parameter's grad_sets when its .grad became local
   int got_grad;                  // got a gradient in this backward
 } unit_param;
+
+// Gradient accumulation. Between backwards a trainable parameter's .grad alone holds everything
+// accumulated since it was last cleared, in one of two forms:
+//   reduced  this rank's piece of the gradient averaged over ranks (after a synced backward)
+//   local    this rank's full unreduced gradient, float32 (after a no_sync backward): the
+//            average over ranks of its pieces is the parameter's gradient piece
+// A synced backward turns local into reduced (reduce-scatter); a no_sync one leaves it local.
+// Inside a backward a reduced piece waits aside (stash) while the engine writes the new full
+// gradient into .grad; it rejoins when the backward's gradient is known: added to the reduced
+// result (synced), or folded into the local gradient as W times itself at its own elements
+// (no_sync: the next reduction averages over the W ranks that hold those elements; with
+// replicas, over each replica's copy of the same piece, so W is the factor there too). Any
+// assignment to .grad (zero_grad, p.grad = g) ends the local form: an assigned gradient has the
+// piece's shape, so it is a reduced one.
+static inline int grad_is_local(const unit_param* p) {
+  return p->grad_is_local && p->t->grad && p->t->grad_sets == p->local_stamp;
+}
 
 typedef struct unit_group {
   int64_t shard_numel, full_numel;

@@ -57,21 +57,40 @@ static int draw_done(fsdp_tensor* t, fsdp_tensor* w) {
   fsdp_bump_version(t);
   return 0;
 }
-int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
-  fsdp_tensor* w = draw_target("uniform_", t);
+// t's n elements get the values [skip, skip + n) of a draw of `total` values: a piece of a tensor
+// gets exactly the numbers the whole tensor gets from one draw (a sharded FSDP parameter's piece),
+// and the stream moves past all `total` of them, as the whole tensor's draw would
+typedef struct {
+  int normal;  // 0: uniform in [a, b); 1: normal with mean a, std b
+  double a, b;
+} draw_law;
+static double draw_one(const draw_law* d) {
+  return d->normal ? d->a + d->b * fsdp_rng_normal() : d->a + (d->b - d->a) * fsdp_rng_uniform();
+}
+static int draw_slice(const char* op, fsdp_tensor* t, const draw_law* d, int64_t skip, int64_t total) {
+  int64_t n = fsdp_tensor_numel(t);
+  CHECK_INT(skip >= 0 && total >= 0 && n <= total - skip,
+            "%s: elements %lld..%lld of a draw of %lld do not fit a tensor of shape %s", op, (long long)skip + 1,
+            (long long)(skip + n), (long long)total, SH(t));
+  fsdp_tensor* w = draw_target(op, t);
   if (!w) return -1;
   float* p = fsdp_f32(w);
-  int64_t n = fsdp_tensor_numel(w);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * fsdp_rng_uniform());
+  for (int64_t i = 0; i < skip; i++) draw_one(d);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)draw_one(d);
+  for (int64_t i = skip + n; i < total; i++) draw_one(d);
   return draw_done(t, w);
 }
+int fsdp_uniform_slice_(fsdp_tensor* t, double lo, double hi, int64_t skip, int64_t total) {
+  return draw_slice("uniform_", t, &(draw_law){0, lo, hi}, skip, total);
+}
+int fsdp_normal_slice_(fsdp_tensor* t, double mean, double std, int64_t skip, int64_t total) {
+  return draw_slice("normal_", t, &(draw_law){1, mean, std}, skip, total);
+}
+int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
+  return fsdp_uniform_slice_(t, lo, hi, 0, fsdp_tensor_numel(t));
+}
 int fsdp_normal_(fsdp_tensor* t, double mean, double std) {
-  fsdp_tensor* w = draw_target("normal_", t);
-  if (!w) return -1;
-  float* p = fsdp_f32(w);
-  int64_t n = fsdp_tensor_numel(w);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(mean + std * fsdp_rng_normal());
-  return draw_done(t, w);
+  return fsdp_normal_slice_(t, mean, std, 0, fsdp_tensor_numel(t));
 }
 fsdp_tensor* fsdp_rand(int ndim, const int64_t* shape, double lo, double hi) {
   fsdp_tensor* t = fsdp_new(ndim, shape, FSDP_F32, FSDP_CPU);

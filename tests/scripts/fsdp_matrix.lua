@@ -58,7 +58,7 @@ local TOL = {
 }
 
 -- ---- helpers ------------------------------------------------------------------------------------------
-local function flat(t) return t:contiguous():tolist() end
+local function flat(t) return t:to_local():contiguous():tolist() end  -- (a sharded parameter: its piece)
 
 -- a directory under /tmp that every rank names alike: rank 0's clock and pid, broadcast (each rank's
 -- own clock could straddle a second)
@@ -118,29 +118,50 @@ local function comm_diff(a, b)
   return r
 end
 
--- the reference's way of clipping: global 2-norm over every gradient, PyTorch's formula
-local function ref_clip(model, max_norm)
-  local sq = 0
-  for _, p in ipairs(model:parameters()) do
-    if p.grad then for _, v in ipairs(flat(p.grad)) do sq = sq + v * v end end
+-- the reference's way of clipping (torch.nn.utils.clip_grad_norm_'s formula, in double precision over
+-- every element): the p-norm of all gradients (the largest |g| for p = inf), every gradient scaled
+-- by min(1, max_norm / (norm + 1e-6))
+local function ref_clip(model, max_norm, p)
+  p = p or 2
+  local acc = 0
+  for _, q in ipairs(model:parameters()) do
+    if q.grad then
+      for _, v in ipairs(flat(q.grad)) do
+        if p == math.huge then acc = math.max(acc, math.abs(v)) else acc = acc + math.abs(v) ^ p end
+      end
+    end
   end
-  local total = math.sqrt(sq)
+  local total = p == math.huge and acc or acc ^ (1 / p)
   local coef = max_norm / (total + 1e-6)
   if coef < 1 then
-    fsdp.no_grad(function() for _, p in ipairs(model:parameters()) do if p.grad then p.grad:mul_(coef) end end end)
+    fsdp.no_grad(function() for _, q in ipairs(model:parameters()) do if q.grad then q.grad:mul_(coef) end end end)
   end
   return total
 end
--- a step that clips the gradients to norm 0.05 (the wrapped side by fsdp.clip_grad_norm), the norm
--- its aux value
-local function clip_step(S, k)
-  local x, y = S.batch(k)
-  local loss = S.spec.loss(S.model(x), y)
-  S.opt:zero_grad(); loss:backward()
-  local norm = S.is_ref and ref_clip(S.model, 0.05) or fsdp.clip_grad_norm(S.model, 0.05)
-  S.opt:step()
-  return loss:item(), { norm }
+-- the reference's clip_grad_value: every gradient element clamped to [-v, v]
+local function ref_clip_value(model, v)
+  fsdp.no_grad(function()
+    for _, q in ipairs(model:parameters()) do if q.grad then q.grad:copy_(q.grad:clamp(-v, v)) end end
+  end)
 end
+-- a step that clips the gradients (the wrapped side by fsdp.clip_grad_norm / clip_grad_value): to
+-- norm max_norm in the p-norm (the norm is the step's aux value), or to values in [-value, value]
+local function clip_step_with(p, max_norm, value)
+  return function(S, k)
+    local x, y = S.batch(k)
+    local loss = S.spec.loss(S.model(x), y)
+    S.opt:zero_grad(); loss:backward()
+    if value then
+      if S.is_ref then ref_clip_value(S.model, value) else fsdp.clip_grad_value(S.model, value) end
+      S.opt:step()
+      return loss:item()
+    end
+    local norm = S.is_ref and ref_clip(S.model, max_norm, p) or fsdp.clip_grad_norm(S.model, max_norm, p)
+    S.opt:step()
+    return loss:item(), { norm }
+  end
+end
+local clip_step = clip_step_with(2, 0.05)
 
 -- ---- expected collectives -------------------------------------------------------------------------------
 -- Computed independently of wrap.lua: each parameter belongs to the unit with the longest path
@@ -722,6 +743,16 @@ end
 case { name = "nested/mixed-strategies", model = "nested", wrap = mixed_strategies }
 case { name = "misc/clip_grad_norm,mixed-strategies", model = "nested", wrap = mixed_strategies,
   step = clip_step }
+-- other norms (1, 3, inf), and clip_grad_value, over sharded and replicated units with a frozen
+-- parameter (the clip bound is below each step's norm, so every step scales)
+for _, pn in ipairs { { 1, "1", 0.5 }, { 3, "3", 0.02 }, { math.huge, "inf", 0.01 }, { 0.5, "0.5", 20 } } do
+  case { name = "misc/clip_grad_norm,p=" .. pn[2] .. ",mixed-strategies,frozen", model = "nested",
+    wrap = mixed_strategies, freeze = function(m) freeze(m, "2.0.bias") end, step = clip_step_with(pn[1], pn[3]) }
+end
+case { name = "misc/clip_grad_norm,p=inf,sharding=hybrid", model = "nested", wrap = P.nested.children,
+  opts = { sharding = "hybrid", shard_group_size = HG }, step = clip_step_with(math.huge, 0.01) }
+case { name = "misc/clip_grad_value,mixed-strategies,frozen", model = "nested", wrap = mixed_strategies,
+  freeze = function(m) freeze(m, "2.0.bias") end, step = clip_step_with(nil, nil, 0.01) }
 -- bf16 parameters: within bf16 tolerance of the f32 reference, and measurably different from f32 FSDP
 local function differs_from(base_name)
   return function(ctx)

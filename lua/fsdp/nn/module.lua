@@ -288,10 +288,18 @@ function Module:buffers(recurse)
   return r
 end
 
--- fn(module) on every child (recursively), then self
+-- fn(module) on every child (recursively), then self. Where a provider manages the parameters
+-- (fsdp.wrap's: sharded ones), fn runs while they are whole (with_full_params).
+local provider_for
+local function plain_apply(m, fn)
+  for _, c in ipairs(m:children()) do plain_apply(c, fn) end
+  fn(m)
+end
 function Module:apply(fn)
-  for _, m in ipairs(self:children()) do m:apply(fn) end
-  fn(self)
+  fsdp._fn(fn, "Module:apply", "fn")
+  local p = provider_for(self)
+  if p and p.with_full_params then p.with_full_params(self, function() plain_apply(self, fn) end)
+  else plain_apply(self, fn) end
   return self
 end
 
@@ -361,11 +369,12 @@ end
 local plain_state_dict, plain_load_state_dict
 
 -- Code above nn may take over state dicts of the modules it manages: a provider is a table
--- {applies = fn(m), state_dict = fn(m, plain, opts), load_state_dict = fn(m, plain, sd, strict)}
+-- {applies = fn(m), state_dict = fn(m, plain, opts), load_state_dict = fn(m, plain, sd, strict),
+-- with_full_params = fn(m, f) (runs f while m's parameters are whole; Module:apply uses it)}
 -- where plain is this file's own function. (fsdp.wrap registers one: parameters of FSDP units are
 -- gathered and cloned.)
 Module._state_dict_providers = {}
-local function provider_for(m)
+function provider_for(m)
   for _, p in ipairs(Module._state_dict_providers) do
     if p.applies(m) then return p end
   end

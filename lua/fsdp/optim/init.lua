@@ -157,6 +157,22 @@ function Optimizer:zero_grad(set_to_none)
   end
 end
 
+-- An FSDP parameter whose last backward ran inside no_sync holds its rank's local gradient, not yet
+-- averaged with the other ranks' (model:no_sync): stepping on it would train each rank on its own
+-- data. Checked for every parameter before any is updated.
+function Optimizer:_check_reduced()
+  for _, g in ipairs(self.param_groups) do
+    for _, p in ipairs(g.params) do
+      if C.fsdp_param_grad_unreduced(p.p) ~= 0 then
+        local name, unit = require("fsdp.wrap").param_names(p)
+        error(("%s.step: parameter '%s' of FSDP unit '%s' holds an unreduced gradient: the last backward "
+          .. "ran inside no_sync; run one backward outside no_sync (it averages the accumulated gradients "
+          .. "over ranks) before the step"):format(self.__name, name, unit), 0)
+      end
+    end
+  end
+end
+
 -- step([closure]): updates every parameter that has a gradient, under no_grad. The closure (which
 -- re-evaluates the model and returns the loss) runs first, with grad enabled; its result is returned.
 function Optimizer:step(closure)
@@ -166,6 +182,7 @@ function Optimizer:step(closure)
   local prev = C.fsdp_is_grad_enabled()
   C.fsdp_set_grad_enabled(0)
   local ok, err = pcall(function()
+    self:_check_reduced()
     for _, g in ipairs(self.param_groups) do
       for _, p in ipairs(g.params) do
         local grad = p.grad
