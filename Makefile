@@ -10,6 +10,8 @@
 #   make format     clang-format the C sources; make format-check: fail on any difference
 #   make memcheck   C tests under valgrind; make asan-check: a training run under ASan + UBSan;
 #                   make tsan-check: two threads training at once under ThreadSanitizer
+#   make cudaemu    the CUDA executor (tests/cudaemu: the CUDA kernels on the CPU; make test builds it);
+#                   make cuda-emu-check: the kernels under ASan + UBSan and ThreadSanitizer there
 #   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
 #
 # Flags: OPT (default -O3 -march=native -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
@@ -110,6 +112,49 @@ $(BUILD)/backend/cuda/optim.o: NVCC_FLAGS += -fmad=false
 libfsdp_cuda.so: $(CUDA_OBJS)
 	$(NVCC) -shared -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
 
+# The CUDA executor (tests/cudaemu; test infrastructure, never installed): the same .cu files,
+# rewritten (kernel<<<...>>> launches, __shared__ declarations: tests/cudaemu/rewrite.lua, line for
+# line) and compiled as host C++ against its own CUDA headers into libfsdp_cudaemu.so, which
+# FSDP_CUDA_EMU=1 loads as the "cuda" device (backend/cuda/load.c). EMU_SAN: sanitizer flags (make
+# cuda-emu-check builds it again with AddressSanitizer and with ThreadSanitizer).
+EMU_DIR   := tests/cudaemu
+EMU_BUILD ?= $(BUILD)/cudaemu
+EMU_LIB   ?= libfsdp_cudaemu.so
+EMU_SAN   ?=
+EMU_HDRS  := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h)
+EMU_OBJS   = $(CUDA_SRCS:src/backend/cuda/%.cu=$(EMU_BUILD)/%.o) $(EMU_BUILD)/runtime.o $(EMU_BUILD)/blaslt.o \
+             $(EMU_BUILD)/dnn.o
+# (-Wno-sign-compare: CUDA's unsigned threadIdx against int, which nvcc does not warn about)
+EMU_FLAGS  = -std=gnu++17 -O2 -g -fPIC -fvisibility=hidden -I$(EMU_DIR)/include -I$(EMU_DIR) -Isrc -Wall -Wextra \
+             -Wno-sign-compare $(if $(filter 1,$(WERROR)),-Werror) $(EMU_SAN)
+cudaemu: $(EMU_LIB)
+$(EMU_BUILD)/%.cc: src/backend/cuda/%.cu $(EMU_DIR)/rewrite.lua
+	@mkdir -p $(@D)
+	$(LUAJIT) $(EMU_DIR)/rewrite.lua $< $@
+$(EMU_BUILD)/%.o: $(EMU_BUILD)/%.cc $(CUDA_HDRS) $(EMU_HDRS)
+	$(CXX) $(EMU_FLAGS) -c $< -o $@
+$(EMU_BUILD)/%.o: $(EMU_DIR)/%.cc $(EMU_HDRS)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_FLAGS) -c $< -o $@
+# (as nvcc -fmad=false for optim.cu: no contraction, each element rounds as on the CPU)
+$(EMU_BUILD)/optim.o: EMU_FLAGS += -ffp-contract=off
+# the scheduler stays out of ThreadSanitizer's view, and tells it of fibers and synchronisation
+$(EMU_BUILD)/runtime.o: $(EMU_DIR)/runtime.cc $(EMU_HDRS)
+	@mkdir -p $(@D)
+	$(CXX) $(filter-out -fsanitize=thread,$(EMU_FLAGS)) $(if $(findstring thread,$(EMU_SAN)),-DFSDP_EMU_TSAN) -c $< -o $@
+$(EMU_LIB): $(EMU_OBJS)
+	$(CXX) $(EMU_SAN) -shared -o $@ $(EMU_OBJS) -lpthread
+# the executor's own checks: tests/cudaemu/selftest.cu, rewritten as the backend's .cu files are
+$(EMU_BUILD)/%.cc: $(EMU_DIR)/%.cu $(EMU_DIR)/rewrite.lua
+	@mkdir -p $(@D)
+	$(LUAJIT) $(EMU_DIR)/rewrite.lua $< $@
+.PRECIOUS: $(EMU_BUILD)/%.cc
+$(EMU_BUILD)/selftest: $(EMU_BUILD)/selftest.o $(EMU_BUILD)/runtime.o
+	$(CXX) $(EMU_SAN) -o $@ $^ -lpthread
+$(EMU_BUILD)/libs_test: $(EMU_BUILD)/libs_test.o $(EMU_BUILD)/runtime.o $(EMU_BUILD)/blaslt.o $(EMU_BUILD)/dnn.o
+	$(CXX) $(EMU_SAN) -o $@ $^ -lpthread
+cudaemu: $(EMU_BUILD)/selftest $(EMU_BUILD)/libs_test
+
 # the NCCL device data plane: its own library, loaded by comm.c for GPU tensors; built where
 # nccl.h is (the CUDA toolkit's or a system one). It links libnccl.so.2 only (the driver is
 # opened at run time), so it loads -- and bootstraps -- on a machine without a GPU.
@@ -142,7 +187,7 @@ test:
 	@bash tools/deps.sh test
 	@$(MAKE) --no-print-directory test-run
 
-test-run: all $(CTESTS)
+test-run: all cudaemu $(CTESTS)
 	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
 
@@ -158,7 +203,8 @@ lint:
 	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS)) src tests/c bench/comm_bench.c
 	bash tools/check_realloc.sh src tests/c bench
 
-FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c src/dist/comm_nccl.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c)
+FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c src/dist/comm_nccl.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c) \
+               $(wildcard tests/cudaemu/*.cc tests/cudaemu/*.cu tests/cudaemu/*.h tests/cudaemu/include/*.h)
 format:
 	clang-format -i $(FORMAT_FILES)
 format-check:
@@ -205,6 +251,37 @@ tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	  LUA_CPATH='build-tsan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_VALUES_DEVICE=cuda \
 	  FSDP_DEVICE_COMM=standin $(LUAJIT) tests/scripts/comm_values.lua self
 
+# The CUDA kernels' memcheck and racecheck (.ci/run; about N minutes on 2 cores): the CUDA executor
+# built again with AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then with
+# ThreadSanitizer (build-tsan/), each running its self-test, the cuBLASLt/cuDNN stand-ins' test and
+# the whole op-case table through the kernels: an access past a global or shared buffer, undefined
+# behaviour, or two threads of a block (or two blocks) touching one address with a write and no
+# barrier between are errors naming the kernel. The planted races of the self-test must be
+# reported (exit 66). Then the FSDP matrix at world size 4 on the executor (host plane and the
+# stand-in communicator), which make test leaves out for time.
+EMU_ASAN_ENV = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+EMU_TSAN_ENV = TSAN_OPTIONS=halt_on_error=1:exitcode=66
+# (busted's children -- the shells of popen -- must not get libtsan preloaded: dash dies of it)
+EMU_UNPRELOAD = local ffi = require 'ffi'; ffi.cdef 'int unsetenv(const char*);'; ffi.C.unsetenv('LD_PRELOAD')
+EMU_RUN      = FSDP_CUDA_EMU=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 LUA_PATH='lua/?.lua;lua/?/init.lua;tests/?.lua;;'
+cuda-emu-check: all
+	$(MAKE) --no-print-directory EMU_BUILD=build-asan/cudaemu EMU_LIB=build-asan/libfsdp_cudaemu.so \
+	  EMU_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" build-asan/libfsdp_cudaemu.so cudaemu
+	$(EMU_ASAN_ENV) build-asan/cudaemu/selftest
+	$(EMU_ASAN_ENV) build-asan/cudaemu/libs_test
+	$(EMU_ASAN_ENV) LD_PRELOAD=$(ASAN_LIB) FSDP_CUDA_EMU_LIB=build-asan/libfsdp_cudaemu.so $(EMU_RUN) \
+	  $(LUAJIT) $(BUSTED) tests/ops_spec.lua
+	$(MAKE) --no-print-directory EMU_BUILD=build-tsan/cudaemu EMU_LIB=build-tsan/libfsdp_cudaemu.so \
+	  EMU_SAN="-fsanitize=thread" build-tsan/libfsdp_cudaemu.so cudaemu
+	$(EMU_TSAN_ENV) build-tsan/cudaemu/selftest
+	$(EMU_TSAN_ENV) build-tsan/cudaemu/libs_test
+	for race in race_shared race_blocks; do $(EMU_TSAN_ENV) build-tsan/cudaemu/selftest $$race >/dev/null 2>&1; \
+	  rc=$$?; [ $$rc = 66 ] || { echo "the planted $$race was not reported (exit $$rc)"; exit 1; }; done
+	$(EMU_TSAN_ENV) LD_PRELOAD=$(TSAN_LIB) FSDP_CUDA_EMU_LIB=build-tsan/libfsdp_cudaemu.so $(EMU_RUN) \
+	  $(LUAJIT) -e "$(EMU_UNPRELOAD)" $(BUSTED) --ignore-lua tests/ops_spec.lua
+	for plane in host standin; do FSDP_DEVICE_COMM=$$plane FSDP_MATRIX_DEVICE=cuda FSDP_CUDA_EMU=1 \
+	  bin/fsdprun -n 4 tests/scripts/fsdp_matrix.lua | grep "SUMMARY" | grep -q "failed=0" || exit 1; done
+
 # ---- benchmarks and the demo --------------------------------------------------------------------
 # ours against two PyTorch builds: Debian's (/usr/bin/python3, or PYTHON=) and a current one from
 # PyPI (tmp/torch-venv when make bench-deps made it, or PYTHON2=; PYTHON2=none leaves it out)
@@ -234,8 +311,9 @@ bench-fsdp: all
 demo:
 	bash examples/demo.sh
 
+# (GPT_STOP_AT=S: the first S steps only, as .ci/run does)
 demo-gpt:
-	DEMO_SCRIPT=gpt.lua bash examples/demo.sh
+	DEMO_SCRIPT=gpt.lua bash examples/demo.sh $(if $(GPT_STOP_AT),--stop-at $(GPT_STOP_AT))
 
 # ---- install ------------------------------------------------------------------------------------
 # Lua modules, the libraries, the launchers and the examples; fsdp-examples-dir learns where the
@@ -254,6 +332,6 @@ install: all
 	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo demo-gpt install clean
+.PHONY: all deps-build test test-run cudaemu cuda-emu-check layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp demo demo-gpt install clean

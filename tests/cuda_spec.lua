@@ -13,10 +13,13 @@ local C = fsdp.C
 
 local has_driver = pcall(ffi.load, "libcuda.so.1")
 local has_nvcc = os.execute("command -v nvcc >/dev/null 2>&1") == 0
+-- FSDP_CUDA_EMU=1: the CUDA executor (tests/cudaemu, the CUDA backend's own kernels on the CPU)
+-- is the device, as a GPU would be (tests/cudaemu_spec.lua runs this spec so)
+local emu = os.getenv("FSDP_CUDA_EMU") == "1"
 
 describe("fsdp.cuda without a GPU", function()
-  if has_driver then
-    it("has a driver here: the questions answer for it", function()
+  if has_driver or emu then
+    it("has a driver or the executor here: the questions answer for it", function()
       assert.is_true(fsdp.cuda.device_count() >= 0)
       if fsdp.cuda.is_available() then assert.equal("", fsdp.cuda.why_not()) end
     end)
@@ -79,7 +82,7 @@ describe("libfsdp_cuda.so", function()
     local rc, out = H.lua([[
       local fsdp = require "fsdp"
       print(fsdp.C.fsdp_cuda_check_library(), require("ffi").string(fsdp.C.fsdp_last_error()))]],
-      "FSDP_CUDA_LIB=/nonexistent/libfsdp_cuda.so")
+      "FSDP_CUDA_EMU=0 FSDP_CUDA_LIB=/nonexistent/libfsdp_cuda.so")
     assert.equal(0, rc, out)
     assert.matches("%-1\tlibfsdp_cuda%.so is missing or cannot load %(/nonexistent/libfsdp_cuda%.so", out)
   end)
@@ -94,7 +97,7 @@ local function same_numbers(want, got, what)
   H.assert_close(got, want, 1e-5, 1e-4, what)
 end
 
-describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)", function()
+describe(real_gpu and (emu and "the CUDA executor" or "the GPU") or "the test double of a GPU (backend/testdev)", function()
   if not real_gpu then fsdp._testdev_install() end
   local nn = fsdp.nn
 
@@ -318,7 +321,11 @@ describe(real_gpu and "the GPU" or "the test double of a GPU (backend/testdev)",
         assert.is_true(v == v, c[1])
       end
     end)
+  end
 
+  -- (on every device: the double's checks, a GPU's and the executor's check kernels with the
+  -- device's error slot, backend/cuda/cuda_util.h)
+  do
     it("reports a bad index or target found on the device at the next wait, naming the op; then goes on", function()
       local F = nn.functional
       local emb = nn.Embedding(5, 3):to("cuda")

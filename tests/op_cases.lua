@@ -973,6 +973,7 @@ local conv_cases = {
   { x = { 1, 3, 6, 6 }, w = { 2, 3, 3, 3 }, o = { padding = "valid" } },
   { x = { 1, 2, 7, 7 }, w = { 3, 2, 3, 3 }, o = { stride = 2, padding = 1, positional = true } },
   { x = { 0, 2, 5, 5 }, w = { 3, 2, 3, 3 }, o = {} },                    -- an empty batch
+  { x = { 1, 2, 0, 3 }, w = { 4, 2, 3, 3 }, o = { padding = 2 } },       -- no input rows: the outputs are the bias
   -- Winograd F(2x2, 3x3) geometries: 3x3, stride 1, padding 1, one group, 16+ channels in and out
   { x = { 1, 16, 8, 8 }, w = { 16, 16, 3, 3 }, o = { padding = 1 } },
   { x = { 2, 16, 7, 9 }, w = { 16, 16, 3, 3 }, o = { padding = 1 } },   -- partial tiles on the last row and column

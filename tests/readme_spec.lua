@@ -25,9 +25,16 @@ local function sh_blocks(text)
   return blocks
 end
 
+-- each line of .ci/run, and each one's command before its first VAR=value argument: `make demo-gpt
+-- GPT_STOP_AT=300 ...` (a short form CI runs) counts as the README's `make demo-gpt`
 local function ci_lines()
   local set = {}
-  for line in H.read_file(H.root .. "/.ci/run"):gmatch("[^\n]+") do set[trim(line)] = true end
+  for line in H.read_file(H.root .. "/.ci/run"):gmatch("[^\n]+") do
+    line = trim(line)
+    set[line] = true
+    local head = line:match("^(.-)%s+[%w_]+=%S")
+    if head then set[head] = true end
+  end
   return set
 end
 

@@ -19,6 +19,23 @@ describe("tensor basics", function()
     assert.same({ 0, 1, 9 }, i:totable())
   end)
 
+  -- A float NaN of all-ones bits (what fresh device memory holds, and NaNs with payloads) became a
+  -- double whose top bits are all set, which LuaJIT reads as one of its tagged values: nil
+  -- (found when the CUDA executor's poisoned memory was read back)
+  it("reads every NaN back as NaN, whatever its bits", function()
+    for _, case in ipairs { { "float32", "uint32_t", 0xffffffff }, { "float32", "uint32_t", 0x7fc00001 },
+      { "bfloat16", "uint16_t", 0xffff }, { "float16", "uint16_t", 0xfe01 } } do
+      local t = fsdp.zeros(3, { dtype = case[1] })
+      ffi.cast(case[2] .. "*", fsdp.C.fsdp_tensor_data(t.p))[1] = case[3]
+      local l = t:tolist()
+      assert.equal(3, #l, case[1])
+      assert.equal("number", type(l[2]), case[1])
+      assert.is_true(l[2] ~= l[2], case[1] .. " NaN")
+      assert.is_true(t[2]:item() ~= t[2]:item(), case[1] .. " item")
+      assert.equal(0, l[1] + l[3])
+    end
+  end)
+
   it("rejects ragged tables, bad shapes and unknown dtypes with clear errors", function()
     H.assert_error(function() fsdp.tensor({ { 1, 2 }, { 3 } }) end, "ragged")
     H.assert_error(function() fsdp.zeros({ 2, -1 }) end, "negative size")

@@ -12,7 +12,7 @@
 #   build   compile libfsdp.so and libfsdp_mpi.so and run scripts (`make`)
 #   demo    + the data sets (Fashion-MNIST, the fortunes text) and the plot tool (`make demo`,
 #           `make demo-gpt`)
-#   test    + busted and luarocks (`make test`)
+#   test    + busted, luarocks and g++ (`make test`; g++ builds the CUDA executor, tests/cudaemu)
 #   ci      + the guardrail tools and git (`.ci/run`: lint, format check, valgrind)
 #
 # On a machine without dpkg (not Debian), or with DEPS=skip, nothing is checked: the compiler's
@@ -21,7 +21,7 @@ set -euo pipefail
 
 build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
 demo="$build dataset-fashion-mnist gnuplot-nox fortunes"
-test="$demo libluajit-5.1-dev lua-busted luarocks"
+test="$demo libluajit-5.1-dev lua-busted luarocks g++"
 ci="$test git cppcheck valgrind clang-format iproute2"
 
 mode=install

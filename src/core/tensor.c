@@ -701,7 +701,10 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
   for (int64_t i = 0; i < n; i++) {
     int64_t off = 0;
     for (int j = 0; j < t->ndim; j++) off += idx[j] * t->stride[j];
-    out[i] = fsdp_load_elem(base + off * es, t->dtype);
+    double v = fsdp_load_elem(base + off * es, t->dtype);
+    // one NaN for every NaN: LuaJIT reads a double whose top bits are all set (a NaN with a
+    // payload, as a float NaN of all-ones bits becomes) as one of its tagged values -- nil
+    out[i] = v == v ? v : NAN;
     for (int j = t->ndim - 1; j >= 0; j--) {
       if (++idx[j] < t->shape[j]) break;
       idx[j] = 0;

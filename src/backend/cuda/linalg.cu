@@ -14,6 +14,7 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,15 +98,17 @@ static int lt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&la, ab, tb ? K : N, tb ? N : K, ldb);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&lb, ab, ta ? M : K, ta ? K : M, lda);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc);
-  if (s == CUBLAS_STATUS_SUCCESS && batch > 1) {
+  if (s == CUBLAS_STATUS_SUCCESS && batch > 1) {  // (a refused attribute must not leave one matrix)
     int32_t nb = (int32_t)batch;
     int64_t sbb = sb, saa = sa, scc = sc;
-    cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
-    cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sbb, sizeof sbb);
-    cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
-    cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &saa, sizeof saa);
-    cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
-    cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &scc, sizeof scc);
+    cublasLtMatrixLayout_t ls[3] = {la, lb, lc};
+    int64_t* strides[3] = {&sbb, &saa, &scc};
+    for (int i = 0; i < 3 && s == CUBLAS_STATUS_SUCCESS; i++) {
+      s = cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb, sizeof nb);
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, strides[i],
+                                             sizeof *strides[i]);
+    }
   }
   // the algorithm: cached per shape
   lt_plan* plan = NULL;
@@ -362,8 +365,79 @@ static int dnn_check(const char* what, cudnnStatus_t s) {
   return -1;
 }
 
+// cuDNN takes a geometry only when its output size follows from its input size. A transposed
+// convolution with an output_padding of at least its stride (allowed under dilation) is the input
+// gradient of a convolution whose input has more rows than that convolution's output needs: the
+// output that follows from the input (`full`, one or more rows and columns longer) is computed
+// instead -- its extra rows and columns hold zero gradient going back, so no sum changes -- and a
+// forward result is cut back to the geometry's. (Found by the CUDA executor, tests/cudaemu, whose
+// cuDNN refuses such descriptors as cuDNN does.)
+static fsdp_conv_geom full_output(const fsdp_conv_geom* g) {
+  fsdp_conv_geom f = *g;
+  f.OH = (g->H + 2 * g->ph - (int64_t)g->dh * (g->kh - 1) - 1) / g->sh + 1;
+  f.OW = (g->W + 2 * g->pw - (int64_t)g->dw * (g->kw - 1) - 1) / g->sw + 1;
+  return f;
+}
+// dst (planes, dh, dw) <- the top-left (h, w) of each plane of src (planes, sh, sw); the rest of dst zeros
+__global__ static void plane_window_k(float* dst, int64_t dh, int64_t dw, const float* src, int64_t sh, int64_t sw,
+                                      int64_t planes, int64_t h, int64_t w) {
+  int64_t total = planes * dh * dw;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t pl = i / (dh * dw), r = i / dw % dh, c = i % dw;
+    dst[i] = r < h && c < w ? src[(pl * sh + r) * sw + c] : 0.0f;
+  }
+}
+static void plane_window(float* dst, int64_t dh, int64_t dw, const float* src, int64_t sh, int64_t sw, int64_t planes,
+                         int64_t h, int64_t w) {
+  plane_window_k<<<fsdp_cuda_blocks(planes * dh * dw), NT, 0, fsdp_cuda_stream>>>(dst, dh, dw, src, sh, sw, planes, h,
+                                                                                  w);
+  FSDP_CUDA_LAUNCHED("conv2d");
+}
+static float* output_buffer(const fsdp_conv_geom* f) {
+  void* p = NULL;
+  if (cudaMallocAsync(&p, f->N * f->O * f->OH * f->OW * sizeof(float), fsdp_cuda_stream) != cudaSuccess) {
+    fsdp_cuda_fail("conv2d: output buffer", cudaGetLastError());
+    return NULL;
+  }
+  return (float*)p;
+}
+
+static int cuda_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
+                                const float* x, const float* w);
+
+// An empty sum -- no input channel or pixel (padding alone reaches the outputs) -- is no tensor for
+// cuDNN: the output is the bias (or zeros), and going back the bias gradient is the sum of gy over
+// (N, OH, OW), the other gradients zeros. (Found by the CUDA executor.)
+__global__ static void channel_fill_k(float* y, const float* b, int64_t n, int64_t O, int64_t P) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = b ? b[i / P % O] : 0.0f;
+}
+__global__ static void channel_sum_k(float* gb, const float* gy, int64_t N, int64_t O, int64_t P) {
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < O; c += (int64_t)gridDim.x * blockDim.x) {
+    double s = 0.0;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t k = 0; k < P; k++) s += gy[(n * O + c) * P + k];
+    gb[c] = (float)s;
+  }
+}
+
 static int cuda_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x, const float* w, const float* b) {
-  if (g->N * g->O * g->OH * g->OW == 0) return 0;  // nothing to compute (cuDNN refuses empty tensors)
+  int64_t n = g->N * g->O * g->OH * g->OW;
+  if (n == 0) return 0;           // nothing to compute (cuDNN refuses empty tensors)
+  if (g->C * g->H * g->W == 0) {  // (an empty sum: above)
+    channel_fill_k<<<fsdp_cuda_blocks(n), NT, 0, fsdp_cuda_stream>>>(y, b, n, g->O, g->OH * g->OW);
+    FSDP_CUDA_LAUNCHED("conv2d");
+    return 0;
+  }
+  fsdp_conv_geom f = full_output(g);
+  if (f.OH != g->OH || f.OW != g->OW) {  // (see full_output)
+    float* yf = output_buffer(&f);
+    if (!yf) return -1;
+    int rc = cuda_conv2d_forward(&f, yf, x, w, b);
+    if (!rc) plane_window(y, g->OH, g->OW, yf, f.OH, f.OW, g->N * g->O, g->OH, g->OW);
+    cudaFreeAsync(yf, fsdp_cuda_stream);
+    return rc;
+  }
   conv_plan* p = conv_plan_for(g);
   if (!p) return -1;
   void* ws = ws_alloc(p->ws_fwd);
@@ -379,11 +453,25 @@ static int cuda_conv2d_forward(const fsdp_conv_geom* g, float* y, const float* x
 
 static int cuda_conv2d_backward(const fsdp_conv_geom* g, float* gx, float* gw, float* gb, const float* gy,
                                 const float* x, const float* w) {
-  if (g->N * g->O * g->OH * g->OW == 0 || g->C == 0) {  // an empty sum: the wanted gradients are zeros, as on the CPU
+  fsdp_conv_geom f = full_output(g);
+  if (g->N * g->O * g->OH * g->OW > 0 && g->C > 0 && (f.OH != g->OH || f.OW != g->OW)) {  // (see full_output)
+    float* gyf = output_buffer(&f);
+    if (!gyf) return -1;
+    plane_window(gyf, f.OH, f.OW, gy, g->OH, g->OW, g->N * g->O, g->OH, g->OW);
+    int rc = cuda_conv2d_backward(&f, gx, gw, gb, gyf, x, w);
+    cudaFreeAsync(gyf, fsdp_cuda_stream);
+    return rc;
+  }
+  int64_t outputs = g->N * g->O * g->OH * g->OW;
+  if (outputs == 0 || g->C * g->H * g->W == 0) {  // no output, or an empty sum (above): zeros, as on the CPU
     int64_t groups = g->groups > 0 ? g->groups : 1;
     if (gx) cudaMemsetAsync(gx, 0, g->N * g->C * g->H * g->W * sizeof(float), fsdp_cuda_stream);
     if (gw) cudaMemsetAsync(gw, 0, g->O * (g->C / groups) * g->kh * g->kw * sizeof(float), fsdp_cuda_stream);
-    if (gb) cudaMemsetAsync(gb, 0, g->O * sizeof(float), fsdp_cuda_stream);
+    if (gb && outputs == 0) cudaMemsetAsync(gb, 0, g->O * sizeof(float), fsdp_cuda_stream);
+    if (gb && outputs > 0) {  // (but the bias still sums its outputs' gradients)
+      channel_sum_k<<<fsdp_cuda_blocks(g->O), NT, 0, fsdp_cuda_stream>>>(gb, gy, g->N, g->O, g->OH * g->OW);
+      FSDP_CUDA_LAUNCHED("conv2d backward");
+    }
     return 0;
   }
   conv_plan* p = conv_plan_for(g);

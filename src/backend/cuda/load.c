@@ -9,6 +9,11 @@
  *   4. its init (compute stream, memory pool, cuBLASLt) and the registration of its device table
  *      for FSDP_CUDA, which checks that every entry is there.
  * The outcome is kept: fsdp_cuda_why_not() names the first check that failed.
+ *
+ * FSDP_CUDA_EMU=1 (tests only): the CUDA executor stands in for the GPU -- libfsdp_cudaemu.so, the
+ * same .cu files compiled for the CPU (tests/cudaemu), loads in place of libfsdp_cuda.so
+ * (FSDP_CUDA_EMU_LIB, next to libfsdp.so, the search path), with no driver to ask; everything
+ * after the load is the same.
  */
 #include "core/core.h"
 #include "backend/cuda/cuda.h"
@@ -28,16 +33,24 @@ static const fsdp_cuda_library* g_lib;
 static void host_error(const char* msg) { fsdp_errorf("%s", msg); }
 static const fsdp_cuda_host g_host = {FSDP_CUDA_ABI, host_error, fsdp_check_report};
 
-// libfsdp_cuda.so's table, loaded (not initialized: no GPU needed); NULL with the reason in why
+static int emulated(void) {
+  const char* e = getenv("FSDP_CUDA_EMU");
+  return e && e[0] == '1';
+}
+
+// libfsdp_cuda.so's table (libfsdp_cudaemu.so's under FSDP_CUDA_EMU=1), loaded (not initialized:
+// no GPU needed); NULL with the reason in why
 static const fsdp_cuda_library* load_library(char* why, size_t why_len) {
   char tried[700];
+  int emu = emulated();
+  const char* name = emu ? "libfsdp_cudaemu.so" : "libfsdp_cuda.so";
   // RTLD_LOCAL: its CUDA libraries stay out of the global namespace
-  void* h = fsdp_dlopen_backend("FSDP_CUDA_LIB", "libfsdp_cuda.so", RTLD_NOW | RTLD_LOCAL, tried, sizeof tried);
+  void* h = fsdp_dlopen_backend(emu ? "FSDP_CUDA_EMU_LIB" : "FSDP_CUDA_LIB", name, RTLD_NOW | RTLD_LOCAL, tried,
+                                sizeof tried);
   if (!h) {
-    snprintf(why, why_len,
-             "libfsdp_cuda.so is missing or cannot load (%s); build it with `make` on a machine with nvcc, "
-             "or point FSDP_CUDA_LIB at it",
-             tried);
+    snprintf(why, why_len, "%s is missing or cannot load (%s); build it with `make%s`%s, or point %s at it", name,
+             tried, emu ? " cudaemu" : "", emu ? "" : " on a machine with nvcc",
+             emu ? "FSDP_CUDA_EMU_LIB" : "FSDP_CUDA_LIB");
     return NULL;
   }
   fsdp_cuda_library_getter get = (fsdp_cuda_library_getter)dlsym(h, "fsdp_cuda_library_get");
@@ -50,8 +63,30 @@ static const fsdp_cuda_library* load_library(char* why, size_t why_len) {
   return lib;
 }
 
+// loads, initializes and registers the library for device g_index
+static void attach(void) {
+  const fsdp_cuda_library* lib = load_library(g_why, sizeof g_why);
+  if (!lib) return;
+  if (lib->init(&g_host, g_index, g_why, sizeof g_why)) return;
+  if (fsdp_backend_register(FSDP_CUDA, lib->table)) {
+    snprintf(g_why, sizeof g_why, "%s", fsdp_last_error());
+    return;
+  }
+  size_t free_b = 0, total_b = 0;
+  lib->device_info(g_name, sizeof g_name, &free_b, &total_b);
+  lib->versions(g_versions, sizeof g_versions);
+  g_lib = lib;
+  g_available = 1;
+}
+
 static void probe(void) {
   g_why[0] = 0;
+  if (emulated()) {  // one device, the executor's
+    g_count = 1;
+    g_index = 0;
+    attach();
+    return;
+  }
   void* drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!drv) {
     const char* e = dlerror();
@@ -94,18 +129,7 @@ static void probe(void) {
   } else {
     g_index = local && atoi(local) > 0 ? atoi(local) % g_count : 0;
   }
-  const fsdp_cuda_library* lib = load_library(g_why, sizeof g_why);
-  if (!lib) return;
-  if (lib->init(&g_host, g_index, g_why, sizeof g_why)) return;
-  if (fsdp_backend_register(FSDP_CUDA, lib->table)) {
-    snprintf(g_why, sizeof g_why, "%s", fsdp_last_error());
-    return;
-  }
-  size_t free_b = 0, total_b = 0;
-  lib->device_info(g_name, sizeof g_name, &free_b, &total_b);
-  lib->versions(g_versions, sizeof g_versions);
-  g_lib = lib;
-  g_available = 1;
+  attach();
 }
 
 int fsdp_cuda_is_available(void) {

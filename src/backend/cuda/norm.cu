@@ -216,8 +216,9 @@ __global__ static void gn_dwdb_k(float* dw, float* db, const float* dy, const fl
 static void cuda_group_norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                                      const float* mean, const float* rstd, const float* w, int64_t N, int64_t C,
                                      int64_t S, int64_t G) {
-  if (N * C * S == 0) return;
-  if (dx) gn_dx_k<<<grid_of(N * G), NT, 0, fsdp_cuda_stream>>>(dx, dy, x, mean, rstd, w, N, C, S, G);
+  if (C == 0) return;
+  if (dx && N * S > 0) gn_dx_k<<<grid_of(N * G), NT, 0, fsdp_cuda_stream>>>(dx, dy, x, mean, rstd, w, N, C, S, G);
+  // (no samples: the weight and bias gradients are empty sums, zeros, which the kernel writes)
   if (dw || db) gn_dwdb_k<<<grid_of(C), NT, 0, fsdp_cuda_stream>>>(dw, db, dy, x, mean, rstd, N, C, S, G);
   FSDP_CUDA_LAUNCHED("group_norm backward");
 }
@@ -263,6 +264,7 @@ __global__ static void rms_dw_k(float* dw, const float* dy, const float* x, cons
 }
 static void cuda_rms_norm_backward(float* dx, float* dw, const float* dy, const float* x, const float* rstd,
                                    const float* w, int64_t M, int64_t D) {
+  if (M == 0 && D > 0 && dw) cudaMemsetAsync(dw, 0, D * sizeof(float), fsdp_cuda_stream);  // (an empty sum)
   if (M * D == 0) return;
   if (dx) rms_dx_k<<<grid_of(M), NT, 0, fsdp_cuda_stream>>>(dx, dy, x, rstd, w, M, D);
   if (dw) rms_dw_k<<<fsdp_cuda_blocks(D), NT, 0, fsdp_cuda_stream>>>(dw, dy, x, rstd, M, D);
