@@ -6,11 +6,10 @@
 --   bin/fsdprun -n 2 examples/gpt.lua --resume gpt_ckpt     continue it, exactly as if never stopped
 --   bin/fsdprun examples/gpt.lua --help                     every flag
 --
--- Model (nanoGPT's, PyTorch's state_dict names): token + position embedding, L pre-norm blocks
--- (LayerNorm, causal self-attention through F.scaled_dot_product_attention, LayerNorm, GELU MLP 4x),
--- a final LayerNorm and the LM head, tied to the token embedding unless --untied. Initialisation:
--- N(0, 0.02) for Linear and Embedding weights, N(0, 0.02 / sqrt(2 L)) for the two residual
--- projections of each block, zero biases. Every block and the root are FSDP units.
+-- Model: examples/gpt_model.lua (nanoGPT's, PyTorch's state_dict names), the LM head tied to the
+-- token embedding unless --untied. Built inside fsdp.meta: no rank ever holds the whole model, each
+-- materialises its pieces as it wraps (--eager builds it whole first; the values are the same).
+-- Every block and the root are FSDP units.
 -- Data: the files of FILES below, concatenated in that (sorted) order, one token per byte (the
 -- vocabulary is the bytes that occur); the first 90% trains, the last 10% validates.
 -- Batches: random crops of the token stream. The crop offsets of step s come from a small
@@ -46,6 +45,8 @@ a("--clip", "float", 1.0, "clip the global gradient norm to C (0: off)", 0)
 a("--eval-every", "int", 100, "steps between validation evaluations and checkpoints", 1)
 a("--eval-iters", "int", 8, "validation batches of B crops per evaluation", 1)
 p:add_argument("--bf16", { action = "store_true", help = "mixed precision: bf16 compute, fp32 masters and reduction" })
+p:add_argument("--eager", { action = "store_true", help = "build the whole model on every rank before wrapping\n"
+  .. "(default: on meta, each rank materialising its pieces only; the same values)" })
 a("--seed", "int", 0, "initialisation, crops and sampling", 0)
 a("--data", "str", "/usr/share/games/fortunes", "the fortunes directory")
 a("--limit", "int", nil, "use only the first N bytes of the corpus (CI)", 1)
@@ -82,58 +83,8 @@ local function load_corpus(dir, limit)
   return table.concat(parts):sub(1, limit)
 end
 
-local Attention = nn.Module:extend("CausalSelfAttention")
-function Attention:__init(d, heads)
-  self.heads = heads
-  self.c_attn = nn.Linear(d, 3 * d)
-  self.c_proj = nn.Linear(d, d)
-end
-function Attention:forward(x) -- (B, T, d)
-  local B, T, d = x:size(1), x:size(2), x:size(3)
-  local H = self.heads
-  local qkv = self.c_attn(x)
-  local function head(i) return qkv:narrow(3, i * d + 1, d):reshape(B, T, H, d / H):transpose(2, 3) end
-  local y = F.scaled_dot_product_attention(head(0), head(1), head(2), { causal = true })
-  return self.c_proj(y:transpose(2, 3):reshape(B, T, d))
-end
-
-local MLP = nn.Module:extend("MLP")
-function MLP:__init(d) self.c_fc, self.gelu, self.c_proj = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d) end
-function MLP:forward(x) return self.c_proj(self.gelu(self.c_fc(x))) end
-
-local Block = nn.Module:extend("Block")
-function Block:__init(d, heads)
-  self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(d), Attention(d, heads), nn.LayerNorm(d), MLP(d)
-end
-function Block:forward(x)
-  x = x + self.attn(self.ln_1(x))
-  return x + self.mlp(self.ln_2(x))
-end
-
-local GPT = nn.Module:extend("GPT")
-function GPT:__init(vocab, block, d, heads, layers, untied)
-  self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-  self.h = nn.ModuleList()
-  for _ = 1, layers do self.h:append(Block(d, heads)) end
-  self.ln_f = nn.LayerNorm(d)
-  self.lm_head = nn.Linear(d, vocab, { bias = false })
-  if not untied then self.lm_head.weight = self.wte.weight end
-  fsdp.no_grad(function()
-    for _, m in ipairs(self:modules()) do
-      if m.in_features or m.num_embeddings then m.weight:normal_(0, 0.02) end
-      if m.in_features and m.bias then m.bias:zero_() end
-    end
-    for _, b in ipairs(self.h:children()) do
-      b.attn.c_proj.weight:normal_(0, 0.02 / math.sqrt(2 * layers))
-      b.mlp.c_proj.weight:normal_(0, 0.02 / math.sqrt(2 * layers))
-    end
-  end)
-end
-function GPT:forward(idx) -- (B, T) int64 -> logits (B, T, vocab)
-  local x = self.wte(idx) + self.wpe(fsdp.arange(idx:size(2)))
-  for _, b in ipairs(self.h:children()) do x = b(x) end
-  return self.lm_head(self.ln_f(x))
-end
+-- the model (nanoGPT's; bench/big_model.lua trains a 1-billion-parameter one of it)
+local GPT = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/gpt_model.lua")
 
 local function crop_offsets(seed, step, count, range) -- a Park-Miller generator, exact (gpt_torch.py has the same)
   local s = (seed * 1000003 + step * 7919 + 12345) % 2147483646 + 1
@@ -173,8 +124,11 @@ end
 say("corpus: %d fortunes files from %s, %d bytes, vocabulary %d; train %d / val %d", #FILES, cfg.data, n, V, ntrain,
   n - ntrain)
 
+-- built on meta (no parameter storage: shapes and the recorded initialisation), then each wrap
+-- materialises this rank's pieces only -- the values the eager build (--eager) gives, bit for bit
 fsdp.manual_seed(cfg.seed)
-local model = GPT(V, T, cfg.dim, cfg.heads, cfg.layers, cfg.untied)
+local build = function() return GPT(V, T, cfg.dim, cfg.heads, cfg.layers, cfg.untied) end
+local model = cfg.eager and build() or fsdp.meta(build)
 local nparams = model:num_parameters()
 local mp = cfg.bf16 and { param = "bf16", reduce = "fp32" } or nil
 for _, blk in ipairs(model.h:children()) do fsdp.wrap(blk, { mixed_precision = mp }) end

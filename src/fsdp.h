@@ -34,9 +34,10 @@ extern "C" {
 // FFI-BEGIN
 typedef struct fsdp_tensor fsdp_tensor;
 // Every fsdp_tensor begins with these fields, which Lua reads without a call (a cast of the
-// pointer): fsdp._t checks `piece` for every tensor argument, in the hottest loops.
+// pointer): fsdp._t checks them for every tensor argument, in the hottest loops.
 typedef struct fsdp_tensor_head {
-  int piece;  // 1: a sharded FSDP parameter in its piece form (fsdp_param_piece), else 0
+  int piece;     // 1: a sharded FSDP parameter in its piece form (fsdp_param_piece), else 0
+  int deferred;  // its values are not in memory (fsdp_tensor_deferred): FSDP_DEFERRED_*, else 0
 } fsdp_tensor_head;
 typedef struct fsdp_node fsdp_node;
 typedef struct fsdp_st_file fsdp_st_file;
@@ -216,10 +217,31 @@ int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha);  // t += alpha 
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);
 int fsdp_normal_(fsdp_tensor* t, double mean, double std);
-// t gets values [skip, skip + numel(t)) of a draw of `total` values (the stream moves past all of
-// them): a sharded parameter's piece gets the numbers its whole tensor would
+// t gets values [skip, skip + numel(t)) of a draw of `total` values: a sharded parameter's piece
+// gets the numbers its whole tensor would. A draw takes one key from the RNG stream, whatever its
+// size, and value i of it is a function of (key, i) alone, so a piece is drawn without the rest.
 int fsdp_uniform_slice_(fsdp_tensor* t, double lo, double hi, int64_t skip, int64_t total);
 int fsdp_normal_slice_(fsdp_tensor* t, double mean, double std, int64_t skip, int64_t total);
+int fsdp_add_scalar_(fsdp_tensor* t, double v);  // t += v (as add_ of a tensor full of v)
+
+// ---- deferred values (ops/deferred.c) ---------------------------------------------------------------
+// A meta tensor (built inside fsdp.meta) has a shape, a dtype and no values: what is done to it in
+// place -- fills, scalings, random draws, copies from real tensors -- is recorded on its storage, in
+// order, and replayed when values are asked for (any element range alone: a rank's piece), giving
+// bit for bit what the same calls give on an eager tensor. A file-backed tensor (fsdp.load) reads
+// its values from the file: a range when it is the source of a copy, all of them on other first use.
+typedef enum { FSDP_DEFERRED_META = 1, FSDP_DEFERRED_FILE = 2 } fsdp_deferred_kind;
+// a meta tensor whose values will live on `device` once materialised (Module:to moves a meta
+// tensor's device alone)
+fsdp_tensor* fsdp_meta_empty(int ndim, const int64_t* shape, int dtype, int device);
+// 0 (values in memory), or the fsdp_deferred_kind of t's storage; refreshes t's head
+int fsdp_tensor_deferred(fsdp_tensor* t);
+// t's values brought into memory in place, on `device` (meta: replayed; file: read); every view of
+// the storage sees them. 0, or -1 with the error set
+int fsdp_materialize_(fsdp_tensor* t, int device);
+// elements [start, start + n) of contiguous t, flattened, written into dst (n elements, contiguous,
+// any dtype and device), converting: replayed, read from the file, or copied. 0 or -1
+int fsdp_read_range(const fsdp_tensor* t, int64_t start, int64_t n, fsdp_tensor* dst);
 // t and its .grad take a float dtype in place, keeping the tensor object (module.to(dtype)): new
 // storage with the values converted (rounded to nearest even). Leaves only, not FSDP parameters.
 int fsdp_set_dtype_(fsdp_tensor* t, int dtype);
@@ -418,6 +440,9 @@ fsdp_st_file* fsdp_st_open(const char* path);
 int fsdp_st_count(const fsdp_st_file* f);
 const char* fsdp_st_name(const fsdp_st_file* f, int i);
 fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i);
+// tensor i file-backed (fsdp.h, "deferred values"): read when used, a range when copied from; the
+// file stays open while such tensors live
+fsdp_tensor* fsdp_st_get_lazy(fsdp_st_file* f, int i);
 const char* fsdp_st_metadata(const fsdp_st_file* f);  // raw JSON of __metadata__ or ""
 void fsdp_st_close(fsdp_st_file* f);
 

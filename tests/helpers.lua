@@ -224,6 +224,23 @@ function H.lua(code, env, timeout)
 end
 
 -- whether multi-rank runs are possible here (libfsdp_mpi.so built and mpirun installed)
+-- runs a check-list script (tests/scripts/checks.lua) at np ranks and asserts every check passed,
+-- at least min_checks of them: the failed checks' names and their DETAIL lines make the message
+function H.check_script(script, np, args, min_checks)
+  local rc, out = H.sh(("%s -n %d %s %s"):format(H.fsdprun, np, H.scripts .. script, args or ""),
+    "FSDP_COMM_TIMEOUT=60", 300)
+  out = H.untag(out)
+  local failed, details = {}, {}
+  for name in out:gmatch("CHECK (.-)%s+FAIL\n") do failed[#failed + 1] = name end
+  for line in out:gmatch("DETAIL [^\n]*") do details[#details + 1] = line; if #details > 12 then break end end
+  assert(#failed == 0, ("%s at world size %d: %d checks failed: %s\n%s"):format(script, np, #failed,
+    table.concat(failed, "; "), table.concat(details, "\n")))
+  local n = out:match("SUMMARY ws=%d+ checks=(%d+) failed=0")
+  assert(n and tonumber(n) >= min_checks, ("%s at world size %d: no clean SUMMARY line:\n%s"):format(script, np,
+    out:sub(-3000)))
+  assert(rc == 0, out:sub(-3000))
+end
+
 function H.has_mpi()
   local f = io.open(H.root .. "/libfsdp_mpi.so", "rb")
   if not f then return false end

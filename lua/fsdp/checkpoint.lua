@@ -457,7 +457,14 @@ local function assemble(ck, key, name, start, length, what)
     error(("%s: the rank files of '%s' do not cover elements [%d, %d) of %q"):format(what, ck.path, pos, stop, key), 0)
   end
   if #parts == 1 then return parts[1]:contiguous() end
-  return fsdp.cat(parts, 1)
+  -- (copied part by part: from the file-backed tensors fsdp.load gives, each copy reads its range only)
+  local out = fsdp.empty({ length }, { dtype = dtype })
+  local at = 1
+  for _, part in ipairs(parts) do
+    out:narrow(1, at, part:numel()):copy_(part)
+    at = at + part:numel()
+  end
+  return out
 end
 
 -- ---- load ----------------------------------------------------------------------------------------

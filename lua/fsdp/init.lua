@@ -243,15 +243,53 @@ function fsdp._piece_error(v, fn, arg, level)
     name, table.concat(shape, "x"), unit, fsdp.rank(), holds), level + 1)
 end
 
+-- A tensor whose values are not in memory (fsdp.h, "deferred values"): a meta tensor (made inside
+-- fsdp.meta) answers its shape and dtype, makes views, and records the in-place writes below -- how
+-- layers initialise parameters -- to be replayed when it is materialised (fsdp.wrap, to_empty);
+-- anything that reads its values is an error saying how to materialise it. A file-backed tensor
+-- (fsdp.load) is read whole on its first use, except as the source of a copy_, which reads only
+-- what it copies (a rank's piece of a parameter).
+local META_METHODS = { dim = true, numel = true, shape = true, size = true, version = true, tostring = true,
+  requires_grad_ = true, register_hook = true, zero_ = true, fill_ = true, mul_ = true, add_ = true, copy_ = true,
+  uniform_ = true, normal_ = true, view = true, reshape = true, narrow = true, select = true, index = true,
+  t = true, transpose = true, permute = true, expand = true, unsqueeze = true, squeeze = true, flatten = true,
+  split = true, chunk = true, contiguous = true, detach = true, is_contiguous = true, stride = true,
+  storage_offset = true }
+local FILE_METHODS = { dim = true, numel = true, shape = true, size = true, version = true, view = true,
+  reshape = true, narrow = true, expand = true, flatten = true, contiguous = true, is_contiguous = true,
+  stride = true, storage_offset = true }
+function fsdp._meta_error(v, fn, arg, level)
+  local shape = {}
+  for i, d in ipairs(v:shape()) do shape[i] = tostring(d) end
+  error(("%s: %stensor of shape (%s) is on meta (made inside fsdp.meta): it has no values yet. Materialise it "
+    .. "first: fsdp.wrap(model) gives each rank its pieces, model:to_empty{device = \"cpu\"} whole tensors (with "
+    .. "the values its recorded initialisation gives); a module whose initialisation cannot be recorded is built "
+    .. "eagerly on rank 0 and wrapped with {sync_module_states = true}"):format(fn,
+    arg and arg ~= "self" and (arg .. ": ") or "", table.concat(shape, ", ")), level + 1)
+end
+-- v's pointer once its special form allows fn (a piece: PIECE_METHODS; deferred values: above)
+local function special(v, p, fn, arg, level)
+  local h = ffi.cast(head_ptr, p)
+  if h.piece ~= 0 and not (arg == nil and PIECE_METHODS[fn]) then fsdp._piece_error(v, fn, arg, level + 1) end
+  if h.deferred ~= 0 then
+    local d = C.fsdp_tensor_deferred(p)  -- (another view may have brought the values in since)
+    if d == 1 and not (arg == nil and META_METHODS[fn]) then
+      fsdp._meta_error(v, fn, arg, level + 1)
+    elseif d == 2 and not (arg == nil and FILE_METHODS[fn]) and not (fn == "copy_" and arg == "src") then
+      if C.fsdp_materialize_(p, C.fsdp_tensor_device(p)) ~= 0 then fsdp._raise(level + 1) end
+    end
+  end
+  return p
+end
+
 -- fsdp._t(v, fn[, arg = "self"[, want = "a tensor"]]): the C pointer of tensor argument v of
 -- function fn, or a Lua error (at the level of fn's caller)
 function fsdp._t(v, fn, arg, want)
   if ffi.istype(handle_ct, v) then
     local p = v.p
     if p ~= nil then
-      if ffi.cast(head_ptr, p).piece ~= 0 and not (arg == nil and PIECE_METHODS[fn]) then
-        fsdp._piece_error(v, fn, arg, 3)
-      end
+      local h = ffi.cast(head_ptr, p)
+      if h.piece ~= 0 or h.deferred ~= 0 then return special(v, p, fn, arg, 3) end
       return p
     end
   end
@@ -264,7 +302,8 @@ function fsdp._p(v, fn, arg)
   if ffi.istype(handle_ct, v) then
     local p = v.p
     if p ~= nil then
-      if ffi.cast(head_ptr, p).piece ~= 0 then fsdp._piece_error(v, fn or "?", arg, 3) end
+      local h = ffi.cast(head_ptr, p)
+      if h.piece ~= 0 or h.deferred ~= 0 then return special(v, p, fn or "?", arg or "argument", 3) end
       return p
     end
   end
@@ -428,16 +467,41 @@ local wrap, shape = fsdp._wrap, fsdp._shape
 function fsdp.is_tensor(x) return (Tensor.is(x)) end
 
 -- the device a creation function makes its tensor on: opts.device, else the default device
--- (fsdp.set_default_device; "cpu" to begin with)
+-- (fsdp.set_default_device; "cpu" to begin with). META: a meta tensor (fsdp.meta)
+local META = -1
 local default_device = 0
+local meta_target = 0  -- (where meta tensors' values will live: the default device before "meta")
 local function device_opt(opts, op)
   if opts.device == nil then return default_device end
+  if opts.device == "meta" then return META end
   return fsdp._device(opts.device, op, 3)
 end
+-- fsdp.set_default_device("cpu" | "cuda" | "meta"): where creation functions make tensors
 function fsdp.set_default_device(device)
-  default_device = fsdp._device(device, "set_default_device", 2)
+  if device == "meta" then
+    if default_device ~= META then meta_target = default_device end
+    default_device = META
+  else
+    default_device = fsdp._device(device, "set_default_device", 2)
+  end
 end
-function fsdp.get_default_device() return default_device == 0 and "cpu" or "cuda" end
+function fsdp.get_default_device()
+  return default_device == META and "meta" or default_device == 0 and "cpu" or "cuda"
+end
+-- fsdp.meta(fn, ...): fn(...)'s results, with the tensors that shape-made creation functions make
+-- inside it (empty, zeros, ones, full, rand, randn, and so every layer's parameters and buffers) on
+-- meta: shapes, dtypes and names without storage, their initialisation recorded (PyTorch's `with
+-- torch.device("meta")`). Tensors made from data (fsdp.tensor, arange, a loaded file) stay real.
+function fsdp.meta(fn, ...)
+  fsdp._fn(fn, "fsdp.meta", "fn")
+  local prev, prev_target = default_device, meta_target
+  fsdp.set_default_device("meta")
+  local function pack(...) return { n = select("#", ...), ... } end
+  local r = pack(pcall(fn, ...))
+  default_device, meta_target = prev, prev_target
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
 -- a tensor made on the CPU (values drawn or filled there) moved to the device asked for
 local function placed(t, dev)
   if dev == 0 then return t end
@@ -451,6 +515,7 @@ function fsdp.tensor(data, dtype)
   dtype = opts.dtype
   local dt = fsdp._dtype(dtype)
   local dev = device_opt(opts, "fsdp.tensor")
+  if dev == META then dev = 0 end  -- (made from data: real)
   if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
   local dims, flat = {}, {}
   local node = data
@@ -491,25 +556,40 @@ local function split_opts(...)
   return args, opts
 end
 
+-- a meta tensor of the shape (n, arr), with fill value v recorded (nil: empty); inside fsdp.meta its
+-- values will live on the default device of before (meta_target)
+local function meta_full(n, arr, v, dtype)
+  local t = wrap(C.fsdp_meta_empty(n, arr, fsdp._dtype(dtype), meta_target))
+  if v ~= nil then fsdp._check(C.fsdp_fill_(t.p, v)) end
+  return t
+end
 function fsdp.empty(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), device_opt(opts, "empty"))))
+  local dev = device_opt(opts, "empty")
+  if dev == META then return meta_full(n, arr, nil, opts.dtype) end
+  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.full(size, value, opts)
   local n, arr = shape(size)
   opts = type(opts) == "table" and opts or { dtype = opts }
-  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype), device_opt(opts, "full"))))
+  local dev = device_opt(opts, "full")
+  if dev == META then return meta_full(n, arr, value, opts.dtype) end
+  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.zeros(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), device_opt(opts, "zeros"))))
+  local dev = device_opt(opts, "zeros")
+  if dev == META then return meta_full(n, arr, 0, opts.dtype) end
+  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.ones(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), device_opt(opts, "ones"))))
+  local dev = device_opt(opts, "ones")
+  if dev == META then return meta_full(n, arr, 1, opts.dtype) end
+  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), dev)))
 end
 local function full_like(t, v, op)
   fsdp._t(t, op, "input")
@@ -523,12 +603,16 @@ function fsdp.ones_like(t) return full_like(t, 1, "ones_like") end
 function fsdp.randn(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return placed(wrap(C.fsdp_randn(n, arr, 0, 1)), device_opt(opts, "randn"))
+  local dev = device_opt(opts, "randn")
+  if dev == META then return meta_full(n, arr):normal_(0, 1) end
+  return placed(wrap(C.fsdp_randn(n, arr, 0, 1)), dev)
 end
 function fsdp.rand(...)
   local args, opts = split_opts(...)
   local n, arr = shape(unpack(args))
-  return placed(wrap(C.fsdp_rand(n, arr, 0, 1)), device_opt(opts, "rand"))
+  local dev = device_opt(opts, "rand")
+  if dev == META then return meta_full(n, arr):uniform_(0, 1) end
+  return placed(wrap(C.fsdp_rand(n, arr, 0, 1)), dev)
 end
 -- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
@@ -704,7 +788,7 @@ setmetatable(fsdp, {
     elseif k == "save" or k == "load" then
       return require("fsdp.io")[k]
     elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "clip_grad_value" or k == "unit_states"
-      or k == "all_idle" or k == "summary" then
+      or k == "all_idle" or k == "summary" or k == "reset_parameters" then
       return require("fsdp.wrap")[k]
     elseif k == "save_sharded" or k == "load_sharded" then
       return require("fsdp.checkpoint")[k]

@@ -166,9 +166,15 @@ function M.save(path, tensors, metadata)
   if C.fsdp_st_save(path, n, cnames, ctensors, meta) ~= 0 then fsdp._raise(2) end
 end
 
--- fsdp.load(path) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
-function M.load(path)
+-- fsdp.load(path[, {lazy = true}]) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
+-- The tensors are file-backed (lazy, the default): each reads its values from the file when first
+-- used, and as the source of a copy_ only the elements copied -- so model:load_state_dict(fsdp.load(p))
+-- on a wrapped model reads each rank's pieces and no more (PyTorch's mmap=True / safetensors'
+-- safe_open). The file stays open while any of them lives. {lazy = false} reads everything now.
+function M.load(path, opts)
   if type(path) ~= "string" then error(("fsdp.load: path must be a string, got a %s"):format(type(path)), 2) end
+  if opts ~= nil and type(opts) ~= "table" then error(("fsdp.load: opts must be a table like {lazy = false}, got a %s"):format(type(opts)), 2) end
+  local get = (opts == nil or opts.lazy ~= false) and C.fsdp_st_get_lazy or C.fsdp_st_get
   local f = C.fsdp_st_open(path)
   if f == nil then fsdp._raise(2) end
   local ok, tensors, metadata = pcall(function()
@@ -176,7 +182,7 @@ function M.load(path)
     for i = 0, C.fsdp_st_count(f) - 1 do
       local name = C.fsdp_st_name(f, i)
       if name == nil then fsdp._raise(1) end
-      out[ffi.string(name)] = fsdp._wrap(C.fsdp_st_get(f, i))
+      out[ffi.string(name)] = fsdp._wrap(get(f, i))
     end
     return out, parse_metadata(ffi.string(C.fsdp_st_metadata(f)))
   end)

@@ -34,7 +34,10 @@ function Tensor._init(lib)
       return n ~= "" and n or nil
     end,
     dtype = function(t) return lib._dtype_names[C.fsdp_tensor_dtype(t.p)] end,
-    device = function(t) return C.fsdp_tensor_device(t.p) == 0 and "cpu" or "cuda" end,
+    device = function(t)
+      if C.fsdp_tensor_deferred(t.p) == 1 then return "meta" end
+      return C.fsdp_tensor_device(t.p) == 0 and "cpu" or "cuda"
+    end,
     ndim = function(t) return (t:dim()) end,
     T = function(t) return (t:t()) end,
   }
@@ -245,7 +248,7 @@ function methods.tostring(t)
     t.device ~= "cpu" and (", device=" .. t.device) or "", t.grad_fn and (", grad_fn=" .. t.grad_fn) or (t.requires_grad and ", requires_grad=true" or ""),
     sharded)
   local n = tonumber(C.fsdp_tensor_numel(p))  -- before any table of values: an empty (1e7, 0) has no values but 1e7 rows
-  if n > 64 then return head end
+  if n > 64 or t.device == "meta" then return head end
   if n == 0 then return head .. " []" end
   local function fmt(v)
     if type(v) == "table" then
@@ -323,8 +326,7 @@ end
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
-    local one = fsdp.full(fsdp._held_shape(t), other, { device = t.device })
-    check(C.fsdp_add_(p, one.p, N(alpha, "add_", "alpha", 1)))
+    check(C.fsdp_add_scalar_(p, other * N(alpha, "add_", "alpha", 1)))
   else
     other = piece_operand(t, other, "add_", "other")
     local held = fsdp._held_shape(t)
@@ -381,9 +383,10 @@ local float_dtypes = { float32 = true, bfloat16 = true, float16 = true }
 local function comparison(name, cfn)
   methods[name] = function(a, b)
     local p = T(a, name)
-    if type(b) == "number" then
-      local dt = a.dtype
-      b = fsdp.full({}, b, { dtype = float_dtypes[dt] and dt or "float32", device = a.device })
+    if type(b) == "number" then  -- (C directly, as scalar_like)
+      local dt = C.fsdp_tensor_dtype(p)
+      if not float_dtypes[fsdp._dtype_names[dt]] then dt = C.FSDP_F32 end
+      b = wrap(C.fsdp_full(0, nil, b, dt, C.fsdp_tensor_device(p)))
     end
     return (wrap(C[cfn](p, T(b, name, "other", TN))))
   end
@@ -575,7 +578,8 @@ Tensor.functions = functions
 -- a number argument of a binary function becomes a 0-dim tensor of the other's dtype and device
 local function scalar_like(v, other)
   if not Tensor.is(other) then return (fsdp.full({}, v)) end
-  return (fsdp.full({}, v, { dtype = other.dtype, device = other.device }))
+  -- (C directly: this runs inside hot arithmetic loops, whose traces must stay short)
+  return (wrap(C.fsdp_full(0, nil, v, C.fsdp_tensor_dtype(other.p), C.fsdp_tensor_device(other.p))))
 end
 
 -- fsdp.where(cond, x, y): x where cond (a bool tensor) holds, else y; x, y tensors or numbers

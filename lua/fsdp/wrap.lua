@@ -255,6 +255,10 @@ function W.wrap(module, opts)
     end
   end
   check(C.fsdp_unit_set_params(c, #ps, arr, carr))
+  -- buffers built on meta (fsdp.meta) are not sharded: every rank materialises them whole
+  for _, b in module:named_buffers() do
+    if C.fsdp_tensor_deferred(b.p) == 1 then check(C.fsdp_materialize_(b.p, C.fsdp_tensor_device(b.p))) end
+  end
   rawset(module, "_fsdp_unit", u)
   rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
   -- and module:forward(x) runs it too (as PyTorch's FSDP(module).forward(x) does): __call runs the
@@ -782,8 +786,14 @@ function W.state_dict(m, plain_state_dict, opts)
   end, { writeback = false })
 end
 
+-- load_state_dict of a model containing units: each rank copies its pieces out of the full entries
+-- (no gather: a sharded parameter's copy_ takes its piece; from fsdp.load's file-backed tensors it
+-- reads only that piece), buffers whole
 function W.load_state_dict(m, plain_load, sd, strict)
-  return W.summon_full_params(m, function() return plain_load(m, sd, strict) end, { writeback = true })
+  if not W.all_idle() then
+    error("load_state_dict: a wrapped model loads between steps, not inside its forward or backward", 3)
+  end
+  return plain_load(m, sd, strict)
 end
 
 -- ---- what nn.Module gains from this file ------------------------------------------------------------
@@ -795,6 +805,42 @@ Module._state_dict_providers[#Module._state_dict_providers + 1] = {
   -- model:apply(fn) after wrapping sees and writes whole parameters, as PyTorch FSDP's apply does
   with_full_params = function(m, fn) return W.summon_full_params(m, fn, { writeback = true }) end,
 }
+-- fsdp.reset_parameters(model): every module's reset_parameters() (children before their parent, as
+-- constructors run them), the loop PyTorch users write after to_empty. A module that holds
+-- parameters of its own and has no reset_parameters is an error naming it. On a wrapped model it
+-- runs with whole parameters (summon_full_params), so each layer's init reads as it does eagerly.
+function W.reset_parameters(model)
+  if type(model) ~= "table" or not rawget(model, "_modules") then
+    fsdp._arg_error("reset_parameters", "model", "an nn.Module", model, 2)
+  end
+  local order = {}
+  local function walk(m, path)  -- registration order, children first
+    for _, name in ipairs(rawget(m, "_modules").names) do
+      local c = rawget(m, "_modules").values[name]
+      if c then walk(c, path == "" and name or (path .. "." .. name)) end
+    end
+    order[#order + 1] = { m, path }
+  end
+  walk(model, "")
+  for _, e in ipairs(order) do
+    local m, path = e[1], e[2]
+    if #m:parameters(false) > 0 and type(m.reset_parameters) ~= "function" then
+      error(("reset_parameters: module '%s' (%s) holds parameters and has no reset_parameters(): give it one (its "
+        .. "parameters' initialisation, in place), or build the model eagerly on rank 0 and wrap it with "
+        .. "{sync_module_states = true}"):format(path == "" and "<root>" or path, module_label(m)), 2)
+    end
+  end
+  local function run()
+    fsdp.no_grad(function()
+      for _, e in ipairs(order) do
+        if type(e[1].reset_parameters) == "function" then e[1]:reset_parameters() end
+      end
+    end)
+  end
+  if W.has_units(model) then W.summon_full_params(model, run, { writeback = true }) else run() end
+  return model
+end
+
 function Module:no_sync(fn) return W.no_sync(self, fn) end
 function Module:summon_full_params(fn, opts) return W.summon_full_params(self, fn, opts) end
 

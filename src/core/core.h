@@ -64,6 +64,24 @@ void fsdp_mem_move(size_t nbytes, int device, int from_cat, int to_cat);
 int fsdp_default_mem_category(void);
 void fsdp_set_default_mem_category(int cat);
 
+// Where a file-backed storage's bytes are (ops/deferred.c; io/safetensors.c makes them): read
+// copies nbytes from byte `offset` of the storage; release drops ctx with the storage
+typedef struct fsdp_source {
+  int (*read)(void* ctx, void* dst, size_t nbytes, int64_t offset);  // 0, or -1 with the error set
+  void (*release)(void* ctx);
+  void* ctx;
+} fsdp_source;
+// one in-place write recorded on a meta storage (ops/deferred.c), with the view it wrote
+typedef struct fsdp_step {
+  int kind;                 // STEP_* of ops/deferred.c
+  int dtype;                // the view's dtype (the storage's)
+  double a, b;              // the value; or the draw's law (lo, hi) or (mean, std)
+  uint64_t key;             // a draw's key
+  struct fsdp_tensor* src;  // a copy's values: contiguous, the view's shape and dtype (owning ref)
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS], stride[FSDP_MAX_DIMS], offset;
+} fsdp_step;
+
 typedef struct fsdp_storage {
   _Atomic int refcount;  // atomic: a tensor may be released from another thread
   int device;
@@ -76,6 +94,12 @@ typedef struct fsdp_storage {
   // materialize hook to bring it back before a backward node reads it.
   void* owner;
   _Atomic int saved_refs;  // views of it that graph nodes hold saved for backward
+  // deferred values (ops/deferred.c; data is NULL while they are): a meta storage has none yet, only
+  // the writes done to it (steps); a file-backed one (source.read set) has them in a file
+  int meta;
+  int nsteps, steps_cap;
+  fsdp_step* steps;
+  fsdp_source source;
 } fsdp_storage;
 // the hook that brings back an owned storage's data: 0, or -1 with the error set. One hook for
 // the process, installed by the owner's subsystem (dist/sched.c).
@@ -187,6 +211,10 @@ int fsdp_check_same_device(const char* op, const fsdp_tensor* a, const fsdp_tens
 uint64_t fsdp_rng_next(void);   // xoshiro256**
 double fsdp_rng_uniform(void);  // [0, 1)
 double fsdp_rng_normal(void);
+// counter-based draws: value i of the draw keyed `key` (a tensor's draw takes one key from the
+// stream), a function of (key, i) alone
+double fsdp_draw_uniform(uint64_t key, int64_t i);  // [0, 1)
+double fsdp_draw_normal(uint64_t key, int64_t i);
 
 // ---- autograd ---------------------------------------------------------------------------------------
 #define FSDP_NODE_MAX_INPUTS 8

@@ -209,6 +209,23 @@ uint64_t fsdp_rng_next(void) {
   return r;
 }
 double fsdp_rng_uniform(void) { return (double)(fsdp_rng_next() >> 11) * 0x1.0p-53; }
+// counter-based: splitmix64's finaliser of the counter, offset by the key and mixed again (each
+// value depends on key and counter only; neighbouring counters and keys give unrelated bits)
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double draw_bits(uint64_t key, uint64_t counter) {
+  uint64_t z = mix64(key + mix64(counter * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull));
+  return (double)(z >> 11) * 0x1.0p-53;
+}
+double fsdp_draw_uniform(uint64_t key, int64_t i) { return draw_bits(key, 2 * (uint64_t)i); }
+double fsdp_draw_normal(uint64_t key, int64_t i) {  // Box-Muller on counters 2i and 2i + 1
+  double u1 = draw_bits(key, 2 * (uint64_t)i), u2 = draw_bits(key, 2 * (uint64_t)i + 1);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
 double fsdp_rng_normal(void) {  // Box-Muller, one value per call (no hidden cached state)
   double u1 = fsdp_rng_uniform(), u2 = fsdp_rng_uniform();
   if (u1 < 1e-300) u1 = 1e-300;
@@ -378,8 +395,16 @@ void fsdp_storage_drop_data(fsdp_storage* s) {
 void fsdp_storage_release(fsdp_storage* s) {
   if (s && --s->refcount == 0) {
     fsdp_storage_drop_data(s);
+    for (int i = 0; i < s->nsteps; i++) fsdp_tensor_release(s->steps[i].src);
+    free(s->steps);
+    if (s->source.release) s->source.release(s->source.ctx);
     free(s);
   }
+}
+// the head's `deferred` of a view of s (fsdp.h)
+static int deferred_of(const fsdp_storage* s) {
+  if (s->data) return 0;
+  return s->meta ? FSDP_DEFERRED_META : s->source.read ? FSDP_DEFERRED_FILE : 0;
 }
 static _Atomic(fsdp_materialize_fn) g_materialize;
 void fsdp_set_materialize_hook(fsdp_materialize_fn fn) { atomic_store(&g_materialize, fn); }
@@ -389,6 +414,22 @@ int fsdp_storage_materialize(fsdp_storage* s) {
   return fn(s->owner);
 }
 int fsdp_check_data(const char* op, const fsdp_tensor* t) {
+  fsdp_storage* s = t->storage;
+  if (s->data || s->nbytes == 0) return 0;
+  CHECK_INT(!s->meta,
+            "%s: tensor of shape %s is on meta (made inside fsdp.meta): it has no values yet. Materialise it first: "
+            "fsdp.wrap(model) gives each rank its pieces, model:to_empty{device = ...} whole tensors",
+            op, SH(t));
+  if (s->source.read) {  // file-backed: read it all now, on its first use as an op's input
+    if (fsdp_storage_ensure_data(s)) return -1;
+    if (s->source.read(s->source.ctx, s->data, s->nbytes, 0)) {
+      fsdp_storage_drop_data(s);
+      return -1;
+    }
+    s->source.release(s->source.ctx);
+    memset(&s->source, 0, sizeof s->source);
+    return 0;
+  }
   CHECK_INT(t->storage->data || t->storage->nbytes == 0,
             "%s: tensor of shape %s views the gathered parameters of an FSDP unit that is resharded now "
             "(use summon_full_params to read full parameters outside forward)",
@@ -475,6 +516,7 @@ fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64
   fsdp_contiguous_strides(ndim, shape, t->stride);
   t->offset = offset;
   t->storage = s;
+  t->head.deferred = deferred_of(s);
   s->refcount++;
   return t;
 }
@@ -545,6 +587,7 @@ fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape,
   memcpy(v->stride, stride, ndim * sizeof(int64_t));
   v->offset = offset;
   v->storage = t->storage;
+  v->head.deferred = deferred_of(v->storage);
   v->storage->refcount++;
   return v;
 }
@@ -566,7 +609,7 @@ int fsdp_tensor_device(const fsdp_tensor* t) { return fsdp_device_of(t); }
 int fsdp_tensor_mem_category(const fsdp_tensor* t) { return t->storage->cat; }
 void fsdp_tensor_set_mem_category(fsdp_tensor* t, int cat) {
   if (cat < 0 || cat >= FSDP_MEM_NCAT || cat == t->storage->cat) return;
-  fsdp_mem_move(t->storage->nbytes, t->storage->device, t->storage->cat, cat);
+  if (t->storage->data) fsdp_mem_move(t->storage->nbytes, t->storage->device, t->storage->cat, cat);
   t->storage->cat = cat;
 }
 void* fsdp_tensor_data(const fsdp_tensor* t) { return fsdp_ptr(t); }

@@ -24,6 +24,7 @@
  * unit creation order in the catch-all.
  */
 #include "dist/unit.h"
+#include "ops/ops.h"
 #include "dist/comm.h"
 
 fsdp_unit** fsdp_units;
@@ -184,6 +185,69 @@ static int adopt(fsdp_unit* u, int n, fsdp_tensor** ts, const char* const* names
   return fsdp_shard_layout(u);
 }
 
+// a collective's completion: 0, or -1 with its error set (w NULL: the error of starting it)
+static int wait_free(fsdp_work* w) {
+  int rc = w ? fsdp_work_wait(w) : -1;
+  fsdp_work_free(w);
+  return rc;
+}
+static int bcast_i64(int64_t* v, int64_t n, const char* tag) {
+  fsdp_tensor* b = fsdp_new(1, &n, FSDP_I64, FSDP_CPU);
+  if (!b) return -1;
+  memcpy(fsdp_i64(b), v, (size_t)n * sizeof *v);
+  int rc = wait_free(fsdp_broadcast(b, 0, tag));
+  if (!rc) memcpy(v, fsdp_i64(b), (size_t)n * sizeof *v);
+  fsdp_tensor_release(b);
+  return rc;
+}
+// Parameter t takes rank 0's values (sync_module_states). Real values are broadcast (a meta t
+// first gets storage for them). A parameter on meta on rank 0 has no values to send: its recorded
+// initialisation (ops/deferred.c) is, a few numbers, and every rank replays it for its own piece
+// when the unit lays out its shards -- the same values at any world size, and no rank holds the whole.
+static int sync_param(fsdp_tensor* t, const char* tag) {
+  // what every rank learns first: whether rank 0 built t on meta, and how many ranks did not
+  int64_t one = 2;
+  fsdp_tensor* how = fsdp_new(1, &one, FSDP_F32, FSDP_CPU);
+  if (!how) return -1;
+  int meta = t->storage->meta;
+  fsdp_f32(how)[0] = fsdp_comm_rank() == 0 && meta;
+  fsdp_f32(how)[1] = !meta;
+  int rc = wait_free(fsdp_all_reduce(how, FSDP_REDUCE_SUM, tag));
+  int root_meta = rc ? 0 : fsdp_f32(how)[0] > 0, eager_ranks = rc ? 0 : (int)fsdp_f32(how)[1];
+  fsdp_tensor_release(how);
+  if (rc) return -1;
+  if (!root_meta) {
+    if (meta && fsdp_materialize_(t, fsdp_device_of(t))) return -1;
+    return wait_free(fsdp_broadcast(t, 0, tag));
+  }
+  CHECK_INT(eager_ranks == 0,
+            "fsdp.wrap '%s': rank 0 built this parameter on meta (fsdp.meta) and %d other rank(s) eagerly: build the "
+            "model the same way on every rank (or eagerly on rank 0 only: sync_module_states sends its values)",
+            tag, eager_ranks);
+  int64_t head = fsdp_meta_steps(t);  // rank 0's count of steps
+  if (bcast_i64(&head, 1, tag)) return -1;
+  int n = (int)head;
+  int64_t words = (int64_t)n * FSDP_META_STEP_WORDS;
+  int64_t* packed = malloc((size_t)(words > 0 ? words : 1) * sizeof *packed);
+  fsdp_tensor** srcs = calloc(n > 0 ? (size_t)n : 1, sizeof *srcs);
+  rc = packed && srcs ? 0 : -1;
+  if (rc) fsdp_errorf("fsdp.wrap '%s': out of memory", tag);
+  if (!rc && fsdp_comm_rank() == 0) rc = fsdp_meta_pack(t, packed);
+  if (!rc && words > 0) rc = bcast_i64(packed, words, tag);
+  for (int i = 0; !rc && i < n; i++) {  // the values of rank 0's copies, in a tensor of their shape
+    if (packed[(int64_t)i * FSDP_META_STEP_WORDS] != FSDP_STEP_COPY) continue;
+    const int64_t* w = packed + (int64_t)i * FSDP_META_STEP_WORDS;
+    srcs[i] = fsdp_comm_rank() == 0 ? fsdp_meta_step_src(t, i) : fsdp_new((int)w[5], w + 7, (int)w[1], FSDP_CPU);
+    if (fsdp_comm_rank() == 0) fsdp_tensor_retain(srcs[i]);
+    rc = srcs[i] ? wait_free(fsdp_broadcast(srcs[i], 0, tag)) : -1;
+  }
+  if (!rc && fsdp_comm_rank() != 0) rc = fsdp_meta_unpack(t, n, packed, srcs);
+  for (int i = 0; srcs && i < n; i++) fsdp_tensor_release(srcs[i]);
+  free(srcs);
+  free(packed);
+  return rc;
+}
+
 int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** names) {
   CHECK_INT(u->state == FSDP_UNIT_IDLE, "FSDP unit '%s': parameters can only change while it is idle (state %s)",
             u->path, state_names[u->state]);
@@ -255,10 +319,7 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     for (int i = 0; i < n; i++) {
       char tag[256];  // the parameter's name makes a shape mismatch between ranks self-explanatory
       snprintf(tag, sizeof tag, "%s: %s", u->path, names && names[i] ? names[i] : "?");
-      fsdp_work* w = u->opts.sync_module_states ? fsdp_broadcast(ts[i], 0, tag) : fsdp_comm_agree_shape(ts[i], tag);
-      int rc = w ? fsdp_work_wait(w) : -1;
-      fsdp_work_free(w);
-      if (rc) return -1;
+      if (u->opts.sync_module_states ? sync_param(ts[i], tag) : wait_free(fsdp_comm_agree_shape(ts[i], tag))) return -1;
     }
   return adopt(u, n, ts, names);
 }

@@ -125,10 +125,12 @@ int fsdp_shard_layout(fsdp_unit* u) {
     fsdp_storage* dst = u->g[p->group].shard;
     if (p->t->owner == u) {  // moved between groups or re-laid out: the chunk travels as is
       copy_run(dst, FSDP_F32, p->shard_off, old[old_group[i]].shard, FSDP_F32, old_off[i], p->chunk);
-    } else {  // standalone: cut this rank's piece out of the full values
-      fsdp_tensor* full = fsdp_as_contig(p->t);
-      int rc =
-          full ? copy_run(dst, FSDP_F32, p->shard_off, full->storage, FSDP_F32, full->offset + p->start, p->len) : -1;
+    } else {  // standalone: cut this rank's piece out of the full values (replayed or read when deferred)
+      fsdp_tensor* full = p->t->storage->data ? fsdp_as_contig(p->t) : p->t;
+      if (full == p->t) fsdp_tensor_retain(full);
+      fsdp_tensor* piece = fsdp_view_storage(dst, FSDP_F32, 1, &p->len, p->shard_off);
+      int rc = full && piece ? fsdp_read_range(full, p->start, p->len, piece) : -1;
+      fsdp_tensor_release(piece);
       fsdp_tensor_release(full);
       if (rc) return -1;
       zero_run(dst, FSDP_F32, p->shard_off + p->len, p->chunk - p->len);

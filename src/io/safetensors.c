@@ -394,9 +394,25 @@ typedef struct {
   int64_t begin, end;  // byte range in the data area
 } st_entry;
 
+// the file's descriptor once file-backed tensors share it (fsdp_st_get_lazy): closed with the last of
+// them and the file
+typedef struct {
+  _Atomic int refs;
+  int fd;
+  char* path;
+} st_shared;
+static void shared_release(st_shared* sh) {
+  if (sh && --sh->refs == 0) {
+    close(sh->fd);
+    free(sh->path);
+    free(sh);
+  }
+}
+
 struct fsdp_st_file {
   char* path;
-  int fd;
+  int fd;             // -1 once shared
+  st_shared* shared;  // (then its fd is the file's)
   int n, cap;
   st_entry* e;
   char* metadata;      // compact JSON of __metadata__, or ""
@@ -406,6 +422,7 @@ struct fsdp_st_file {
 void fsdp_st_close(fsdp_st_file* f) {
   if (!f) return;
   if (f->fd >= 0) close(f->fd);
+  shared_release(f->shared);
   for (int i = 0; i < f->n; i++) free(f->e[i].name);
   free(f->e);
   free(f->metadata);
@@ -725,11 +742,65 @@ fsdp_tensor* fsdp_st_get(fsdp_st_file* f, int i) {
   const st_entry* e = &f->e[i];
   fsdp_tensor* t = fsdp_new(e->ndim, e->shape, e->dtype, FSDP_CPU);
   if (!t) return NULL;
-  if (read_full(f->fd, fsdp_ptr(t), (size_t)(e->end - e->begin), f->data_start + e->begin)) {
+  int fd = f->shared ? f->shared->fd : f->fd;
+  if (read_full(fd, fsdp_ptr(t), (size_t)(e->end - e->begin), f->data_start + e->begin)) {
     fsdp_tensor_release(t);
     CHECK_NULL(0, "safetensors: '%s': could not read the data of tensor '%s' (file changed or truncated?)", f->path,
                e->name);
   }
+  return t;
+}
+
+// ---- file-backed tensors (ops/deferred.c): values read when used, a range when copied from --------------
+typedef struct {
+  st_shared* file;
+  int64_t begin, nbytes;  // the tensor's bytes in the file
+  char* name;
+} st_lazy;
+static void lazy_release(void* ctx) {
+  st_lazy* z = ctx;
+  shared_release(z->file);
+  free(z->name);
+  free(z);
+}
+static int lazy_read(void* ctx, void* dst, size_t nbytes, int64_t offset) {
+  st_lazy* z = ctx;
+  CHECK_INT(offset >= 0 && (int64_t)nbytes <= z->nbytes - offset,
+            "safetensors: '%s': bytes %lld..%lld of tensor '%s' asked, it has %lld", z->file->path, (long long)offset,
+            (long long)(offset + (int64_t)nbytes), z->name, (long long)z->nbytes);
+  CHECK_INT(!read_full(z->file->fd, dst, nbytes, z->begin + offset),
+            "safetensors: '%s': could not read the data of tensor '%s' (file changed or truncated?)", z->file->path,
+            z->name);
+  return 0;
+}
+fsdp_tensor* fsdp_st_get_lazy(fsdp_st_file* f, int i) {
+  CHECK_NULL(f, "safetensors: get: file is NULL");
+  CHECK_NULL(i >= 0 && i < f->n, "safetensors: '%s': tensor index %d out of range (%d tensors)", f->path, i, f->n);
+  const st_entry* e = &f->e[i];
+  if (!f->shared) {  // the file's descriptor, shared by its tensors from now on
+    f->shared = calloc(1, sizeof *f->shared);
+    CHECK_NULL(f->shared, "safetensors: out of memory");
+    f->shared->refs = 1;  // (the file's own)
+    f->shared->fd = f->fd;
+    f->shared->path = strdup(f->path);
+    f->fd = -1;
+    if (!f->shared->path) return NULL;
+  }
+  st_lazy* z = calloc(1, sizeof *z);
+  fsdp_storage* s =
+      z ? fsdp_storage_new_empty((size_t)(e->end - e->begin), FSDP_CPU, fsdp_default_mem_category()) : NULL;
+  if (!s || !(z->name = strdup(e->name))) {
+    free(z);
+    fsdp_storage_release(s);
+    CHECK_NULL(0, "safetensors: out of memory");
+  }
+  z->file = f->shared;
+  z->file->refs++;
+  z->begin = f->data_start + e->begin;
+  z->nbytes = e->end - e->begin;
+  s->source = (fsdp_source){lazy_read, lazy_release, z};
+  fsdp_tensor* t = fsdp_view_storage(s, e->dtype, e->ndim, e->shape, 0);
+  fsdp_storage_release(s);
   return t;
 }
 
@@ -798,6 +869,7 @@ static int build_header(sbuf* h, const char* path, int n, const char** names, fs
 static int write_tensor(int fd, fsdp_tensor* t) {
   size_t nbytes = (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype);
   if (nbytes == 0) return 0;
+  if (fsdp_check_data("save", t)) return -2;  // (a file-backed tensor is read now; a meta one has nothing to write)
   if (fsdp_tensor_is_contiguous(t) && fsdp_device_of(t) == FSDP_CPU) return write_full(fd, fsdp_ptr(t), nbytes);
   // strided, or on a device: the host writes a contiguous copy in its own memory
   fsdp_tensor* c = fsdp_new(t->ndim, t->shape, t->dtype, FSDP_CPU);

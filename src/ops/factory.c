@@ -58,33 +58,35 @@ static int draw_done(fsdp_tensor* t, fsdp_tensor* w) {
   return 0;
 }
 // t's n elements get the values [skip, skip + n) of a draw of `total` values: a piece of a tensor
-// gets exactly the numbers the whole tensor gets from one draw (a sharded FSDP parameter's piece),
-// and the stream moves past all `total` of them, as the whole tensor's draw would
-typedef struct {
-  int normal;  // 0: uniform in [a, b); 1: normal with mean a, std b
-  double a, b;
-} draw_law;
-static double draw_one(const draw_law* d) {
-  return d->normal ? d->a + d->b * fsdp_rng_normal() : d->a + (d->b - d->a) * fsdp_rng_uniform();
-}
-static int draw_slice(const char* op, fsdp_tensor* t, const draw_law* d, int64_t skip, int64_t total) {
+// gets exactly the numbers the whole tensor gets from one draw (a sharded FSDP parameter's piece).
+// The draw takes one key from the stream whatever its size (fsdp_draw_*); on a meta tensor it is
+// recorded with its key and replayed when values are asked for (ops/deferred.c).
+static int draw_slice(const char* op, fsdp_tensor* t, int normal, double a, double b, int64_t skip, int64_t total) {
   int64_t n = fsdp_tensor_numel(t);
   CHECK_INT(skip >= 0 && total >= 0 && n <= total - skip,
             "%s: elements %lld..%lld of a draw of %lld do not fit a tensor of shape %s", op, (long long)skip + 1,
             (long long)(skip + n), (long long)total, SH(t));
+  if (t->storage->meta) {  // (refusing what an eager draw refuses: draw_target)
+    CHECK_INT(fsdp_is_float(t->dtype), "%s: expected a float tensor, got %s", op, DT(t));
+    CHECK_INT(fsdp_tensor_is_contiguous(t), "%s: tensor of shape %s is not contiguous", op, SH(t));
+    return fsdp_meta_record(t, normal ? FSDP_STEP_NORMAL : FSDP_STEP_UNIFORM, a, b, fsdp_rng_next(), NULL);
+  }
   fsdp_tensor* w = draw_target(op, t);
   if (!w) return -1;
-  float* p = fsdp_f32(w);
-  for (int64_t i = 0; i < skip; i++) draw_one(d);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)draw_one(d);
-  for (int64_t i = skip + n; i < total; i++) draw_one(d);
+  fsdp_draw_into(fsdp_f32(w), n, normal, a, b, fsdp_rng_next(), skip);
   return draw_done(t, w);
 }
+void fsdp_draw_into(float* p, int64_t n, int normal, double a, double b, uint64_t key, int64_t first) {
+  if (normal)
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(a + b * fsdp_draw_normal(key, first + i));
+  else
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(a + (b - a) * fsdp_draw_uniform(key, first + i));
+}
 int fsdp_uniform_slice_(fsdp_tensor* t, double lo, double hi, int64_t skip, int64_t total) {
-  return draw_slice("uniform_", t, &(draw_law){0, lo, hi}, skip, total);
+  return draw_slice("uniform_", t, 0, lo, hi, skip, total);
 }
 int fsdp_normal_slice_(fsdp_tensor* t, double mean, double std, int64_t skip, int64_t total) {
-  return draw_slice("normal_", t, &(draw_law){1, mean, std}, skip, total);
+  return draw_slice("normal_", t, 1, mean, std, skip, total);
 }
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi) {
   return fsdp_uniform_slice_(t, lo, hi, 0, fsdp_tensor_numel(t));

@@ -60,6 +60,7 @@ static fsdp_tensor* unaliased(const fsdp_tensor* dst, fsdp_tensor* src) {
 
 int fsdp_fill_(fsdp_tensor* t, double value) {
   if (check_inplace("fill_", t)) return -1;
+  if (t->storage->meta) return fsdp_meta_record(t, FSDP_STEP_FILL, value, 0, 0, NULL);
   if (fsdp_tensor_is_contiguous(t)) {
     fsdp_backend_of(t)->elem->fill(fsdp_ptr(t), t->dtype, fsdp_tensor_numel(t), value);
   } else {
@@ -77,6 +78,19 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
 }
 int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as PyTorch's)
   if (check_inplace("copy_", dst)) return -1;
+  if (dst->storage->meta && !src->storage->meta) return fsdp_meta_record(dst, FSDP_STEP_COPY, 0, 0, 0, src);
+  if (fsdp_check_values("copy_", dst)) return -1;
+  if (!src->storage->data && src->storage->source.read && fsdp_tensor_is_contiguous(src) &&
+      fsdp_tensor_is_contiguous(dst) && fsdp_tensor_numel(src) == fsdp_tensor_numel(dst)) {
+    // from a file: only the elements copied are read, a chunk at a time (a rank's piece of a parameter)
+    int64_t n = fsdp_tensor_numel(dst), one = 1;
+    fsdp_tensor* flat = fsdp_new_view(dst, 1, &n, &one, dst->offset);
+    int rc = flat ? fsdp_read_range(src, 0, n, flat) : -1;
+    fsdp_tensor_release(flat);
+    if (!rc) fsdp_bump_version(dst);
+    return rc;
+  }
+  if (fsdp_check_values("copy_", src)) return -1;
   fsdp_tensor* s = src;
   fsdp_tensor* b = NULL;
   if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
@@ -116,8 +130,29 @@ int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha) {
   fsdp_bump_version(t);
   return 0;
 }
+int fsdp_add_scalar_(fsdp_tensor* t, double v) {
+  if (check_inplace("add_", t)) return -1;
+  CHECK_INT(fsdp_is_float(t->dtype), "add_: expected a float tensor (float32, bfloat16 or float16), got %s of shape %s",
+            DT(t), SH(t));
+  if (t->storage->meta) {  // (refusing what add_ refuses)
+    CHECK_INT(fsdp_tensor_is_contiguous(t), "add_: destination of shape %s is not contiguous", SH(t));
+    return fsdp_meta_record(t, FSDP_STEP_ADD, v, 0, 0, NULL);
+  }
+  int64_t one = 1;  // t += a tensor full of v: one element, broadcast (stride 0)
+  fsdp_tensor* c = fsdp_full(1, &one, v, t->dtype, fsdp_device_of(t));
+  fsdp_tensor* e = c ? fsdp_new_view(c, t->ndim, t->shape, (int64_t[FSDP_MAX_DIMS]){0}, 0) : NULL;
+  int rc = e ? fsdp_add_(t, e, 1.0) : -1;
+  fsdp_tensor_release(e);
+  fsdp_tensor_release(c);
+  return rc;
+}
 int fsdp_mul_scalar_(fsdp_tensor* t, double s) {
-  if (check_inplace("mul_", t) || fsdp_check_float("mul_", t)) return -1;
+  if (check_inplace("mul_", t)) return -1;
+  if (t->storage->meta && fsdp_is_float(t->dtype)) {
+    CHECK_INT(fsdp_tensor_is_contiguous(t), "mul_: tensor of shape %s is not contiguous", SH(t));
+    return fsdp_meta_record(t, FSDP_STEP_MUL, s, 0, 0, NULL);
+  }
+  if (fsdp_check_float("mul_", t)) return -1;
   CHECK_INT(fsdp_tensor_is_contiguous(t), "mul_: tensor of shape %s is not contiguous", SH(t));
   fsdp_tensor* w = fsdp_as_contig(t);
   if (!w) return -1;
@@ -152,6 +187,11 @@ int fsdp_set_device_(fsdp_tensor* t, int device) {
   CHECK_INT(!t->owner, "%s: the tensor of shape %s is a parameter of an FSDP unit; move the module before fsdp.wrap",
             op, SH(t));
   if (fsdp_device_of(t) == device) return 0;
+  if (t->storage->meta) {  // no values yet: they will be materialised there
+    CHECK_INT(fsdp_backend_for(device), "%s: no backend for device %s", op, fsdp_device_name(device));
+    t->storage->device = device;
+    return 0;
+  }
   if (fsdp_check_data(op, t) || restorage(t, t->dtype, device)) return -1;
   if (t->grad && fsdp_device_of(t->grad) != device && restorage(t->grad, t->grad->dtype, device)) return -1;
   return 0;

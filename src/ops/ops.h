@@ -65,4 +65,23 @@ void fsdp_broadcast_strides(const fsdp_tensor* t, int ndim, const int64_t* shape
 // sums grad (shape of a broadcast result) down to `shape` (reverse of broadcasting); new ref
 fsdp_tensor* fsdp_sum_to(fsdp_tensor* grad, int ndim, const int64_t* shape);
 
+// ---- random draws and deferred values (factory.c, deferred.c) ---------------------------------------
+// p[0..n) <- values [first, first + n) of the draw keyed `key`: U[a, b), or N(a, b) when normal
+void fsdp_draw_into(float* p, int64_t n, int normal, double a, double b, uint64_t key, int64_t first);
+// the in-place writes a meta storage records (fsdp_step.kind)
+enum { FSDP_STEP_FILL, FSDP_STEP_ADD, FSDP_STEP_MUL, FSDP_STEP_UNIFORM, FSDP_STEP_NORMAL, FSDP_STEP_COPY };
+// records one write on meta view t (a: value or law; key: a draw's; src: a copy's source, any
+// layout broadcastable to t): 0, or -1 with the error set
+int fsdp_meta_record(fsdp_tensor* t, int kind, double a, double b, uint64_t key, fsdp_tensor* src);
+// a meta tensor's steps (FSDP sends rank 0's to the other ranks): how many (-1: t is not on meta),
+// packed as FSDP_META_STEP_WORDS int64 each, and put in place of t's own; srcs[i] holds copy step
+// i's values (fsdp_meta_step_src on the sender)
+#define FSDP_META_STEP_WORDS (7 + 2 * FSDP_MAX_DIMS)
+int64_t fsdp_meta_steps(const fsdp_tensor* t);
+int fsdp_meta_pack(const fsdp_tensor* t, int64_t* out);
+int fsdp_meta_unpack(fsdp_tensor* t, int n, const int64_t* in, fsdp_tensor* const* srcs);
+fsdp_tensor* fsdp_meta_step_src(const fsdp_tensor* t, int i);
+// an op's error for a tensor whose values are deferred (meta: how to materialise it) when t is one, else 0
+int fsdp_check_values(const char* op, const fsdp_tensor* t);
+
 #endif

@@ -105,6 +105,7 @@ local fsdp_fns = {
   stack = { { "T?", "tensors[2]", x23, list = true } },
   multinomial = { { "T", "probs", probs3 }, { "N", "num_samples", v(1) }, { "O?", "options", v(nil) } },
   no_grad = { { "FN", "fn", v(function() end) } },
+  meta = { { "FN", "fn", v(function() end) } },
   -- no tensor argument (shape, dtype and number arguments are checked by fsdp._shape and the C ops)
   tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
   arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},

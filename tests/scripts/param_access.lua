@@ -38,21 +38,8 @@ local function wrapped()
   return m
 end
 
-local results, failed = {}, 0
-local function check(name, fn)
-  local fails = {}
-  local ok, err = pcall(fn, function(msg) fails[#fails + 1] = msg end)
-  if not ok then fails[#fails + 1] = "error: " .. tostring(err) end
-  local n = fsdp.tensor({ #fails })
-  if N > 1 then fsdp.all_reduce(n, "max") end
-  local bad = n:item() > 0
-  for _, f in ipairs(fails) do print(("DETAIL %s rank %d: %s"):format(name, R, f)) end
-  if R == 0 then print(("CHECK %-44s %s"):format(name, bad and "FAIL" or "PASS")) end
-  io.stdout:flush()
-  if N > 1 then fsdp.barrier() end
-  results[#results + 1] = name
-  if bad then failed = failed + 1 end
-end
+local checks = dofile(((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/checks.lua")
+local check = checks.check
 
 -- the gathered state dict of m against ref's: every entry bit for bit
 local function same_state(fail, m, ref, what)
@@ -254,6 +241,4 @@ check("to_local is this rank's piece; printing says which", function(fail)
   end
 end)
 
-if R == 0 then print(("SUMMARY ws=%d checks=%d failed=%d"):format(N, #results, failed)) end
-io.stdout:flush()
-os.exit(failed == 0 and 0 or 1)
+checks.finish()

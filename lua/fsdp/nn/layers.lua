@@ -35,11 +35,16 @@ end
 local function pair_str(p) return ("(%s, %s)"):format(tostring(p[1]), tostring(p[2])) end
 local function pybool(b) return b and "True" or "False" end
 
--- U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's kaiming_uniform_(a = sqrt(5)) for weights and the
--- matching bias init
-local function uniform_param(shape, fan_in)
+-- Each layer with parameters has reset_parameters(), PyTorch's: it (re)initialises the layer's own
+-- parameters (and running statistics) in place, and its constructor ends with it. So a model built
+-- inside fsdp.meta records the same initialisation an eager one runs, and fsdp.reset_parameters(model)
+-- draws afresh over a built, moved or wrapped model.
+
+-- t ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) in place: PyTorch's kaiming_uniform_(a = sqrt(5)) for
+-- weights and the matching bias init
+local function uniform_fan_in_(t, fan_in)
   local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
-  return (Parameter(init.uniform_(fsdp.empty(shape), -bound, bound)))
+  return init.uniform_(t, -bound, bound)
 end
 
 -- ---- Linear -----------------------------------------------------------------------------------------
@@ -51,12 +56,17 @@ function Linear:__init(...)
   local in_features, out_features = o.in_features, o.out_features
   self.in_features = check_int("Linear", "in_features", in_features, 0)
   self.out_features = check_int("Linear", "out_features", out_features, 0)
-  self.weight = uniform_param({ out_features, in_features }, in_features)
+  self.weight = Parameter(fsdp.empty(out_features, in_features))
   if o.bias ~= false then
-    self.bias = uniform_param({ out_features }, in_features)
+    self.bias = Parameter(fsdp.empty(out_features))
   else
     self:register_parameter("bias", nil)
   end
+  self:reset_parameters()
+end
+function Linear:reset_parameters()
+  uniform_fan_in_(self.weight, self.in_features)
+  if self.bias ~= nil then uniform_fan_in_(self.bias, self.in_features) end
 end
 function Linear:forward(x) return (F.linear(x, self.weight, self.bias)) end
 function Linear:extra_repr()
@@ -65,14 +75,20 @@ end
 
 -- a convolution's weight (wshape) and bias (cout, unless bias == false), PyTorch's uniform init
 -- from fan_in = wshape's dim 2 times the kernel (for Conv2d cin/groups, for ConvTranspose2d cout/groups)
+local function conv_reset_parameters(self)
+  local w = self.weight:shape()
+  local fan_in = w[2] * w[3] * w[4]
+  uniform_fan_in_(self.weight, fan_in)
+  if self.bias ~= nil then uniform_fan_in_(self.bias, fan_in) end
+end
 local function conv_params(self, wshape, cout, bias)
-  local fan_in = wshape[2] * wshape[3] * wshape[4]
-  self.weight = uniform_param(wshape, fan_in)
+  self.weight = Parameter(fsdp.empty(wshape))
   if bias ~= false then
-    self.bias = uniform_param({ cout }, fan_in)
+    self.bias = Parameter(fsdp.empty(cout))
   else
     self:register_parameter("bias", nil)
   end
+  conv_reset_parameters(self)
 end
 
 -- ---- Conv2d -------------------------------------------------------------------------------------------
@@ -133,7 +149,9 @@ end
 -- bias, dilation]) or nn.ConvTranspose2d(cin, cout, k, {stride =, padding =, output_padding =, groups =,
 -- bias =, dilation =}); sizes are ints or {h, w}. weight (cin, cout/groups, kh, kw), bias (cout);
 -- output size (H - 1)*stride - 2*padding + dilation*(k - 1) + output_padding + 1
+Conv2d.reset_parameters = conv_reset_parameters
 local ConvTranspose2d = Module:extend("ConvTranspose2d")
+ConvTranspose2d.reset_parameters = conv_reset_parameters
 L.ConvTranspose2d = ConvTranspose2d
 function ConvTranspose2d:__init(...)
   local cls = "ConvTranspose2d"
@@ -370,6 +388,12 @@ function LayerNorm:__init(...)
     self:register_parameter("bias", nil)
   end
 end
+-- (the norms: weight 1, bias 0)
+local function ones_zeros_reset(self)
+  if self.weight ~= nil then init.ones_(self.weight) end
+  if self.bias ~= nil then init.zeros_(self.bias) end
+end
+LayerNorm.reset_parameters = ones_zeros_reset
 function LayerNorm:forward(x) return (F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)) end
 function LayerNorm:extra_repr()
   local ns = self.normalized_shape
@@ -415,6 +439,17 @@ function BatchNorm:__init(...)
     self:register_buffer("running_var", nil)
     self:register_buffer("num_batches_tracked", nil)
   end
+end
+-- the running statistics back to mean 0, variance 1, no batches (PyTorch's reset_running_stats)
+function BatchNorm:reset_running_stats()
+  if self.running_mean == nil then return end
+  init.zeros_(self.running_mean)
+  init.ones_(self.running_var)
+  fsdp.no_grad(function() self.num_batches_tracked:zero_() end)
+end
+function BatchNorm:reset_parameters()
+  self:reset_running_stats()
+  ones_zeros_reset(self)
 end
 -- the input's dims this class accepts (nil: any with a channel dim)
 BatchNorm._dims = nil
@@ -525,6 +560,7 @@ function GroupNorm:__init(...)
     self:register_parameter("bias", nil)
   end
 end
+GroupNorm.reset_parameters = ones_zeros_reset
 function GroupNorm:forward(x) return (F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)) end
 function GroupNorm:extra_repr()
   return ("%d, %d, eps=%s, affine=%s"):format(self.num_groups, self.num_channels, tostring(self.eps), pybool(self.affine))
@@ -550,6 +586,7 @@ function RMSNorm:__init(...)
     self:register_parameter("weight", nil)
   end
 end
+RMSNorm.reset_parameters = ones_zeros_reset
 function RMSNorm:forward(x) return (F.rms_norm(x, self.normalized_shape, self.weight, self.eps)) end
 function RMSNorm:extra_repr()
   local ns = self.normalized_shape
@@ -578,9 +615,21 @@ function Embedding:__init(...)
     end
   end
   self.padding_idx = pad
-  local w = init.normal_(fsdp.empty(num_embeddings, embedding_dim), 0, 1)
-  if pad then fsdp.no_grad(function() w:narrow(1, pad + 1, 1):fill_(0) end) end
-  self.weight = Parameter(w)
+  self.weight = Parameter(fsdp.empty(num_embeddings, embedding_dim))
+  self:reset_parameters()
+end
+-- weight ~ N(0, 1), the padding row zero (on a sharded weight: the part of the row in this rank's piece)
+function Embedding:reset_parameters()
+  local w = self.weight
+  init.normal_(w, 0, 1)
+  if not self.padding_idx then return end
+  fsdp.no_grad(function()
+    local start, len = fsdp._piece(w.p)
+    if not start then return w:narrow(1, self.padding_idx + 1, 1):fill_(0) end
+    local a = math.max(start, self.padding_idx * self.embedding_dim)
+    local b = math.min(start + len, (self.padding_idx + 1) * self.embedding_dim)
+    if b > a then w:to_local():narrow(1, a - start + 1, b - a):fill_(0) end
+  end)
 end
 function Embedding:forward(idx) return (F.embedding(idx, self.weight, self.padding_idx)) end
 function Embedding:extra_repr()

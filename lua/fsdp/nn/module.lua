@@ -303,6 +303,22 @@ function Module:apply(fn)
   return self
 end
 
+-- model:to_empty{device = "cpu"}: every parameter and buffer built on meta (fsdp.meta) gets storage on
+-- device in place (identity kept), filled with what its recorded initialisation gives -- the values
+-- the same construction gives eagerly with the same seed -- where PyTorch leaves them
+-- uninitialised; fsdp.reset_parameters(model) draws afresh if wanted. Tensors with values stay as
+-- they are. Returns model. (A wrapped model's parameters are materialised by fsdp.wrap, as pieces.)
+function Module:to_empty(opts)
+  local device = type(opts) == "table" and opts.device or opts or "cpu"
+  local d = fsdp._device(device, "Module:to_empty", 2)
+  for _, kind in ipairs { "parameters", "buffers" } do
+    for _, t in ipairs(self[kind](self)) do
+      if C.fsdp_tensor_deferred(t.p) ~= 0 then fsdp._check(C.fsdp_materialize_(t.p, d)) end
+    end
+  end
+  return self
+end
+
 -- model:to(device) moves every parameter and buffer to the device in place and returns model: the
 -- tensors keep their identity, so optimizers and FSDP units built on them stay valid ("cuda" where
 -- fsdp.cuda.is_available(), else the error says why not).
@@ -406,7 +422,6 @@ function plain_state_dict(self)
 end
 
 local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
-local function held_str(t) return "(" .. table.concat(fsdp._held_shape(t), ", ") .. ")" end
 local function quoted(list)
   local q = {}
   for i, k in ipairs(list) do q[i] = ("%q"):format(k) end
@@ -447,11 +462,15 @@ function plain_load_state_dict(self, sd, strict)
       missing[#missing + 1] = k
     elseif not is_tensor(src) then
       error(("load_state_dict: entry %q is a %s, expected a tensor"):format(k, type(src)), 2)
-    elseif held_str(src) ~= held_str(t) then
-      -- compared as held: a sharded parameter answers its full shape but holds a piece of it
-      local whole = held_str(t) ~= shape_str(t) and (" (a piece of a sharded %s parameter)"):format(shape_str(t)) or ""
+    elseif shape_str(src) ~= shape_str(t) then
+      -- (a sharded parameter answers its full shape; copy_ takes its piece of the entry, and from a
+      -- file-backed entry reads that piece only)
+      local a, b, where = src:shape(), t:shape(), ""
+      for d = 1, math.max(#a, #b) do
+        if a[d] ~= b[d] then where = (" (dim %d: %s against %s)"):format(d, tostring(a[d] or "none"), tostring(b[d] or "none")) break end
+      end
       mismatch[#mismatch + 1] = ("size mismatch for %q: copying a tensor of shape %s, the model has shape %s%s")
-        :format(k, shape_str(src), held_str(t), whole)
+        :format(k, shape_str(src), shape_str(t), where)
     end
   end
   for k in pairs(sd) do
