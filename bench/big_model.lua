@@ -9,6 +9,7 @@
 --   bin/fsdp-consolidate DIR FILE                       the full checkpoint (a tool, uncapped)
 --   bin/fsdprun -n 4 bench/big_model.lua --load FILE    meta, wrap, load_state_dict(fsdp.load(FILE))
 --   bin/fsdprun -n 4 bench/big_model.lua --load-sharded DIR
+--   bin/fsdprun -n 2 bench/big_model.lua --load-sharded DIR   the same checkpoint at another world size
 --
 -- Each rank prints its peak RSS (VmHWM; reset before a load so the load's own peak shows), the
 -- peaks of fsdp.memory_stats() by category, and their ratio to the sharded bound: (parameters +
@@ -23,7 +24,7 @@ local fsdp = require "fsdp"
 local U = require "util"
 local GPT = dofile(root .. "/examples/gpt_model.lua")
 
-local opts = { layers = 20, dim = 2048, heads = 16, vocab = 256, block = 64, steps = 3, ["cap-gib"] = 3.5,
+local opts = { layers = 20, dim = 2048, heads = 16, vocab = 256, block = 64, steps = 3, ["cap-gib"] = 3.6,
   save = "", load = "", ["load-sharded"] = "", eager = false }
 U.parse_args("bench/big_model.lua", opts, "[--cap-gib G] [--layers L] [--dim D] [--steps S] [--save DIR | --load FILE | "
   .. "--load-sharded DIR] [--eager]", { ["--eager"] = function(o) o.eager = true end })
@@ -102,8 +103,9 @@ local function memory_line(what, bound)
     parts[#parts + 1] = ("%s %s"):format(k, gib(s[k].peak))
     total = total + s[k].peak
   end
-  return ("%s: peak RSS %s; counters' peaks %s (sum %s, %.2fx the bound %s)"):format(what,
-    gib(status_kib("VmHWM") * 1024), table.concat(parts, ", "), gib(total), total / bound, gib(bound))
+  return ("%s: peak RSS %s (address space %s); counters' peaks %s (sum %s, %.2fx the bound %s)"):format(what,
+    gib(status_kib("VmHWM") * 1024), gib(status_kib("VmPeak") * 1024), table.concat(parts, ", "), gib(total),
+    total / bound, gib(bound))
 end
 
 if opts.load ~= "" or opts["load-sharded"] ~= "" then
@@ -124,8 +126,9 @@ if opts.load ~= "" or opts["load-sharded"] ~= "" then
   collectgarbage()
   local dt = U.seconds() - t
   local peak = status_kib("VmHWM") * 1024
-  report(("%s in %.1f s: RSS %s before, peak %s during (+%s); this rank's pieces %s: peak / (RSS before) %.3f")
-    :format(what, dt, gib(before), gib(peak), gib(peak - before), gib(4 * pieces), peak / before))
+  report(("%s in %.1f s: RSS %s before, peak %s during (+%s); this rank's sharded state (its pieces) %s: "
+    .. "peak / sharded state %.2f"):format(what, dt, gib(before), gib(peak), gib(peak - before), gib(4 * pieces),
+    peak / (4 * pieces)))
   -- the loaded values: a checksum over every rank's pieces, against the one the saving run printed
   local sum = 0
   for _, p in ipairs(model:parameters()) do sum = sum + p:to_local():to("float32"):abs():sum():item() end

@@ -427,12 +427,11 @@ function M.read(dir, what)
   return ck
 end
 
--- the flat elements [start, start + length) of `key` (a tensor stored piecewise under the layout of
--- `name`), assembled from the rank files that hold them: a new 1-D tensor
-local function assemble(ck, key, name, start, length, what)
-  local f0 = ck.files[0].tensors[key]
-  local dtype = f0 and f0.dtype or "float32"
-  if length == 0 then return fsdp.empty({ 0 }, { dtype = dtype }) end
+-- where the flat elements [start, start + length) of `key` (a tensor stored piecewise under the
+-- layout of `name`) are in the rank files: a list of {t = 1-D view of a file's tensor, at = 1-based
+-- position in the range}, checked to cover it exactly -- before anything is read (fsdp.load's
+-- tensors are file-backed: a copy from a view reads that view's elements only)
+local function parts_of(ck, key, name, start, length, what)
   local pieces = {}
   for r = 0, ck.world_size - 1 do
     local f = ck.files[r]
@@ -449,22 +448,29 @@ local function assemble(ck, key, name, start, length, what)
       if t:numel() ~= pc.length then
         error(("%s: checkpoint file '%s' holds %d elements of %q, expected %d"):format(what, pc.f.path, t:numel(), key, pc.length), 0)
       end
-      parts[#parts + 1] = t:reshape(-1):narrow(1, a - pc.start + 1, b - a)
+      parts[#parts + 1] = { t = t:reshape(-1):narrow(1, a - pc.start + 1, b - a), at = pos - start + 1 }
       pos = b
     end
   end
   if pos ~= stop then
     error(("%s: the rank files of '%s' do not cover elements [%d, %d) of %q"):format(what, ck.path, pos, stop, key), 0)
   end
-  if #parts == 1 then return parts[1]:contiguous() end
-  -- (copied part by part: from the file-backed tensors fsdp.load gives, each copy reads its range only)
-  local out = fsdp.empty({ length }, { dtype = dtype })
-  local at = 1
-  for _, part in ipairs(parts) do
-    out:narrow(1, at, part:numel()):copy_(part)
-    at = at + part:numel()
-  end
-  return out
+  return parts
+end
+-- dst (1-D, the range's length) <- the parts, each copy reading its own elements
+local function copy_parts(dst, parts)
+  local flat = dst:reshape(-1)  -- (a view: dst is contiguous)
+  for _, part in ipairs(parts) do flat:narrow(1, part.at, part.t:numel()):copy_(part.t) end
+  return dst
+end
+-- the range as a new 1-D tensor
+local function assemble(ck, key, name, start, length, what)
+  local f0 = ck.files[0].tensors[key]
+  local dtype = f0 and f0.dtype or "float32"
+  if length == 0 then return fsdp.empty({ 0 }, { dtype = dtype }) end
+  local parts = parts_of(ck, key, name, start, length, what)
+  if #parts == 1 then return parts[1].t:contiguous() end
+  return copy_parts(fsdp.empty({ length }, { dtype = dtype }), parts)
 end
 
 -- ---- load ----------------------------------------------------------------------------------------
@@ -542,13 +548,13 @@ function M.load_sharded(dir, model, optimizer)
     end
   end
 
-  -- assemble everything, then write
-  local values = {}
-  for i, e in ipairs(entries) do
-    values[i] = assemble(ck, "model." .. e.name, e.name, e.start, e.length, what)
-  end
+  -- where every piece is, checked for all of them; then each piece copied out of the files, reading
+  -- its own elements only (the files were checked whole when read: only a file changed on disk since
+  -- can fail now)
+  local plans = {}
+  for i, e in ipairs(entries) do plans[i] = parts_of(ck, "model." .. e.name, e.name, e.start, e.length, what) end
   fsdp.no_grad(function()
-    for i, e in ipairs(entries) do if e.length > 0 then e.t:to_local():copy_(values[i]) end end
+    for i, e in ipairs(entries) do if e.length > 0 then copy_parts(e.t:to_local(), plans[i]) end end
   end)
   if opt_sd then optimizer:load_state_dict(opt_sd) end
   local r = fsdp.rank()

@@ -157,13 +157,25 @@ static int replay_step(const fsdp_step* st, int64_t lo, int64_t n, fsdp_tensor* 
   return rc;
 }
 
+// the step the replay starts at: the last one that writes every element of the storage with
+// values of its own (a fill, a draw or a copy over the whole, contiguous), which makes the steps
+// before it irrelevant (a layer's default init redrawn by the model's own: only the last draw runs)
+static int first_live_step(const fsdp_storage* s, int64_t numel) {
+  for (int i = s->nsteps - 1; i > 0; i--) {
+    const fsdp_step* st = &s->steps[i];
+    bool overwrites = st->kind != FSDP_STEP_ADD && st->kind != FSDP_STEP_MUL;
+    if (overwrites && st->offset == 0 && view_numel(st) == numel && view_contiguous(st)) return i;
+  }
+  return 0;
+}
+
 // storage elements [lo, lo + n) of s (dtype: w's) into w, a contiguous host tensor of n elements:
 // replayed (meta; elements no step wrote are 0) or read (file-backed)
 static int fill_range(fsdp_storage* s, int64_t lo, int64_t n, fsdp_tensor* w) {
   size_t es = fsdp_dtype_size(w->dtype);
   if (s->source.read) return s->source.read(s->source.ctx, fsdp_ptr(w), (size_t)n * es, lo * (int64_t)es);
   memset(fsdp_ptr(w), 0, (size_t)n * es);
-  for (int i = 0; i < s->nsteps; i++)
+  for (int i = first_live_step(s, (int64_t)(s->nbytes / es)); i < s->nsteps; i++)
     if (replay_step(&s->steps[i], lo, n, w)) return -1;
   return 0;
 }

@@ -105,7 +105,16 @@ if mode == "--load" then  -- (the second half: loaded at another)
     local want = full_state(eager(21))
     local m = meta(99)
     PLANS.blocks(m)
+    collectgarbage()
+    local a0 = fsdp.memory_stats().activations.current
+    fsdp.reset_peak_memory_stats()
     fsdp.load_sharded(dir, m)
+    local largest = 0
+    for _, p in ipairs(m:parameters()) do largest = math.max(largest, 4 * math.ceil(p:numel() / N)) end
+    local tmp = fsdp.memory_stats().activations.peak - a0
+    if tmp > largest + 1024 then
+      fail(("load_sharded's temporaries peaked at %d bytes; a piece is at most %d"):format(tmp, largest))
+    end
     same_state(fail, want, full_state(m), "loaded")
   end)
   checks.finish()
