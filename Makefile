@@ -251,19 +251,19 @@ tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	  LUA_CPATH='build-tsan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_VALUES_DEVICE=cuda \
 	  FSDP_DEVICE_COMM=standin $(LUAJIT) tests/scripts/comm_values.lua self
 
-# The CUDA kernels' memcheck and racecheck (.ci/run; about N minutes on 2 cores): the CUDA executor
-# built again with AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then with
-# ThreadSanitizer (build-tsan/), each running its self-test, the cuBLASLt/cuDNN stand-ins' test and
-# the whole op-case table through the kernels: an access past a global or shared buffer, undefined
-# behaviour, or two threads of a block (or two blocks) touching one address with a write and no
-# barrier between are errors naming the kernel. The planted races of the self-test must be
-# reported (exit 66). Then the FSDP matrix at world size 4 on the executor (host plane and the
-# stand-in communicator), which make test leaves out for time.
+# The CUDA kernels' memcheck and racecheck (.ci/run): the CUDA executor built again with
+# AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then with ThreadSanitizer
+# (build-tsan/), each running its self-test, the cuBLASLt/cuDNN stand-ins' test, the op-case table's
+# device cases and tests/cuda_spec.lua (the optimizer kernels): every kernel. An access past a
+# global or shared buffer, undefined behaviour, or two threads of a block (or two blocks) touching
+# one address with a write and no barrier between are errors naming the kernel. The planted races
+# of the self-test must be reported (exit 66). Then the FSDP matrix at world size 4 on the executor
+# (host plane and the stand-in communicator), which make test leaves out for time.
 EMU_ASAN_ENV = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 EMU_TSAN_ENV = TSAN_OPTIONS=halt_on_error=1:exitcode=66
 # the op table's block that runs on the device (every case, both dtypes): the rest of ops_spec is
 # CPU-only (references, finite differences), which the sanitized executor does not touch
-EMU_CASES = --filter="every backend against the CPU"
+EMU_CASES = --filter=every.backend.against.the.CPU
 # (busted's children -- the shells of popen -- must not get libtsan preloaded: dash dies of it)
 EMU_UNPRELOAD = local ffi = require 'ffi'; ffi.cdef 'int unsetenv(const char*);'; ffi.C.unsetenv('LD_PRELOAD')
 EMU_RUN      = FSDP_CUDA_EMU=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 LUA_PATH='lua/?.lua;lua/?/init.lua;tests/?.lua;;'
@@ -272,16 +272,18 @@ cuda-emu-check: all
 	  EMU_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" build-asan/libfsdp_cudaemu.so cudaemu
 	$(EMU_ASAN_ENV) build-asan/cudaemu/selftest
 	$(EMU_ASAN_ENV) build-asan/cudaemu/libs_test
-	$(EMU_ASAN_ENV) LD_PRELOAD=$(ASAN_LIB) FSDP_CUDA_EMU_LIB=build-asan/libfsdp_cudaemu.so $(EMU_RUN) \
-	  $(LUAJIT) $(BUSTED) $(EMU_CASES) tests/ops_spec.lua
+	for spec in "$(EMU_CASES) tests/ops_spec.lua" tests/cuda_spec.lua; do \
+	  $(EMU_ASAN_ENV) LD_PRELOAD=$(ASAN_LIB) FSDP_CUDA_EMU_LIB=build-asan/libfsdp_cudaemu.so $(EMU_RUN) \
+	  $(LUAJIT) $(BUSTED) $$spec || exit 1; done
 	$(MAKE) --no-print-directory EMU_BUILD=build-tsan/cudaemu EMU_LIB=build-tsan/libfsdp_cudaemu.so \
 	  EMU_SAN="-fsanitize=thread" build-tsan/libfsdp_cudaemu.so cudaemu
 	$(EMU_TSAN_ENV) build-tsan/cudaemu/selftest
 	$(EMU_TSAN_ENV) build-tsan/cudaemu/libs_test
 	for race in race_shared race_blocks; do $(EMU_TSAN_ENV) build-tsan/cudaemu/selftest $$race >/dev/null 2>&1; \
 	  rc=$$?; [ $$rc = 66 ] || { echo "the planted $$race was not reported (exit $$rc)"; exit 1; }; done
-	$(EMU_TSAN_ENV) LD_PRELOAD=$(TSAN_LIB) FSDP_CUDA_EMU_LIB=build-tsan/libfsdp_cudaemu.so $(EMU_RUN) \
-	  $(LUAJIT) -e "$(EMU_UNPRELOAD)" $(BUSTED) --ignore-lua $(EMU_CASES) tests/ops_spec.lua
+	for spec in "$(EMU_CASES) tests/ops_spec.lua" tests/cuda_spec.lua; do \
+	  $(EMU_TSAN_ENV) LD_PRELOAD=$(TSAN_LIB) FSDP_CUDA_EMU_LIB=build-tsan/libfsdp_cudaemu.so $(EMU_RUN) \
+	  $(LUAJIT) -e "$(EMU_UNPRELOAD)" $(BUSTED) --ignore-lua $$spec || exit 1; done
 	for plane in host standin; do FSDP_DEVICE_COMM=$$plane FSDP_MATRIX_DEVICE=cuda FSDP_CUDA_EMU=1 \
 	  bin/fsdprun -n 4 tests/scripts/fsdp_matrix.lua | grep "SUMMARY" | grep -q "failed=0" || exit 1; done
 
