@@ -222,6 +222,7 @@ local arg_error = fsdp._arg_error
 -- is an error that says where its values are and how to reach them.
 local piece_start, piece_len = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
 local head_ptr = ffi.typeof("const fsdp_tensor_head*")
+fsdp._head_ptr = head_ptr
 local PIECE_METHODS = { dim = true, numel = true, shape = true, size = true, version = true, to_local = true,
   tostring = true, requires_grad_ = true, register_hook = true,
   zero_ = true, fill_ = true, mul_ = true, add_ = true, copy_ = true, uniform_ = true, normal_ = true }

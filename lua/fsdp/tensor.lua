@@ -35,7 +35,8 @@ function Tensor._init(lib)
     end,
     dtype = function(t) return lib._dtype_names[C.fsdp_tensor_dtype(t.p)] end,
     device = function(t)
-      if C.fsdp_tensor_deferred(t.p) == 1 then return "meta" end
+      -- (the head first, without a call: it is 0 for every tensor whose values are in memory)
+      if ffi.cast(fsdp._head_ptr, t.p).deferred == 1 and C.fsdp_tensor_deferred(t.p) == 1 then return "meta" end
       return C.fsdp_tensor_device(t.p) == 0 and "cpu" or "cuda"
     end,
     ndim = function(t) return (t:dim()) end,

@@ -118,6 +118,10 @@ int fsdp_storage_ensure_data(fsdp_storage* s);
 fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat);        // refcount 1, data allocated
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat);  // refcount 1, no data
 void fsdp_storage_release(fsdp_storage* s);
+// the FSDP_DEFERRED_* kind of s's values (0: in memory, or owned by FSDP), and the release of what
+// stood in for them (recorded steps, file source) once they are in memory or s goes
+int fsdp_storage_deferred(const fsdp_storage* s);
+void fsdp_storage_forget_deferred(fsdp_storage* s);
 // error (naming op and shape) if t's bytes are not there (a resharded FSDP buffer)
 int fsdp_check_data(const char* op, const fsdp_tensor* t);
 

@@ -395,16 +395,22 @@ void fsdp_storage_drop_data(fsdp_storage* s) {
 void fsdp_storage_release(fsdp_storage* s) {
   if (s && --s->refcount == 0) {
     fsdp_storage_drop_data(s);
-    for (int i = 0; i < s->nsteps; i++) fsdp_tensor_release(s->steps[i].src);
-    free(s->steps);
-    if (s->source.release) s->source.release(s->source.ctx);
+    fsdp_storage_forget_deferred(s);
     free(s);
   }
 }
-// the head's `deferred` of a view of s (fsdp.h)
-static int deferred_of(const fsdp_storage* s) {
+int fsdp_storage_deferred(const fsdp_storage* s) {
   if (s->data) return 0;
   return s->meta ? FSDP_DEFERRED_META : s->source.read ? FSDP_DEFERRED_FILE : 0;
+}
+void fsdp_storage_forget_deferred(fsdp_storage* s) {
+  for (int i = 0; i < s->nsteps; i++) fsdp_tensor_release(s->steps[i].src);
+  free(s->steps);
+  s->steps = NULL;
+  s->nsteps = s->steps_cap = 0;
+  s->meta = 0;
+  if (s->source.release) s->source.release(s->source.ctx);
+  memset(&s->source, 0, sizeof s->source);
 }
 static _Atomic(fsdp_materialize_fn) g_materialize;
 void fsdp_set_materialize_hook(fsdp_materialize_fn fn) { atomic_store(&g_materialize, fn); }
@@ -426,8 +432,7 @@ int fsdp_check_data(const char* op, const fsdp_tensor* t) {
       fsdp_storage_drop_data(s);
       return -1;
     }
-    s->source.release(s->source.ctx);
-    memset(&s->source, 0, sizeof s->source);
+    fsdp_storage_forget_deferred(s);
     return 0;
   }
   CHECK_INT(t->storage->data || t->storage->nbytes == 0,
@@ -516,7 +521,7 @@ fsdp_tensor* fsdp_view_storage(fsdp_storage* s, int dtype, int ndim, const int64
   fsdp_contiguous_strides(ndim, shape, t->stride);
   t->offset = offset;
   t->storage = s;
-  t->head.deferred = deferred_of(s);
+  t->head.deferred = fsdp_storage_deferred(s);
   s->refcount++;
   return t;
 }
@@ -587,7 +592,7 @@ fsdp_tensor* fsdp_new_view(const fsdp_tensor* t, int ndim, const int64_t* shape,
   memcpy(v->stride, stride, ndim * sizeof(int64_t));
   v->offset = offset;
   v->storage = t->storage;
-  v->head.deferred = deferred_of(v->storage);
+  v->head.deferred = fsdp_storage_deferred(v->storage);
   v->storage->refcount++;
   return v;
 }

@@ -1150,10 +1150,9 @@ int fsdp_comm_plane_bootstrap(const char* plane, char* digest) {
   return rc;
 }
 
-int fsdp_barrier(void) {
-  fsdp_work* w = fsdp_barrier_async("barrier");
-  if (!w) return -1;
-  int rc = fsdp_work_wait(w);
+int fsdp_barrier(void) { return fsdp_work_finish(fsdp_barrier_async("barrier")); }
+int fsdp_work_finish(fsdp_work* w) {
+  int rc = w ? fsdp_work_wait(w) : -1;
   fsdp_work_free(w);
   return rc;
 }

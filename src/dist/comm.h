@@ -152,5 +152,8 @@ struct fsdp_work;
 struct fsdp_work* fsdp_comm_agree_shape(const struct fsdp_tensor* t, const char* tag);
 // sched.c tells where training is; every collective issued after carries it
 void fsdp_comm_set_step(int64_t fwd, int64_t bwd, int phase);
+// a started collective waited for and freed: 0, or -1 with its error (w NULL: starting it failed,
+// its error is set)
+int fsdp_work_finish(struct fsdp_work* w);
 
 #endif

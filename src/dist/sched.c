@@ -185,17 +185,11 @@ static int adopt(fsdp_unit* u, int n, fsdp_tensor** ts, const char* const* names
   return fsdp_shard_layout(u);
 }
 
-// a collective's completion: 0, or -1 with its error set (w NULL: the error of starting it)
-static int wait_free(fsdp_work* w) {
-  int rc = w ? fsdp_work_wait(w) : -1;
-  fsdp_work_free(w);
-  return rc;
-}
 static int bcast_i64(int64_t* v, int64_t n, const char* tag) {
   fsdp_tensor* b = fsdp_new(1, &n, FSDP_I64, FSDP_CPU);
   if (!b) return -1;
   memcpy(fsdp_i64(b), v, (size_t)n * sizeof *v);
-  int rc = wait_free(fsdp_broadcast(b, 0, tag));
+  int rc = fsdp_work_finish(fsdp_broadcast(b, 0, tag));
   if (!rc) memcpy(v, fsdp_i64(b), (size_t)n * sizeof *v);
   fsdp_tensor_release(b);
   return rc;
@@ -212,13 +206,13 @@ static int sync_param(fsdp_tensor* t, const char* tag) {
   int meta = t->storage->meta;
   fsdp_f32(how)[0] = fsdp_comm_rank() == 0 && meta;
   fsdp_f32(how)[1] = !meta;
-  int rc = wait_free(fsdp_all_reduce(how, FSDP_REDUCE_SUM, tag));
+  int rc = fsdp_work_finish(fsdp_all_reduce(how, FSDP_REDUCE_SUM, tag));
   int root_meta = rc ? 0 : fsdp_f32(how)[0] > 0, eager_ranks = rc ? 0 : (int)fsdp_f32(how)[1];
   fsdp_tensor_release(how);
   if (rc) return -1;
   if (!root_meta) {
     if (meta && fsdp_materialize_(t, fsdp_device_of(t))) return -1;
-    return wait_free(fsdp_broadcast(t, 0, tag));
+    return fsdp_work_finish(fsdp_broadcast(t, 0, tag));
   }
   CHECK_INT(eager_ranks == 0,
             "fsdp.wrap '%s': rank 0 built this parameter on meta (fsdp.meta) and %d other rank(s) eagerly: build the "
@@ -239,7 +233,7 @@ static int sync_param(fsdp_tensor* t, const char* tag) {
     const int64_t* w = packed + (int64_t)i * FSDP_META_STEP_WORDS;
     srcs[i] = fsdp_comm_rank() == 0 ? fsdp_meta_step_src(t, i) : fsdp_new((int)w[5], w + 7, (int)w[1], FSDP_CPU);
     if (fsdp_comm_rank() == 0) fsdp_tensor_retain(srcs[i]);
-    rc = srcs[i] ? wait_free(fsdp_broadcast(srcs[i], 0, tag)) : -1;
+    rc = srcs[i] ? fsdp_work_finish(fsdp_broadcast(srcs[i], 0, tag)) : -1;
   }
   if (!rc && fsdp_comm_rank() != 0) rc = fsdp_meta_unpack(t, n, packed, srcs);
   for (int i = 0; srcs && i < n; i++) fsdp_tensor_release(srcs[i]);
@@ -319,7 +313,8 @@ int fsdp_unit_set_params(fsdp_unit* u, int n, fsdp_tensor** ts, const char** nam
     for (int i = 0; i < n; i++) {
       char tag[256];  // the parameter's name makes a shape mismatch between ranks self-explanatory
       snprintf(tag, sizeof tag, "%s: %s", u->path, names && names[i] ? names[i] : "?");
-      if (u->opts.sync_module_states ? sync_param(ts[i], tag) : wait_free(fsdp_comm_agree_shape(ts[i], tag))) return -1;
+      if (u->opts.sync_module_states ? sync_param(ts[i], tag) : fsdp_work_finish(fsdp_comm_agree_shape(ts[i], tag)))
+        return -1;
     }
   return adopt(u, n, ts, names);
 }

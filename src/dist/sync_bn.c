@@ -9,15 +9,12 @@
  * "sync_batch_norm". With one rank (or no communicator yet) it is batch_norm.
  */
 #include "core/core.h"
+#include "dist/comm.h"
 #include "ops/norm.h"
 
 static int all_reduce_sum(fsdp_tensor* t, void* ctx) {
   (void)ctx;
-  fsdp_work* w = fsdp_all_reduce(t, FSDP_REDUCE_SUM, "sync_batch_norm");
-  if (!w) return -1;
-  int rc = fsdp_work_wait(w);
-  fsdp_work_free(w);
-  return rc;
+  return fsdp_work_finish(fsdp_all_reduce(t, FSDP_REDUCE_SUM, "sync_batch_norm"));
 }
 
 fsdp_tensor* fsdp_sync_batch_norm(fsdp_tensor* x, fsdp_tensor* running_mean, fsdp_tensor* running_var, fsdp_tensor* w,

@@ -22,13 +22,7 @@
 // elements a chunk of a range read or replay goes through (bounds the temporary buffers: 16 MiB of float32)
 #define CHUNK ((int64_t)1 << 22)
 
-int fsdp_tensor_deferred(fsdp_tensor* t) {
-  const fsdp_storage* s = t->storage;
-  t->head.deferred = s->data ? 0 : s->meta ? FSDP_DEFERRED_META : s->source.read ? FSDP_DEFERRED_FILE : 0;
-  return t->head.deferred;
-}
-
-int fsdp_check_values(const char* op, const fsdp_tensor* t) { return fsdp_check_data(op, t); }
+int fsdp_tensor_deferred(fsdp_tensor* t) { return t->head.deferred = fsdp_storage_deferred(t->storage); }
 
 fsdp_tensor* fsdp_meta_empty(int ndim, const int64_t* shape, int dtype, int device) {
   CHECK_NULL(dtype >= 0 && dtype < FSDP_NDTYPES, "meta: unknown dtype %d", dtype);
@@ -102,7 +96,7 @@ static int apply_step(const fsdp_step* st, fsdp_tensor* g, const int64_t* js, in
   CHECK_INT(0, "meta: unknown recorded step %d", st->kind);
 }
 
-// a view in row-major order; calls fn for each element whose storage position is in [lo, hi)
+// a recorded step's view: its elements, and whether they are one contiguous run
 static int64_t view_numel(const fsdp_step* st) { return fsdp_shape_numel(st->ndim, st->shape); }
 static bool view_contiguous(const fsdp_step* st) {
   int64_t s = 1;
@@ -220,10 +214,7 @@ int fsdp_materialize_(fsdp_tensor* t, int device) {
   int64_t es = (int64_t)fsdp_dtype_size(t->dtype), n = (int64_t)s->nbytes / es;
   fsdp_tensor* whole = fsdp_view_storage(s, t->dtype, 1, &n, 0);  // (deferred: reads through the steps/source)
   if (!whole) return -1;
-  int prev_device = s->device;
-  s->device = device;
   fsdp_tensor* out = fsdp_new_cat(1, &n, t->dtype, device, s->cat);
-  s->device = prev_device;
   int rc = out ? fsdp_read_range(whole, 0, n, out) : -1;
   fsdp_tensor_release(whole);
   if (rc) {
@@ -235,13 +226,7 @@ int fsdp_materialize_(fsdp_tensor* t, int device) {
   s->data = out->storage->data;
   out->storage->data = NULL;  // (its bytes now belong to s: counted once, freed with s)
   fsdp_tensor_release(out);
-  for (int i = 0; i < s->nsteps; i++) fsdp_tensor_release(s->steps[i].src);
-  free(s->steps);
-  s->steps = NULL;
-  s->nsteps = s->steps_cap = 0;
-  s->meta = 0;
-  if (s->source.release) s->source.release(s->source.ctx);
-  memset(&s->source, 0, sizeof s->source);
+  fsdp_storage_forget_deferred(s);
   fsdp_bump_version(t);
   fsdp_tensor_deferred(t);
   return 0;
@@ -305,8 +290,8 @@ int fsdp_meta_unpack(fsdp_tensor* t, int n, const int64_t* in, fsdp_tensor* cons
       fsdp_tensor_retain(st->src);
     }
   }
-  for (int i = 0; i < s->nsteps; i++) fsdp_tensor_release(s->steps[i].src);
-  free(s->steps);
+  fsdp_storage_forget_deferred(s);  // (this rank's own steps; the storage stays meta with rank 0's)
+  s->meta = 1;
   s->steps = steps;
   s->nsteps = s->steps_cap = n;
   return 0;

@@ -79,7 +79,7 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
 int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as PyTorch's)
   if (check_inplace("copy_", dst)) return -1;
   if (dst->storage->meta && !src->storage->meta) return fsdp_meta_record(dst, FSDP_STEP_COPY, 0, 0, 0, src);
-  if (fsdp_check_values("copy_", dst)) return -1;
+  if (fsdp_check_data("copy_", dst)) return -1;
   if (!src->storage->data && src->storage->source.read && fsdp_tensor_is_contiguous(src) &&
       fsdp_tensor_is_contiguous(dst) && fsdp_tensor_numel(src) == fsdp_tensor_numel(dst)) {
     // from a file: only the elements copied are read, a chunk at a time (a rank's piece of a parameter)
@@ -90,7 +90,7 @@ int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as
     if (!rc) fsdp_bump_version(dst);
     return rc;
   }
-  if (fsdp_check_values("copy_", src)) return -1;
+  if (fsdp_check_data("copy_", src)) return -1;
   fsdp_tensor* s = src;
   fsdp_tensor* b = NULL;
   if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {

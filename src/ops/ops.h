@@ -81,7 +81,5 @@ int64_t fsdp_meta_steps(const fsdp_tensor* t);
 int fsdp_meta_pack(const fsdp_tensor* t, int64_t* out);
 int fsdp_meta_unpack(fsdp_tensor* t, int n, const int64_t* in, fsdp_tensor* const* srcs);
 fsdp_tensor* fsdp_meta_step_src(const fsdp_tensor* t, int i);
-// an op's error for a tensor whose values are deferred (meta: how to materialise it) when t is one, else 0
-int fsdp_check_values(const char* op, const fsdp_tensor* t);
 
 #endif

@@ -489,6 +489,34 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cud
 }
 
 // ---- the convolutions ---------------------------------------------------------------------------------------------
+// The three convolutions check what cuDNN checks, in its order -- the handle, the geometry, the
+// algorithm (ok: one the stand-in runs; runs: which those are), the scalars -- then the buffers and the
+// workspace, and queue fn(g, a, b) on the handle's stream, where it runs unless an earlier error
+// stuck or a buffer stopped being device memory.
+static cudnnStatus_t conv_checks(const char* call, cudnnHandle_t h, cudnnTensorDescriptor_t xd,
+                                 cudnnFilterDescriptor_t wd, cudnnConvolutionDescriptor_t conv,
+                                 cudnnTensorDescriptor_t yd, bool ok, int algo, const char* runs, const void* alpha,
+                                 const void* beta, geom* g, float* a, float* b) {
+  cudnnStatus_t s = check_handle(call, h);
+  if (s == CUDNN_STATUS_SUCCESS) s = check_geom(call, xd, wd, conv, yd, g);
+  if (s == CUDNN_STATUS_SUCCESS && !ok)
+    s = refuse(CUDNN_STATUS_NOT_SUPPORTED, call, "algorithm %d: the stand-in runs %s", algo, runs);
+  if (s == CUDNN_STATUS_SUCCESS) s = read_scalars(call, alpha, beta, a, b);
+  return s;
+}
+template <class Fn>
+static cudnnStatus_t conv_queue(const char* call, cudnnHandle_t h, const buffer (&bufs)[3], void* workspace,
+                                size_t workspace_bytes, Fn fn) {
+  cudnnStatus_t s = check_buffers(call, bufs, 3);
+  if (s == CUDNN_STATUS_SUCCESS) s = check_workspace(call, workspace, workspace_bytes);
+  if (s != CUDNN_STATUS_SUCCESS) return s;
+  buffer kept[3] = {bufs[0], bufs[1], bufs[2]};
+  fsdp_emu::enqueue(h->stream, call, [=] {
+    if (!fsdp_emu::failed() && still_device(call, kept, 3)) fn();
+  });
+  return CUDNN_STATUS_SUCCESS;
+}
+
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, cudnnTensorDescriptor_t xd, const void* x,
                                       cudnnFilterDescriptor_t wd, const void* w, cudnnConvolutionDescriptor_t conv,
                                       cudnnConvolutionFwdAlgo_t algo, void* workspace, size_t workspace_bytes,
@@ -496,25 +524,16 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, cudnnT
   const char* call = "cudnnConvolutionForward";
   geom g;
   float a, b;
-  cudnnStatus_t s = check_handle(call, h);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_geom(call, xd, wd, conv, yd, &g);
-  if (s == CUDNN_STATUS_SUCCESS && algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM &&
-      algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
-    s = refuse(CUDNN_STATUS_NOT_SUPPORTED, call,
-               "algorithm %d: the stand-in runs IMPLICIT_GEMM and IMPLICIT_PRECOMP_GEMM (what the _v7 query ranks)",
-               (int)algo);
-  if (s == CUDNN_STATUS_SUCCESS) s = read_scalars(call, alpha, beta, &a, &b);
-  if (s != CUDNN_STATUS_SUCCESS) return s;
-  buffer bufs[3] = {{"x", x, numel(xd)}, {"w", w, numel(wd)}, {"y", y, numel(yd)}};
-  s = check_buffers(call, bufs, 3);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_workspace(call, workspace, workspace_bytes);
+  bool ok =
+      algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  cudnnStatus_t s =
+      conv_checks(call, h, xd, wd, conv, yd, ok, (int)algo,
+                  "IMPLICIT_GEMM and IMPLICIT_PRECOMP_GEMM (what the _v7 query ranks)", alpha, beta, &g, &a, &b);
   if (s != CUDNN_STATUS_SUCCESS) return s;
   const float *xp = (const float*)x, *wp = (const float*)w;
   float* yp = (float*)y;
-  fsdp_emu::enqueue(h->stream, call, [=] {
-    if (!fsdp_emu::failed() && still_device(call, bufs, 3)) forward(g, a, xp, wp, b, yp);
-  });
-  return CUDNN_STATUS_SUCCESS;
+  return conv_queue(call, h, {{"x", x, numel(xd)}, {"w", w, numel(wd)}, {"y", y, numel(yd)}}, workspace,
+                    workspace_bytes, [=] { forward(g, a, xp, wp, b, yp); });
 }
 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, cudnnFilterDescriptor_t wd,
@@ -525,23 +544,14 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, c
   const char* call = "cudnnConvolutionBackwardData";
   geom g;
   float a, b;
-  cudnnStatus_t s = check_handle(call, h);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_geom(call, dxd, wd, conv, dyd, &g);
-  if (s == CUDNN_STATUS_SUCCESS && algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 &&
-      algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)
-    s = refuse(CUDNN_STATUS_NOT_SUPPORTED, call, "algorithm %d: the stand-in runs ALGO_0 and ALGO_1", (int)algo);
-  if (s == CUDNN_STATUS_SUCCESS) s = read_scalars(call, alpha, beta, &a, &b);
-  if (s != CUDNN_STATUS_SUCCESS) return s;
-  buffer bufs[3] = {{"w", w, numel(wd)}, {"dy", dy, numel(dyd)}, {"dx", dx, numel(dxd)}};
-  s = check_buffers(call, bufs, 3);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_workspace(call, workspace, workspace_bytes);
+  bool ok = algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  cudnnStatus_t s =
+      conv_checks(call, h, dxd, wd, conv, dyd, ok, (int)algo, "ALGO_0 and ALGO_1", alpha, beta, &g, &a, &b);
   if (s != CUDNN_STATUS_SUCCESS) return s;
   const float *wp = (const float*)w, *dyp = (const float*)dy;
   float* dxp = (float*)dx;
-  fsdp_emu::enqueue(h->stream, call, [=] {
-    if (!fsdp_emu::failed() && still_device(call, bufs, 3)) backward_data(g, a, wp, dyp, b, dxp);
-  });
-  return CUDNN_STATUS_SUCCESS;
+  return conv_queue(call, h, {{"w", w, numel(wd)}, {"dy", dy, numel(dyd)}, {"dx", dx, numel(dxd)}}, workspace,
+                    workspace_bytes, [=] { backward_data(g, a, wp, dyp, b, dxp); });
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha, cudnnTensorDescriptor_t xd,
@@ -552,23 +562,14 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
   const char* call = "cudnnConvolutionBackwardFilter";
   geom g;
   float a, b;
-  cudnnStatus_t s = check_handle(call, h);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_geom(call, xd, dwd, conv, dyd, &g);
-  if (s == CUDNN_STATUS_SUCCESS && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 &&
-      algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1)
-    s = refuse(CUDNN_STATUS_NOT_SUPPORTED, call, "algorithm %d: the stand-in runs ALGO_0 and ALGO_1", (int)algo);
-  if (s == CUDNN_STATUS_SUCCESS) s = read_scalars(call, alpha, beta, &a, &b);
-  if (s != CUDNN_STATUS_SUCCESS) return s;
-  buffer bufs[3] = {{"x", x, numel(xd)}, {"dy", dy, numel(dyd)}, {"dw", dw, numel(dwd)}};
-  s = check_buffers(call, bufs, 3);
-  if (s == CUDNN_STATUS_SUCCESS) s = check_workspace(call, workspace, workspace_bytes);
+  bool ok = algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  cudnnStatus_t s =
+      conv_checks(call, h, xd, dwd, conv, dyd, ok, (int)algo, "ALGO_0 and ALGO_1", alpha, beta, &g, &a, &b);
   if (s != CUDNN_STATUS_SUCCESS) return s;
   const float *xp = (const float*)x, *dyp = (const float*)dy;
   float* dwp = (float*)dw;
-  fsdp_emu::enqueue(h->stream, call, [=] {
-    if (!fsdp_emu::failed() && still_device(call, bufs, 3)) backward_filter(g, a, xp, dyp, b, dwp);
-  });
-  return CUDNN_STATUS_SUCCESS;
+  return conv_queue(call, h, {{"x", x, numel(xd)}, {"dy", dy, numel(dyd)}, {"dw", dw, numel(dwd)}}, workspace,
+                    workspace_bytes, [=] { backward_filter(g, a, xp, dyp, b, dwp); });
 }
 
 // ---- bias -----------------------------------------------------------------------------------------------------------
