@@ -146,3 +146,41 @@ describe("small validation gaps", function()
     assert.truthy(#big < 1000, big:sub(1, 200))
   end)
 end)
+
+-- (issue 39: fsdp.zeros{1, nil, 3} made a tensor of shape {1}, optim.SGD({a, nil, b}) optimized a
+-- only: Lua's # and ipairs stop at a hole, so a list with a nil before its last entry was cut short)
+describe("lists with holes", function()
+  local a, b = fsdp.ones(2):requires_grad_(), fsdp.ones(2):requires_grad_()
+  local S = optim.lr_scheduler
+  local cases = {
+    { "zeros{1, nil, 3}", function() return fsdp.zeros { 1, nil, 3 } end, "zeros: shape has a hole: entry 2 is nil but entry 3 is not" },
+    { "zeros(1, nil, 3)", function() return fsdp.zeros(1, nil, 3) end, "zeros: shape has a hole: argument 2 is nil but argument 3 is not" },
+    { "randn{2, nil, nil, 4}", function() return fsdp.randn { 2, nil, nil, 4 } end, "randn: shape has a hole: entry 2 is nil but entry 4" },
+    { "full({1, nil, 2}, 0)", function() return fsdp.full({ 1, nil, 2 }, 0) end, "full: shape has a hole" },
+    { "view{2, nil, 3}", function() return fsdp.ones(6):view { 2, nil, 3 } end, "view: shape has a hole" },
+    { "reshape(2, nil, 3)", function() return fsdp.ones(6):reshape(2, nil, 3) end, "reshape: shape has a hole" },
+    { "expand{2, nil, 3}", function() return fsdp.ones(1, 1, 3):expand { 2, nil, 3 } end, "expand: shape has a hole" },
+    { "fsdp.tensor{1, nil, 3}", function() return fsdp.tensor { 1, nil, 3 } end, "fsdp.tensor: data has a hole: entry 2" },
+    { "fsdp.tensor nested", function() return fsdp.tensor { { 1, 2, 3 }, { 1, nil, 3 } } end, "fsdp.tensor: data has a hole" },
+    { "SGD{a, nil, b}", function() return optim.SGD({ a, nil, b }, { lr = 0.1 }) end, "SGD: params has a hole: entry 2" },
+    { "Adam group {a, nil, b}", function() return optim.Adam({ { params = { a, nil, b } } }) end, "Adam: params has a hole" },
+    { "Sequential{m, nil, m}", function() return nn.Sequential { nn.Linear(2, 2), nil, nn.Linear(2, 2) } end,
+      "Sequential: modules has a hole: entry 2" },
+    { "ModuleList{m, nil, m}", function() return nn.ModuleList { nn.Linear(2, 2), nil, nn.Linear(2, 2) } end, "ModuleList: modules has a hole" },
+    { "ModuleList:extend", function() return nn.ModuleList():extend { nn.Linear(2, 2), nil, nn.Linear(2, 2) } end, "extend: modules has a hole" },
+    { "sum{1, nil, 2}", function() return fsdp.ones(2, 3, 4):sum { 1, nil, 2 } end, "sum: dims has a hole" },
+    { "permute(1, nil, 2)", function() return fsdp.ones(2, 3, 4):permute(1, nil, 2) end, "permute: dims has a hole" },
+    { "squeeze{2, nil, 3}", function() return fsdp.ones(2, 1, 1):squeeze { 2, nil, 3 } end, "squeeze: dims has a hole" },
+    { "tile{1, nil, 2}", function() return fsdp.ones(2, 3):tile { 1, nil, 2 } end, "tile: repeats has a hole" },
+    { "split{2, nil, 4}", function() return fsdp.ones(6):split { 2, nil, 4 } end, "split: split_size_or_sections has a hole" },
+    { "stack{x, nil, x}", function() return fsdp.stack { fsdp.ones(2), nil, fsdp.ones(2) } end, "stack: tensors has a hole" },
+    { "MultiStepLR{1, nil, 3}", function() return S.MultiStepLR(optim.SGD({ a }, 0.1), { 1, nil, 3 }) end, "MultiStepLR: milestones has a hole" },
+  }
+  for _, c in ipairs(cases) do
+    it(c[1] .. " is an error naming the hole", function() H.assert_error(c[2], c[3]) end)
+  end
+  it("a nil after the last entry is no hole", function()
+    assert.same({ 2, 3 }, fsdp.zeros(2, 3, nil):shape())
+    assert.equal(1, #optim.SGD({ a, nil }, 0.1).param_groups[1].params)
+  end)
+end)

@@ -143,7 +143,7 @@ describe("learning-rate schedulers (torch.optim.lr_scheduler)", function()
     H.assert_error(function() S.StepLR(o, 3, 0.5, -1, 7) end, "StepLR: 4 arguments given, it takes at most 3")
     H.assert_error(function() S.StepLR(o, 3, { step_size = 4 }) end, "StepLR: step_size given twice")
     H.assert_error(function() S.StepLR({}, 3) end, "StepLR: expected an optimizer (fsdp.optim.*), got table")
-    H.assert_error(function() S.LinearLR(o, { start_factor = 2 }) end, "LinearLR: start_factor must be between 0 and 1")
+    H.assert_error(function() S.LinearLR(o, { start_factor = 2 }) end, "LinearLR: start_factor must be a number in (0, 1], got 2")
     H.assert_error(function() S.OneCycleLR(o, 0.1) end, "OneCycleLR: give total_steps, or epochs and steps_per_epoch")
     H.assert_error(function() S.LambdaLR(o, 3) end, "LambdaLR: lr_lambda must be a function or a list of 2 functions")
     H.assert_error(function() S.SequentialLR(o, { S.StepLR(o, 2), S.StepLR(o, 3) }, {}) end,
@@ -155,5 +155,42 @@ describe("learning-rate schedulers (torch.optim.lr_scheduler)", function()
     local fresh = optimizer()
     fresh.param_groups[1].initial_lr = nil
     H.assert_error(function() S.StepLR(fresh, 3, { last_epoch = 5 }) end, "StepLR: param group 1 has no initial_lr")
+  end)
+
+  -- (issue 39: CosineAnnealingLR(opt, 0) then step() made the learning rate NaN without a word)
+  it("refuses periods, factors and milestones no schedule can take", function()
+    local o = optimizer()
+    local bad = {
+      { function() S.CosineAnnealingLR(o, 0) end, "CosineAnnealingLR: T_max must be a positive integer, got 0" },
+      { function() S.CosineAnnealingLR(o, -3) end, "CosineAnnealingLR: T_max must be a positive integer, got -3" },
+      { function() S.CosineAnnealingLR(o, 2.5) end, "CosineAnnealingLR: T_max must be a positive integer, got 2.5" },
+      { function() S.CosineAnnealingLR(o, 10, 0 / 0) end, "CosineAnnealingLR: eta_min must be a finite number, got nan" },
+      { function() S.StepLR(o, 0) end, "StepLR: step_size must be a positive integer, got 0" },
+      { function() S.StepLR(o, 2, 1 / 0) end, "StepLR: gamma must be a finite number, got inf" },
+      { function() S.StepLR(o, 2, { last_epoch = -2 }) end, "StepLR: last_epoch must be an integer >= -1, got -2" },
+      { function() S.ExponentialLR(o, 0 / 0) end, "ExponentialLR: gamma must be a finite number, got nan" },
+      { function() S.LinearLR(o, 0) end, "LinearLR: start_factor must be a number in (0, 1], got 0" },
+      { function() S.LinearLR(o, 0.5, 1.5) end, "LinearLR: end_factor must be a number in [0, 1], got 1.5" },
+      { function() S.LinearLR(o, 0.5, 1, 0) end, "LinearLR: total_iters must be a positive integer, got 0" },
+      { function() S.MultiStepLR(o, { 2, -1 }) end, "MultiStepLR: milestones[2] must be an integer >= 0, got -1" },
+      { function() S.MultiStepLR(o, { 2, nil, 5 }) end, "MultiStepLR: milestones has a hole: entry 2 is nil" },
+      { function() S.OneCycleLR(o, 0.1, 10, { div_factor = 0 }) end, "OneCycleLR: div_factor must be a finite number > 0, got 0" },
+      { function() S.OneCycleLR(o, -0.1, 10) end, "OneCycleLR: max_lr must be a finite number > 0, got -0.1" },
+      { function() S.OneCycleLR(o, 0.1, 10, { pct_start = 1.5 }) end, "OneCycleLR: pct_start must be a number in [0, 1], got 1.5" },
+      { function() S.ReduceLROnPlateau(o, { factor = 1 }) end, "ReduceLROnPlateau: factor must be a number in [0, 1), got 1" },
+      { function() S.ReduceLROnPlateau(o, { patience = 1.5 }) end, "ReduceLROnPlateau: patience must be an integer >= 0, got 1.5" },
+      { function() S.ReduceLROnPlateau(o, { min_lr = -1 }) end, "ReduceLROnPlateau: min_lr must be a finite number >= 0, got -1" },
+      { function() S.SequentialLR(o, { S.LinearLR(o), S.LinearLR(o), S.LinearLR(o) }, { 5, 3 }) end,
+        "SequentialLR: milestones must increase, but milestones[2] = 3 follows 5" },
+      { function() S.SequentialLR(o, { S.LinearLR(o), 3 }, { 5 }) end, "SequentialLR: schedulers[2] is not a scheduler" },
+      { function() S.SequentialLR(o, { S.LinearLR(o), S.LinearLR(o) }, { 0 }) end,
+        "SequentialLR: milestones[1] must be a positive integer, got 0" },
+      { function() S.StepLR(o, 2):step(1.5) end, "StepLR:step: epoch must be an integer >= 0 (or nil), got 1.5" },
+      { function() S.LambdaLR(o, { function() return 1 end, 3 }) end, "LambdaLR: lr_lambda[2] must be a function, got number" },
+      { function() S.LambdaLR(o, function(e) return e == 0 and 1 or 0 / 0 end):step() end,
+        "LambdaLR: lr_lambda(1) returned nan (group 1); it must return a finite number" },
+    }
+    for _, c in ipairs(bad) do H.assert_error(c[1], c[2]) end
+    for _, g in ipairs(o.param_groups) do assert.is_true(g.lr == g.lr and g.lr > 0, "a refused scheduler changed lr") end
   end)
 end)

@@ -13,13 +13,15 @@
 -- many positional arguments or a missing required one is an error naming `where` and the
 -- argument.
 --
--- spec: a list of { "name", default, optional = true, kw = true, list = true }:
+-- spec: a list of { "name", default, optional = true, kw = true, list = true, check = RULE }:
 -- a nil default makes the argument required unless it is `optional`; `kw` ones are keyword-only
--- (PyTorch's arguments after `*`), after every positional one. Returns name -> value.
+-- (PyTorch's arguments after `*`), after every positional one; a `list` one may not have holes;
+-- a `check` one, when given (not nil), must be a number that keeps RULE (below: "int>0",
+-- "[0,1]", ...). Returns name -> value.
 --
 -- The older form args({"stride", "padding"}, ...) (names only, all optional, unknown names kept)
 -- is still read, for callers written before this module.
-local is_tensor = require("fsdp").is_tensor
+local is_tensor, list_of = require("fsdp").is_tensor, require("fsdp")._list
 
 local function is_options(v)
   return type(v) == "table" and getmetatable(v) == nil and not is_tensor(v) and v[1] == nil
@@ -35,6 +37,28 @@ local function raise(msg)
     if info == nil or info.what == "C" then error(msg, 0) end
     if lib == nil or info.source:sub(1, #lib) ~= lib then error(msg, level) end
     level = level + 1
+  end
+end
+
+-- the number rules of `check`: name -> { test, what the number must be }
+local function int(v) return v == math.floor(v) and v > -2 ^ 53 and v < 2 ^ 53 end
+local function finite(v) return v == v and v > -math.huge and v < math.huge end
+local RULES = {
+  ["int>0"] = { function(v) return int(v) and v > 0 end, "a positive integer" },
+  ["int>=0"] = { function(v) return int(v) and v >= 0 end, "an integer >= 0" },
+  ["int>=-1"] = { function(v) return int(v) and v >= -1 end, "an integer >= -1" },
+  ["int"] = { int, "an integer" },
+  ["num"] = { finite, "a finite number" },
+  ["num>0"] = { function(v) return finite(v) and v > 0 end, "a finite number > 0" },
+  ["num>=0"] = { function(v) return finite(v) and v >= 0 end, "a finite number >= 0" },
+  ["[0,1]"] = { function(v) return v >= 0 and v <= 1 end, "a number in [0, 1]" },
+  ["(0,1]"] = { function(v) return v > 0 and v <= 1 end, "a number in (0, 1]" },
+  ["[0,1)"] = { function(v) return v >= 0 and v < 1 end, "a number in [0, 1)" },
+}
+local function check_number(prefix, name, v, rule)
+  local r = assert(RULES[rule], rule)
+  if type(v) ~= "number" or not r[1](v) then
+    raise(("%s%s must be %s, got %s"):format(prefix, name, r[2], type(v) == "number" and tostring(v) or type(v)))
   end
 end
 
@@ -80,6 +104,17 @@ local function parse(where, spec, open, ...)
     end
     if v == nil then v = s[2] end
     if v == nil and not s.optional and not open then raise(("%s%s is required"):format(prefix, name)) end
+    if s.list and type(v) == "table" then
+      local ok, err = pcall(list_of, v, where, name, 0)
+      if not ok then raise(err) end
+    end
+    if s.check and v ~= nil then
+      if s.list and type(v) == "table" then
+        for j = 1, #v do check_number(prefix, ("%s[%d]"):format(name, j), v[j], s.check) end
+      else
+        check_number(prefix, name, v, s.check)
+      end
+    end
     r[name] = v
   end
   return r

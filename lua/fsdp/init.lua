@@ -364,18 +364,55 @@ function fsdp._dtype(name)
 end
 
 -- shape arguments: f{2, 3}, f(2, 3) or f(tensor_shape_table)
-function fsdp._shape(...)
+-- the number of entries of a Lua list, or an error naming `op` and `what` when the list has a hole
+-- (a nil before its last entry: Lua's # may stop at the first nil or at the last entry, so the
+-- list would be cut short without a word); level 0: a message without the caller's position
+function fsdp._list(t, op, what, level)
+  local n = table.maxn(t)
+  local hole = 1
+  while hole <= n and t[hole] ~= nil do hole = hole + 1 end
+  if hole <= n then
+    error(("%s: %s has a hole: entry %d is nil but entry %d is not (give every entry)")
+      :format(op, what, hole, n), level == 0 and 0 or (level or 2) + 1)
+  end
+  return n
+end
+-- the varargs ... as a list, or the same error when one of them but the last ones is nil
+function fsdp._pack(op, what, level, ...)
+  local t, n = { ... }, select("#", ...)
+  while n > 0 and t[n] == nil do n = n - 1 end
+  for i = 1, n do
+    if t[i] == nil then
+      error(("%s: %s has a hole: argument %d is nil but argument %d is not"):format(op, what, i, n), (level or 2) + 1)
+    end
+  end
+  return t, n
+end
+
+-- a shape given as a table {2, 3} or as sizes (2, 3), checked: integers that fit in int64 (what
+-- a size is: negative ones are the C op's to judge, view's -1), as (count, int64_t array); errors
+-- name `op`
+local INFERRED = { view = true, reshape = true, expand = true }  -- (where -1 stands for a size)
+function fsdp._shape(op, ...)
   local first = ...
-  local t = type(first) == "table" and first or { ... }
-  local n = #t
+  local t, n
+  if type(first) == "table" then
+    t = first
+    n = fsdp._list(t, op, "shape", 3)
+  else
+    t, n = fsdp._pack(op, "shape", 3, ...)
+  end
   local arr = ffi.new("int64_t[?]", math.max(n, 1))
   for i = 1, n do
     local v = t[i]
     if type(v) ~= "number" or v ~= math.floor(v) then
-      error(("shape entries must be integers, got %s at position %d"):format(tostring(v), i), 3)
+      error(("%s: shape entries must be integers, got %s at position %d"):format(op, tostring(v), i), 3)
     end
     if v >= 2 ^ 63 or v < -2 ^ 63 then
-      error(("shape entry %s at position %d is too large (sizes must fit in int64)"):format(tostring(v), i), 3)
+      error(("%s: shape entry %s at position %d is too large (sizes must fit in int64)"):format(op, tostring(v), i), 3)
+    end
+    if v < 0 and not INFERRED[op] then
+      error(("%s: negative size %d at position %d of the shape"):format(op, v, i), 3)
     end
     arr[i - 1] = v
   end
@@ -527,9 +564,9 @@ function fsdp.tensor(data, dtype)
   else
     assert(type(data) == "table", "fsdp.tensor: expected a number or a (nested) table of numbers")
     node = data
-    while type(node) == "table" do dims[#dims + 1] = #node; node = node[1] end
+    while type(node) == "table" do dims[#dims + 1] = fsdp._list(node, "fsdp.tensor", "data", 3); node = node[1] end
     local function walk(t, d)
-      if #t ~= dims[d] then error(("fsdp.tensor: ragged nested table at depth %d (%d vs %d entries)"):format(d, #t, dims[d]), 3) end
+      if fsdp._list(t, "fsdp.tensor", "data", 3) ~= dims[d] then error(("fsdp.tensor: ragged nested table at depth %d (%d vs %d entries)"):format(d, #t, dims[d]), 3) end
       for i = 1, #t do
         local v = t[i]
         if d < #dims then walk(v, d + 1)
@@ -540,15 +577,15 @@ function fsdp.tensor(data, dtype)
     end
     walk(data, 1)
   end
-  local n, arr = shape(dims)
+  local n, arr = shape("fsdp.tensor", dims)
   local vals = ffi.new("double[?]", math.max(#flat, 1))
   for i = 1, #flat do vals[i - 1] = flat[i] end
   return (placed(wrap(C.fsdp_from_doubles(n, arr, dt, vals)), dev))
 end
 
 -- creation functions accept a shape table or sizes, then an optional options table {dtype=}
-local function split_opts(...)
-  local args = { ... }
+local function split_opts(op, ...)
+  local args = fsdp._pack(op, "shape", 3, ...)
   local opts = {}
   if type(args[#args]) == "table" and (type(args[1]) ~= "table" or #args > 1) and args[#args][1] == nil then
     opts = table.remove(args)
@@ -565,36 +602,36 @@ local function meta_full(n, arr, v, dtype)
   return t
 end
 function fsdp.empty(...)
-  local args, opts = split_opts(...)
-  local n, arr = shape(unpack(args))
+  local args, opts = split_opts("empty", ...)
+  local n, arr = shape("empty", unpack(args))
   local dev = device_opt(opts, "empty")
   if dev == META then return meta_full(n, arr, nil, opts.dtype) end
   return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.full(size, value, opts)
-  local n, arr = shape(size)
+  local n, arr = shape("full", size)
   opts = type(opts) == "table" and opts or { dtype = opts }
   local dev = device_opt(opts, "full")
   if dev == META then return meta_full(n, arr, value, opts.dtype) end
   return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.zeros(...)
-  local args, opts = split_opts(...)
-  local n, arr = shape(unpack(args))
+  local args, opts = split_opts("zeros", ...)
+  local n, arr = shape("zeros", unpack(args))
   local dev = device_opt(opts, "zeros")
   if dev == META then return meta_full(n, arr, 0, opts.dtype) end
   return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), dev)))
 end
 function fsdp.ones(...)
-  local args, opts = split_opts(...)
-  local n, arr = shape(unpack(args))
+  local args, opts = split_opts("ones", ...)
+  local n, arr = shape("ones", unpack(args))
   local dev = device_opt(opts, "ones")
   if dev == META then return meta_full(n, arr, 1, opts.dtype) end
   return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), dev)))
 end
 local function full_like(t, v, op)
   fsdp._t(t, op, "input")
-  local n, arr = shape(fsdp._held_shape(t))
+  local n, arr = shape(op, fsdp._held_shape(t))
   return (wrap(C.fsdp_full(n, arr, v, C.fsdp_tensor_dtype(t.p), C.fsdp_tensor_device(t.p))))
 end
 function fsdp.zeros_like(t) return full_like(t, 0, "zeros_like") end
@@ -602,22 +639,22 @@ function fsdp.ones_like(t) return full_like(t, 1, "ones_like") end
 -- random values come from the one RNG stream on the host, so a seed gives the same values on
 -- every device
 function fsdp.randn(...)
-  local args, opts = split_opts(...)
-  local n, arr = shape(unpack(args))
+  local args, opts = split_opts("randn", ...)
+  local n, arr = shape("randn", unpack(args))
   local dev = device_opt(opts, "randn")
   if dev == META then return meta_full(n, arr):normal_(0, 1) end
   return placed(wrap(C.fsdp_randn(n, arr, 0, 1)), dev)
 end
 function fsdp.rand(...)
-  local args, opts = split_opts(...)
-  local n, arr = shape(unpack(args))
+  local args, opts = split_opts("rand", ...)
+  local n, arr = shape("rand", unpack(args))
   local dev = device_opt(opts, "rand")
   if dev == META then return meta_full(n, arr):uniform_(0, 1) end
   return placed(wrap(C.fsdp_rand(n, arr, 0, 1)), dev)
 end
 -- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
-  local n, arr = shape(size)
+  local n, arr = shape("randint", size)
   return (wrap(C.fsdp_randint(lo, hi, n, arr)))
 end
 function fsdp.randperm(n) return (wrap(C.fsdp_randperm(n))) end
@@ -657,7 +694,9 @@ end
 -- fsdp.stack(list, dim): the tensors (one shape) joined along a new dim (1..ndim+1, or negative
 -- from the end; default 1), as cat of their unsqueezed views
 function fsdp.stack(list, dim)
-  if type(list) ~= "table" or #list == 0 then arg_error("stack", "tensors", "a non-empty list of tensors", list, 2) end
+  if type(list) ~= "table" or fsdp._list(list, "stack", "tensors") == 0 then
+    arg_error("stack", "tensors", "a non-empty list of tensors", list, 2)
+  end
   fsdp._t(list[1], "stack", "tensors[1]")
   local shape0 = fsdp._held_shape(list[1])
   local parts = {}

@@ -177,7 +177,7 @@ end
 function methods.to_local(t)
   local p = T(t, "to_local")
   if C.fsdp_param_piece(p, piece_start, piece_len) == 0 then return t end
-  local n, arr = fsdp._shape(fsdp._held_shape(t))
+  local n, arr = fsdp._shape("to_local", fsdp._held_shape(t))
   return (wrap(C.fsdp_view(p, n, arr)))
 end
 function methods.stride(t, d)
@@ -404,6 +404,7 @@ comparison("ge", "fsdp_ge")
 local function dims_arg(t, d, fn)
   if d == nil then return 0, nil end
   local list = type(d) == "table" and d or { d }
+  fsdp._list(list, fn, "dims", 3)
   local arr = ffi.new("int[?]", #list)
   local nd = held_ndim(t.p)
   for i = 1, #list do arr[i - 1] = dim(list[i], nd, fn) end
@@ -449,12 +450,12 @@ function methods.bmm(a, b) return (wrap(C.fsdp_bmm(T(a, "bmm"), T(b, "bmm", "oth
 -- ---- views and shape ----------------------------------------------------------------------------------------
 function methods.view(t, ...)
   local p = T(t, "view")
-  local n, arr = shape_of(...)
+  local n, arr = shape_of("view", ...)
   return (wrap(C.fsdp_view(p, n, arr)))
 end
 function methods.reshape(t, ...)
   local p = T(t, "reshape")
-  local n, arr = shape_of(...)
+  local n, arr = shape_of("reshape", ...)
   return (wrap(C.fsdp_reshape(p, n, arr)))
 end
 function methods.view_as(t, other)
@@ -464,7 +465,7 @@ function methods.view_as(t, other)
 end
 function methods.expand(t, ...)
   local p = T(t, "expand")
-  local n, arr = shape_of(...)
+  local n, arr = shape_of("expand", ...)
   return (wrap(C.fsdp_expand(p, n, arr)))
 end
 function methods.expand_as(t, other)
@@ -488,9 +489,11 @@ function methods.t(t)
 end
 function methods.permute(t, ...)
   local p = T(t, "permute")
-  local list = type((...)) == "table" and (...) or { ... }
-  local arr = ffi.new("int[?]", #list)
-  for i = 1, #list do arr[i - 1] = dim(list[i], #list, "permute") end
+  local list, n
+  if type((...)) == "table" then list = ...; n = fsdp._list(list, "permute", "dims")
+  else list, n = fsdp._pack("permute", "dims", 2, ...) end
+  local arr = ffi.new("int[?]", n)
+  for i = 1, n do arr[i - 1] = dim(list[i], n, "permute") end
   return (wrap(C.fsdp_permute(p, #list, arr)))
 end
 function methods.unsqueeze(t, d)
@@ -508,7 +511,7 @@ function methods.squeeze(t, d)
   if d == nil then
     for i = 1, nd do list[i] = i - 1 end
   elseif type(d) == "table" then
-    for i = 1, #d do list[i] = Tensor._dim_in(d[i], nd, "squeeze") end
+    for i = 1, fsdp._list(d, "squeeze", "dims") do list[i] = Tensor._dim_in(d[i], nd, "squeeze") end
   else
     list[1] = Tensor._dim_in(d, nd, "squeeze")
   end
@@ -806,7 +809,7 @@ function methods.split(t, size, d)
   local out, start = {}, 1
   if type(size) == "table" then
     local total = 0
-    for i = 1, #size do
+    for i = 1, fsdp._list(size, "split", "split_size_or_sections") do
       local s = size[i]
       if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
         fsdp._arg_error("split", ("split_size_or_sections[%d]"):format(i), "an integer >= 0", s, 2)
@@ -842,8 +845,10 @@ end
 -- repeat counts: varargs or a table of integers >= 0
 local function reps_of(fn, ...)
   local first = ...
-  local reps = type(first) == "table" and first or { ... }
-  for i = 1, #reps do
+  local reps, n
+  if type(first) == "table" then reps = first; n = fsdp._list(reps, fn, "repeats", 3)
+  else reps, n = fsdp._pack(fn, "repeats", 3, ...) end
+  for i = 1, n do
     local r = reps[i]
     if type(r) ~= "number" or r < 0 or r ~= math.floor(r) then fsdp._arg_error(fn, ("repeats[%d]"):format(i), "an integer >= 0", r, 3) end
   end

@@ -137,7 +137,7 @@ end
 
 -- a new contiguous tensor of the data-set memory category (not counted as activations)
 local function new_tensor(shape, dtype)
-  local n, arr = fsdp._shape(shape)
+  local n, arr = fsdp._shape("idx", shape)
   local t = fsdp._wrap(fsdp.C.fsdp_empty(n, arr, dtype, 0))
   fsdp.C.fsdp_tensor_set_mem_category(t.p, 5) -- FSDP_MEM_OTHER
   return t

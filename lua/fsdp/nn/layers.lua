@@ -692,7 +692,7 @@ local function module_list(cls, ...)
   local mods = { ... }
   if n == 1 and type(mods[1]) == "table" and not is_module(mods[1]) then
     mods = mods[1]
-    n = #mods
+    n = fsdp._list(mods, cls, "modules", 4)
   end
   for i = 1, n do
     if not is_module(mods[i]) then
@@ -744,7 +744,8 @@ for _, cls in ipairs { Sequential, ModuleList } do
   end
   cls.add = cls.append
   function cls:extend(list)
-    for _, m in ipairs(list) do self:append(m) end
+    if type(list) ~= "table" or is_module(list) then error(self.__name .. ":extend: expected a list of Modules", 2) end
+    for i = 1, fsdp._list(list, self.__name .. ":extend", "modules") do self:append(list[i]) end
     return self
   end
   -- for i, m in list:ipairs() do (1-based i)

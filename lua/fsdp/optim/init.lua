@@ -52,7 +52,7 @@ end
 
 -- a new optimizer-state tensor shaped like p, counted in the OPTIM memory category
 function Optimizer._new_state(p, zero)
-  local n, shape = fsdp._shape(fsdp._held_shape(p))  -- a sharded parameter's state is its piece's
+  local n, shape = fsdp._shape("optimizer state", fsdp._held_shape(p))  -- a sharded parameter's state is its piece's
   local dev = C.fsdp_tensor_device(p.p)
   local dt = C.fsdp_tensor_dtype(p.p)  -- PyTorch keeps a bfloat16 parameter's state in bfloat16
   local t
@@ -103,7 +103,7 @@ function Optimizer:__init(params, defaults)
   if type(params) ~= "table" then
     error(("%s: params must be a list of tensors or of param groups, got %s"):format(self.__name, type(params)), 3)
   end
-  if #params == 0 then error(self.__name .. ": optimizer got an empty parameter list", 3) end
+  if fsdp._list(params, self.__name, "params", 3) == 0 then error(self.__name .. ": optimizer got an empty parameter list", 3) end
   local groups = is_tensor(params[1]) and { { params = params } } or params
   for _, g in ipairs(groups) do self:add_param_group(g) end
 end
@@ -117,6 +117,7 @@ function Optimizer:add_param_group(group)
   local ps = group.params
   if is_tensor(ps) then ps = { ps } end
   if type(ps) ~= "table" then error(self.__name .. ": a param group needs a params list", 2) end
+  fsdp._list(ps, self.__name, "params")
   g.params = {}
   local seen = {}
   for _, other in ipairs(self.param_groups) do

@@ -68,6 +68,9 @@ end
 
 -- step(): the next epoch (or step); the learning rates it computes go into the groups
 function LRScheduler:step(epoch)
+  if epoch ~= nil and (type(epoch) ~= "number" or epoch ~= math.floor(epoch) or epoch < 0 or epoch >= 2 ^ 53) then
+    error(("%s:step: epoch must be an integer >= 0 (or nil), got %s"):format(self.__name, tostring(epoch)), 2)
+  end
   self._step_count = self._step_count + 1
   local values
   if epoch == nil then
@@ -125,13 +128,16 @@ local LambdaLR = class("LambdaLR", LRScheduler)
 S.LambdaLR = LambdaLR
 function LambdaLR.new(opt, ...)
   check_optimizer("LambdaLR", opt)
-  local a = args("LambdaLR", { { "lr_lambda" }, { "last_epoch", -1 } }, ...)
+  local a = args("LambdaLR", { { "lr_lambda" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   local self = setmetatable({}, LambdaLR)
   local f = a.lr_lambda
   if type(f) == "function" then
     self.lr_lambdas = {}
     for i = 1, #opt.param_groups do self.lr_lambdas[i] = f end
-  elseif type(f) == "table" and #f == #opt.param_groups then
+  elseif type(f) == "table" and fsdp._list(f, "LambdaLR", "lr_lambda") == #opt.param_groups then
+    for i = 1, #f do
+      if type(f[i]) ~= "function" then error(("LambdaLR: lr_lambda[%d] must be a function, got %s"):format(i, type(f[i])), 2) end
+    end
     self.lr_lambdas = f
   else
     error(("LambdaLR: lr_lambda must be a function or a list of %d functions (one per group)"):format(#opt.param_groups), 2)
@@ -141,7 +147,14 @@ function LambdaLR.new(opt, ...)
 end
 function LambdaLR:get_lr()
   local r = {}
-  for i, base in ipairs(self.base_lrs) do r[i] = base * self.lr_lambdas[i](self.last_epoch) end
+  for i, base in ipairs(self.base_lrs) do
+    local f = self.lr_lambdas[i](self.last_epoch)
+    if type(f) ~= "number" or f ~= f or f == math.huge or f == -math.huge then
+      error(("LambdaLR: lr_lambda(%d) returned %s (group %d); it must return a finite number")
+        :format(self.last_epoch, tostring(f), i), 4)
+    end
+    r[i] = base * f
+  end
   return r
 end
 
@@ -150,7 +163,7 @@ local StepLR = class("StepLR", LRScheduler)
 S.StepLR = StepLR
 function StepLR.new(opt, ...)
   check_optimizer("StepLR", opt)
-  local a = args("StepLR", { { "step_size" }, { "gamma", 0.1 }, { "last_epoch", -1 } }, ...)
+  local a = args("StepLR", { { "step_size", check = "int>0" }, { "gamma", 0.1, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   local self = setmetatable({ step_size = a.step_size, gamma = a.gamma }, StepLR)
   init_base(self, opt, a.last_epoch)
   return self
@@ -170,7 +183,7 @@ local MultiStepLR = class("MultiStepLR", LRScheduler)
 S.MultiStepLR = MultiStepLR
 function MultiStepLR.new(opt, ...)
   check_optimizer("MultiStepLR", opt)
-  local a = args("MultiStepLR", { { "milestones", list = true }, { "gamma", 0.1 }, { "last_epoch", -1 } }, ...)
+  local a = args("MultiStepLR", { { "milestones", list = true, check = "int>=0" }, { "gamma", 0.1, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   if type(a.milestones) ~= "table" then error("MultiStepLR: milestones must be a list of epochs", 2) end
   local count = {}  -- epoch -> how many times it is a milestone (torch's Counter)
   for _, m in ipairs(a.milestones) do count[m] = (count[m] or 0) + 1 end
@@ -211,7 +224,7 @@ local ExponentialLR = class("ExponentialLR", LRScheduler)
 S.ExponentialLR = ExponentialLR
 function ExponentialLR.new(opt, ...)
   check_optimizer("ExponentialLR", opt)
-  local a = args("ExponentialLR", { { "gamma" }, { "last_epoch", -1 } }, ...)
+  local a = args("ExponentialLR", { { "gamma", check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   local self = setmetatable({ gamma = a.gamma }, ExponentialLR)
   init_base(self, opt, a.last_epoch)
   return self
@@ -231,7 +244,7 @@ local CosineAnnealingLR = class("CosineAnnealingLR", LRScheduler)
 S.CosineAnnealingLR = CosineAnnealingLR
 function CosineAnnealingLR.new(opt, ...)
   check_optimizer("CosineAnnealingLR", opt)
-  local a = args("CosineAnnealingLR", { { "T_max" }, { "eta_min", 0 }, { "last_epoch", -1 } }, ...)
+  local a = args("CosineAnnealingLR", { { "T_max", check = "int>0" }, { "eta_min", 0, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   local self = setmetatable({ T_max = a.T_max, eta_min = a.eta_min }, CosineAnnealingLR)
   init_base(self, opt, a.last_epoch)
   return self
@@ -264,10 +277,9 @@ local LinearLR = class("LinearLR", LRScheduler)
 S.LinearLR = LinearLR
 function LinearLR.new(opt, ...)
   check_optimizer("LinearLR", opt)
-  local a = args("LinearLR", { { "start_factor", 1.0 / 3 }, { "end_factor", 1.0 }, { "total_iters", 5 },
-    { "last_epoch", -1 } }, ...)
-  if a.start_factor > 1 or a.start_factor < 0 then error("LinearLR: start_factor must be between 0 and 1", 2) end
-  if a.end_factor > 1 or a.end_factor < 0 then error("LinearLR: end_factor must be between 0 and 1", 2) end
+  local a = args("LinearLR", { { "start_factor", 1.0 / 3, check = "(0,1]" }, { "end_factor", 1.0, check = "[0,1]" },
+    { "total_iters", 5, check = "int>0" },
+    { "last_epoch", -1, check = "int>=-1" } }, ...)
   local self = setmetatable({ start_factor = a.start_factor, end_factor = a.end_factor, total_iters = a.total_iters },
     LinearLR)
   init_base(self, opt, a.last_epoch)
@@ -304,10 +316,12 @@ local function per_group(cls, name, v, n)
 end
 function OneCycleLR.new(opt, ...)
   check_optimizer("OneCycleLR", opt)
-  local a = args("OneCycleLR", { { "max_lr" }, { "total_steps", optional = true }, { "epochs", optional = true },
-    { "steps_per_epoch", optional = true }, { "pct_start", 0.3 }, { "anneal_strategy", "cos" },
-    { "cycle_momentum", true }, { "base_momentum", 0.85 }, { "max_momentum", 0.95 }, { "div_factor", 25.0 },
-    { "final_div_factor", 1e4 }, { "three_phase", false }, { "last_epoch", -1 } }, ...)
+  local a = args("OneCycleLR", { { "max_lr", list = true, check = "num>0" },
+    { "total_steps", optional = true, check = "int>0" }, { "epochs", optional = true, check = "int>0" },
+    { "steps_per_epoch", optional = true, check = "int>0" }, { "pct_start", 0.3, check = "[0,1]" },
+    { "anneal_strategy", "cos" }, { "cycle_momentum", true }, { "base_momentum", 0.85, list = true, check = "num" },
+    { "max_momentum", 0.95, list = true, check = "num" }, { "div_factor", 25.0, check = "num>0" },
+    { "final_div_factor", 1e4, check = "num>0" }, { "three_phase", false }, { "last_epoch", -1, check = "int>=-1" } }, ...)
   local total = a.total_steps
   if total == nil then
     if a.epochs == nil or a.steps_per_epoch == nil then
@@ -397,9 +411,22 @@ local SequentialLR = class("SequentialLR", LRScheduler)
 S.SequentialLR = SequentialLR
 function SequentialLR.new(opt, ...)
   check_optimizer("SequentialLR", opt)
-  local a = args("SequentialLR", { { "schedulers", list = true }, { "milestones", list = true }, { "last_epoch", -1 } }, ...)
+  local a = args("SequentialLR", { { "schedulers", list = true }, { "milestones", list = true, check = "int>0" },
+    { "last_epoch", -1, check = "int>=-1" } }, ...)
   local scheds, ms = a.schedulers, a.milestones
+  if type(scheds) ~= "table" or #scheds == 0 then
+    error(("SequentialLR: schedulers must be a non-empty list of schedulers, got %s"):format(type(scheds)), 2)
+  end
+  if type(ms) ~= "table" then error(("SequentialLR: milestones must be a list of steps, got %s"):format(type(ms)), 2) end
+  for i = 2, #ms do
+    if ms[i] <= ms[i - 1] then
+      error(("SequentialLR: milestones must increase, but milestones[%d] = %d follows %d"):format(i, ms[i], ms[i - 1]), 2)
+    end
+  end
   for i, s in ipairs(scheds) do
+    if type(s) ~= "table" or getmetatable(s) == nil or type(s.step) ~= "function" then
+      error(("SequentialLR: schedulers[%d] is not a scheduler (got %s)"):format(i, type(s)), 2)
+    end
     if s.optimizer ~= opt then error(("SequentialLR: scheduler %d belongs to another optimizer"):format(i), 2) end
   end
   if #ms ~= #scheds - 1 then
@@ -439,9 +466,10 @@ S.ReduceLROnPlateau = ReduceLROnPlateau
 local INF = math.huge
 function ReduceLROnPlateau.new(opt, ...)
   check_optimizer("ReduceLROnPlateau", opt)
-  local a = args("ReduceLROnPlateau", { { "mode", "min" }, { "factor", 0.1 }, { "patience", 10 }, { "threshold", 1e-4 },
-    { "threshold_mode", "rel" }, { "cooldown", 0 }, { "min_lr", 0 }, { "eps", 1e-8 } }, ...)
-  if a.factor >= 1.0 then error("ReduceLROnPlateau: factor must be < 1.0", 2) end
+  local a = args("ReduceLROnPlateau", { { "mode", "min" }, { "factor", 0.1, check = "[0,1)" },
+    { "patience", 10, check = "int>=0" }, { "threshold", 1e-4, check = "num>=0" }, { "threshold_mode", "rel" },
+    { "cooldown", 0, check = "int>=0" }, { "min_lr", 0, list = true, check = "num>=0" }, { "eps", 1e-8, check = "num>=0" } },
+    ...)
   if a.mode ~= "min" and a.mode ~= "max" then error(("ReduceLROnPlateau: mode %q is unknown (min or max)"):format(tostring(a.mode)), 2) end
   if a.threshold_mode ~= "rel" and a.threshold_mode ~= "abs" then
     error(("ReduceLROnPlateau: threshold mode %q is unknown (rel or abs)"):format(tostring(a.threshold_mode)), 2)
