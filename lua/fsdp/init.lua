@@ -327,6 +327,30 @@ function fsdp._n(v, fn, arg, default)
   arg_error(fn, arg, "a number", v, 3)
 end
 
+-- fsdp._i(v, fn, arg[, default[, min]]): integer argument v of fn (exact in a double: |v| < 2^53;
+-- at least min when given), default when v is nil and there is one, or a Lua error naming fn and arg
+function fsdp._i(v, fn, arg, default, min)
+  if v == nil and default ~= nil then return default end
+  if type(v) ~= "number" or v ~= math.floor(v) or v >= 2 ^ 53 or v <= -2 ^ 53 then
+    arg_error(fn, arg, min and ("an integer >= %d"):format(min) or "an integer", v, 3)
+  end
+  if min and v < min then arg_error(fn, arg, ("an integer >= %d"):format(min), v, 3) end
+  return v
+end
+-- fsdp._b(v, fn, arg[, default]): boolean argument v of fn (default when nil), or a Lua error
+function fsdp._b(v, fn, arg, default)
+  if v == nil then return default end
+  if type(v) ~= "boolean" then arg_error(fn, arg, "true or false", v, 3) end
+  return v
+end
+-- fsdp._f(v, fn, arg[, default]): finite number argument v of fn (default when v is nil and there
+-- is one), or a Lua error naming fn and arg
+function fsdp._f(v, fn, arg, default)
+  if v == nil and default ~= nil then return default end
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then arg_error(fn, arg, "a finite number", v, 3) end
+  return v
+end
+
 -- the identity of a tensor as a number: two handles of the same C tensor have the same key
 function fsdp._addr(p)
   local n = tonumber(ffi.cast("intptr_t", p))
@@ -342,6 +366,9 @@ function fsdp._dim(d, ndim, fn)
     error(("%sdimension must be a non-zero integer (1-based, negative from the end), got %s")
       :format(fn and (fn .. ": ") or "", type(d) == "string" and ("%q"):format(d) or tostring(d)), 3)
   end
+  if d > 2 ^ 31 or d < -2 ^ 31 then  -- (the C dims are ints: name the user's number, not a wrapped one)
+    error(("%sdimension %s out of range (1-based, negative from the end)"):format(fn and (fn .. ": ") or "", tostring(d)), 3)
+  end
   if d > 0 then return d - 1 end
   return d
 end
@@ -355,11 +382,14 @@ local dtypes = {
 }
 local dtype_names = { [0] = "float32", "int64", "bfloat16", "float16", "bool" }
 fsdp._dtype_names = dtype_names
-function fsdp._dtype(name)
+-- the C dtype of a dtype name (nil: float32); errors name `op` when given
+function fsdp._dtype(name, op)
   if name == nil then return 0 end
-  if type(name) == "number" then return name end
-  local d = dtypes[name]
-  if not d then error(("unknown dtype %q (use float32, int64, bfloat16, float16 or bool)"):format(tostring(name)), 3) end
+  local d = type(name) == "string" and dtypes[name]
+  if not d then
+    error(("%sunknown dtype %s (use float32, int64, bfloat16, float16 or bool)")
+      :format(op and (op .. ": ") or "", type(name) == "string" and ("%q"):format(name) or ("(a %s)"):format(type(name))), 3)
+  end
   return d
 end
 
@@ -551,7 +581,7 @@ end
 function fsdp.tensor(data, dtype)
   local opts = type(dtype) == "table" and dtype or { dtype = dtype }
   dtype = opts.dtype
-  local dt = fsdp._dtype(dtype)
+  local dt = fsdp._dtype(dtype, "fsdp.tensor")
   local dev = device_opt(opts, "fsdp.tensor")
   if dev == META then dev = 0 end  -- (made from data: real)
   if Tensor.is(data) then return (data:to(dtype or data.dtype):clone()) end
@@ -596,8 +626,8 @@ end
 
 -- a meta tensor of the shape (n, arr), with fill value v recorded (nil: empty); inside fsdp.meta its
 -- values will live on the default device of before (meta_target)
-local function meta_full(n, arr, v, dtype)
-  local t = wrap(C.fsdp_meta_empty(n, arr, fsdp._dtype(dtype), meta_target))
+local function meta_full(n, arr, v, dtype, op)
+  local t = wrap(C.fsdp_meta_empty(n, arr, fsdp._dtype(dtype, op), meta_target))
   if v ~= nil then fsdp._check(C.fsdp_fill_(t.p, v)) end
   return t
 end
@@ -605,29 +635,30 @@ function fsdp.empty(...)
   local args, opts = split_opts("empty", ...)
   local n, arr = shape("empty", unpack(args))
   local dev = device_opt(opts, "empty")
-  if dev == META then return meta_full(n, arr, nil, opts.dtype) end
-  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype), dev)))
+  if dev == META then return meta_full(n, arr, nil, opts.dtype, "empty") end
+  return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype, "empty"), dev)))
 end
 function fsdp.full(size, value, opts)
   local n, arr = shape("full", size)
+  value = fsdp._n(value, "full", "fill_value")
   opts = type(opts) == "table" and opts or { dtype = opts }
   local dev = device_opt(opts, "full")
-  if dev == META then return meta_full(n, arr, value, opts.dtype) end
-  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype), dev)))
+  if dev == META then return meta_full(n, arr, value, opts.dtype, "full") end
+  return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype, "full"), dev)))
 end
 function fsdp.zeros(...)
   local args, opts = split_opts("zeros", ...)
   local n, arr = shape("zeros", unpack(args))
   local dev = device_opt(opts, "zeros")
-  if dev == META then return meta_full(n, arr, 0, opts.dtype) end
-  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype), dev)))
+  if dev == META then return meta_full(n, arr, 0, opts.dtype, "zeros") end
+  return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype, "zeros"), dev)))
 end
 function fsdp.ones(...)
   local args, opts = split_opts("ones", ...)
   local n, arr = shape("ones", unpack(args))
   local dev = device_opt(opts, "ones")
-  if dev == META then return meta_full(n, arr, 1, opts.dtype) end
-  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype), dev)))
+  if dev == META then return meta_full(n, arr, 1, opts.dtype, "ones") end
+  return (wrap(C.fsdp_full(n, arr, 1, fsdp._dtype(opts.dtype, "ones"), dev)))
 end
 local function full_like(t, v, op)
   fsdp._t(t, op, "input")
@@ -638,43 +669,53 @@ function fsdp.zeros_like(t) return full_like(t, 0, "zeros_like") end
 function fsdp.ones_like(t) return full_like(t, 1, "ones_like") end
 -- random values come from the one RNG stream on the host, so a seed gives the same values on
 -- every device
+-- (drawn in float32, then rounded to a 16-bit float dtype when one is asked for)
+local function random_dtype(t, dtype, op)
+  local d = fsdp._dtype(dtype, op)
+  if d == 0 then return t end
+  if dtype ~= "bfloat16" and dtype ~= "float16" then
+    error(("%s: dtype %s is not a floating point dtype (float32, bfloat16 or float16)"):format(op, dtype), 3)
+  end
+  return (t:to(dtype))
+end
 function fsdp.randn(...)
   local args, opts = split_opts("randn", ...)
   local n, arr = shape("randn", unpack(args))
   local dev = device_opt(opts, "randn")
-  if dev == META then return meta_full(n, arr):normal_(0, 1) end
-  return placed(wrap(C.fsdp_randn(n, arr, 0, 1)), dev)
+  if dev == META then return random_dtype(meta_full(n, arr, nil, nil, "randn"):normal_(0, 1), opts.dtype, "randn") end
+  return random_dtype(placed(wrap(C.fsdp_randn(n, arr, 0, 1)), dev), opts.dtype, "randn")
 end
 function fsdp.rand(...)
   local args, opts = split_opts("rand", ...)
   local n, arr = shape("rand", unpack(args))
   local dev = device_opt(opts, "rand")
-  if dev == META then return meta_full(n, arr):uniform_(0, 1) end
-  return placed(wrap(C.fsdp_rand(n, arr, 0, 1)), dev)
+  if dev == META then return random_dtype(meta_full(n, arr, nil, nil, "rand"):uniform_(0, 1), opts.dtype, "rand") end
+  return random_dtype(placed(wrap(C.fsdp_rand(n, arr, 0, 1)), dev), opts.dtype, "rand")
 end
 -- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
+  lo, hi = fsdp._i(lo, "randint", "low"), fsdp._i(hi, "randint", "high")
   local n, arr = shape("randint", size)
   return (wrap(C.fsdp_randint(lo, hi, n, arr)))
 end
-function fsdp.randperm(n) return (wrap(C.fsdp_randperm(n))) end
+function fsdp.randperm(n) return (wrap(C.fsdp_randperm(fsdp._i(n, "randperm", "n", nil, 0)))) end
 -- fsdp.arange(n), fsdp.arange(start, stop[, step][, dtype]); float32 unless all arguments are integers
-function fsdp.arange(a, b, c, dtype)
-  if type(b) == "string" then dtype, b = b, nil elseif type(c) == "string" then dtype, c = c, nil end
-  local start, stop, step = b and a or 0, b or a, c or 1
-  for _, v in ipairs({ { "start", start }, { "end", stop }, { "step", step } }) do
-    if type(v[2]) ~= "number" then
-      error(("arange: %s must be a number, got %s (%s)"):format(v[1], type(v[2]), tostring(v[2])), 2)
-    end
-    if v[2] ~= v[2] or v[2] == math.huge or v[2] == -math.huge then
-      error(("arange: %s must be finite, got %s"):format(v[1], tostring(v[2])), 2)
-    end
+function fsdp.arange(...)
+  local a, n = fsdp._pack("arange", "arguments", 2, ...)
+  local dtype
+  if n > 1 and type(a[n]) == "string" then dtype, n = a[n], n - 1 end
+  if n < 1 or n > 3 then
+    error(("arange: give end, or start and end, or start, end and step (then optionally a dtype); got %d arguments")
+      :format(select("#", ...)), 2)
   end
+  local names = ({ { "end" }, { "start", "end" }, { "start", "end", "step" } })[n]
+  for i = 1, n do fsdp._f(a[i], "arange", names[i]) end
+  local start, stop, step = n == 1 and 0 or a[1], n == 1 and a[1] or a[2], n == 3 and a[3] or 1
   if dtype == nil then
     local ints = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
     dtype = ints and "int64" or "float32"
   end
-  return (wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype))))
+  return (wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype, "arange"))))
 end
 function fsdp.cat(list, dim)
   if type(list) ~= "table" then arg_error("cat", "tensors", "a list of tensors", list, 2) end
@@ -728,7 +769,13 @@ function fsdp.multinomial(probs, n, opts)
 end
 
 -- ---- process, seeds, grad mode, memory -----------------------------------------------------------
-function fsdp.manual_seed(seed) C.fsdp_manual_seed(seed) end
+-- (seeds as PyTorch takes them: integers in [-2^63, 2^64); a negative one counts from 2^64)
+function fsdp.manual_seed(seed)
+  if type(seed) ~= "number" or seed ~= math.floor(seed) or seed < -2 ^ 63 or seed >= 2 ^ 64 then
+    arg_error("manual_seed", "seed", "an integer in [-2^63, 2^64)", seed, 2)
+  end
+  C.fsdp_manual_seed(seed < 0 and ffi.cast("uint64_t", ffi.cast("int64_t", seed)) or seed)
+end
 function fsdp.get_rng_state()
   local s = ffi.new("uint64_t[4]")
   C.fsdp_rng_get_state(s)
@@ -813,6 +860,14 @@ local lazy = {
   nn = "fsdp.nn", optim = "fsdp.optim", autograd = "fsdp.autograd", io = "fsdp.io", comm = "fsdp.comm",
   data = "fsdp.data", progress = "fsdp.progress", argparse = "fsdp.argparse",
 }
+-- functions of other modules that fsdp gives by name (fsdp.checkpoint is activation checkpointing,
+-- fsdp.autograd's, not the module fsdp.checkpoint of sharded checkpoints)
+local lazy_fns = {
+  save = "fsdp.io", load = "fsdp.io", save_sharded = "fsdp.checkpoint", load_sharded = "fsdp.checkpoint",
+  wrap = "fsdp.wrap", auto_wrap = "fsdp.wrap", clip_grad_norm = "fsdp.wrap", clip_grad_value = "fsdp.wrap",
+  unit_states = "fsdp.wrap", all_idle = "fsdp.wrap", summary = "fsdp.wrap", reset_parameters = "fsdp.wrap",
+  checkpoint = "fsdp.autograd",
+}
 setmetatable(fsdp, {
   __index = function(t, k)
     if k == "nn" then
@@ -825,18 +880,18 @@ setmetatable(fsdp, {
       local m = require(lazy[k]); rawset(t, k, m); return m
     elseif k == "F" then
       local m = require "fsdp.nn.functional"; rawset(t, k, m); return m
-    elseif k == "save" or k == "load" then
-      return require("fsdp.io")[k]
-    elseif k == "wrap" or k == "auto_wrap" or k == "clip_grad_norm" or k == "clip_grad_value" or k == "unit_states"
-      or k == "all_idle" or k == "summary" or k == "reset_parameters" then
-      return require("fsdp.wrap")[k]
-    elseif k == "save_sharded" or k == "load_sharded" then
-      return require("fsdp.checkpoint")[k]
-    elseif k == "checkpoint" then  -- activation checkpointing (fsdp.checkpoint is not the module of that name)
-      return require("fsdp.autograd").checkpoint
+    elseif lazy_fns[k] then
+      return require(lazy_fns[k])[k]
     end
   end,
 })
+-- the names of the functions above (tests/scripts/hostile.lua calls each)
+function fsdp._lazy_names()
+  local r = {}
+  for k in pairs(lazy_fns) do r[#r + 1] = k end
+  table.sort(r)
+  return r
+end
 
 package.loaded.fsdp = fsdp
 return fsdp

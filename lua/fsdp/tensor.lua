@@ -352,13 +352,17 @@ end
 function methods.uniform_(t, lo, hi)
   local p = T(t, "uniform_")
   local skip, total = draw_span(t, p)
-  check(C.fsdp_uniform_slice_(p, N(lo, "uniform_", "from", 0), N(hi, "uniform_", "to", 1), skip, total))
+  lo, hi = fsdp._f(lo, "uniform_", "from", 0), fsdp._f(hi, "uniform_", "to", 1)
+  if lo > hi then error(("uniform_: expects a [from, to) range, but found from = %s > to = %s"):format(lo, hi), 2) end
+  check(C.fsdp_uniform_slice_(p, lo, hi, skip, total))
   return t
 end
 function methods.normal_(t, mean, std)
   local p = T(t, "normal_")
   local skip, total = draw_span(t, p)
-  check(C.fsdp_normal_slice_(p, N(mean, "normal_", "mean", 0), N(std, "normal_", "std", 1), skip, total))
+  mean, std = fsdp._f(mean, "normal_", "mean", 0), fsdp._f(std, "normal_", "std", 1)
+  if std < 0 then fsdp._arg_error("normal_", "std", "a number >= 0", std, 2) end
+  check(C.fsdp_normal_slice_(p, mean, std, skip, total))
   return t
 end
 
@@ -530,7 +534,7 @@ function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
 -- x:narrow(dim, start, length) with a 1-based start (Torch7)
 function methods.narrow(t, d, start, len)
   local p = T(t, "narrow")
-  if type(start) ~= "number" then fsdp._arg_error("narrow", "start", "a number", start, 2) end
+  start, len = fsdp._i(start, "narrow", "start"), fsdp._i(len, "narrow", "length", nil, 0)
   return (wrap(C.fsdp_narrow(p, dim(d, held_ndim(p), "narrow"), start - 1, len)))
 end
 function methods.index_select(t, d, index)
@@ -542,8 +546,11 @@ end
 function methods.to(t, what)
   T(t, "to")
   local device, dtype
-  if type(what) == "table" then
+  if type(what) == "table" and not Tensor.is(what) then
     device, dtype = what.device, what.dtype
+    if device == nil and dtype == nil then fsdp._arg_error("to", "options", "{device = ..., dtype = ...}", what, 2) end
+  elseif type(what) ~= "string" then
+    fsdp._arg_error("to", "dtype or device", "a dtype or device name", what, 2)
   elseif fsdp._devices[what] then
     device = what
   elseif type(what) == "string" and not pcall(dtype_of, what) then
@@ -553,7 +560,7 @@ function methods.to(t, what)
     dtype = what
   end
   if device ~= nil then t = fsdp._to_device(t, device) end
-  if dtype ~= nil then t = wrap(C.fsdp_to_dtype(t.p, dtype_of(dtype))) end
+  if dtype ~= nil then t = wrap(C.fsdp_to_dtype(t.p, dtype_of(dtype, "to"))) end
   return t
 end
 function methods.cpu(t) T(t, "cpu"); return (t:to("cpu")) end
@@ -635,8 +642,7 @@ end
 local function triangle(name, cfn)
   methods[name] = function(t, k)
     local p = T(t, name)
-    k = N(k, name, "diagonal", 0)
-    if k ~= math.floor(k) then fsdp._arg_error(name, "diagonal", "an integer", k, 2) end
+    k = fsdp._i(k, name, "diagonal", 0)
     return (wrap(C[cfn](p, k)))
   end
   functions[name] = function(t, k) T(t, name, "input"); return (methods[name](t, k)) end
@@ -810,14 +816,11 @@ function methods.split(t, size, d)
   if type(size) == "table" then
     local total = 0
     for i = 1, fsdp._list(size, "split", "split_size_or_sections") do
-      local s = size[i]
-      if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
-        fsdp._arg_error("split", ("split_size_or_sections[%d]"):format(i), "an integer >= 0", s, 2)
-      end
-      total = total + s
+      total = total + fsdp._i(size[i], "split", ("split_size_or_sections[%d]"):format(i), nil, 0)
     end
     if total ~= len then
-      error(("split: sizes {%s} sum to %d, but dim %d has size %d"):format(table.concat(size, ", "), total, cd + 1, len), 2)
+      error(("split: split_size_or_sections {%s} sum to %d, but dim %d has size %d")
+        :format(table.concat(size, ", "), total, cd + 1, len), 2)
     end
     for i = 1, #size do
       out[i] = t:narrow(cd + 1, start, size[i])
@@ -825,7 +828,7 @@ function methods.split(t, size, d)
     end
     return out
   end
-  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) then
+  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) or size >= 2 ^ 53 then
     fsdp._arg_error("split", "split_size_or_sections", "an integer >= 1 or a list of sizes", size, 2)
   end
   repeat
@@ -837,7 +840,7 @@ end
 -- x:chunk(n, dim): at most n views of ceil(size / n) along dim (torch.chunk), the last one smaller
 function methods.chunk(t, n, d)
   local p = T(t, "chunk")
-  if type(n) ~= "number" or n < 1 or n ~= math.floor(n) then fsdp._arg_error("chunk", "chunks", "an integer >= 1", n, 2) end
+  fsdp._i(n, "chunk", "chunks", nil, 1)
   local cd = dim_in(d or 1, held_ndim(p), "chunk")
   local len = tonumber(C.fsdp_tensor_size(p, cd))
   return (t:split(math.max(math.ceil(len / n), 1), cd + 1))
@@ -848,10 +851,8 @@ local function reps_of(fn, ...)
   local reps, n
   if type(first) == "table" then reps = first; n = fsdp._list(reps, fn, "repeats", 3)
   else reps, n = fsdp._pack(fn, "repeats", 3, ...) end
-  for i = 1, n do
-    local r = reps[i]
-    if type(r) ~= "number" or r < 0 or r ~= math.floor(r) then fsdp._arg_error(fn, ("repeats[%d]"):format(i), "an integer >= 0", r, 3) end
-  end
+  if first == nil then error(("%s: repeats must be given (a count per dim)"):format(fn), 3) end
+  for i = 1, n do fsdp._i(reps[i], fn, ("repeats[%d]"):format(i), nil, 0) end
   return reps
 end
 -- x tiled reps[i] times along dim i (reps as many as x's dims, or more: x gets leading size-1 dims).
@@ -906,7 +907,7 @@ methods["repeat"] = function(t, ...)
   local p = T(t, "repeat")
   local reps = reps_of("repeat", ...)
   if #reps < held_ndim(p) then
-    error(("repeat: %d repeat counts for a tensor with %d dims (give at least one per dim, or use x:tile)")
+    error(("repeat: repeats gives %d counts for a tensor with %d dims (give at least one per dim, or use x:tile)")
       :format(#reps, held_ndim(p)), 2)
   end
   return (tiled(t, reps))

@@ -97,6 +97,11 @@ end
 
 -- the options fsdp.wrap and fsdp.auto_wrap take; any other name is a typo or another framework's
 -- spelling, an error rather than a setting silently not applied
+-- the module and options every entry point takes: errors name fn
+local function check_module(fn, m, opts)
+  if type(m) ~= "table" or not rawget(m, "_modules") then fsdp._arg_error(fn, "module", "an nn.Module", m, 3) end
+  if opts ~= nil and (type(opts) ~= "table" or fsdp.is_tensor(opts)) then fsdp._arg_error(fn, "options", "a table", opts, 3) end
+end
 local WRAP_OPTIONS = { "sharding", "shard_group_size", "reshard_after_forward", "mixed_precision", "forward_prefetch",
   "backward_prefetch", "sync_module_states", "offload", "checkpoint", "min_params" }
 local MP_PARTS = { param = true, reduce = true }
@@ -187,10 +192,8 @@ end
 --         checkpointing of the unit's forward, as nn.Checkpoint: only its inputs are kept, backward
 --         gathers again and runs the forward again)
 function W.wrap(module, opts)
+  check_module("fsdp.wrap", module, opts)
   opts = opts or {}
-  if type(module) ~= "table" or not rawget(module, "_modules") then
-    error("fsdp.wrap: expected an nn.Module, got " .. type(module), 2)
-  end
   local existing = rawget(module, "_fsdp_unit")
   if existing then
     error(("fsdp.wrap: module %s is already wrapped (unit '%s'); wrap each module once"):format(module_label(module), existing.path), 2)
@@ -273,6 +276,7 @@ end
 -- fsdp.auto_wrap(module, {min_params = N, ...wrap opts}): wraps, innermost first, every submodule
 -- whose not-yet-wrapped parameters number at least min_params, then the root.
 function W.auto_wrap(module, opts)
+  check_module("fsdp.auto_wrap", module, opts)
   opts = opts or {}
   local min = opts.min_params or 1e5
   local function visit(m, is_root)
@@ -381,6 +385,7 @@ end
 
 -- {path = state name} for the units of m's subtree
 function W.unit_states(m)
+  check_module("fsdp.unit_states", m)
   local r = {}
   for _, u in ipairs(W.units(m)) do r[u.path] = state_names[C.fsdp_unit_state(u.c)] end
   return r
@@ -431,6 +436,8 @@ end
 -- another one's fn leaves the units the outer call summoned to it (their parameters stay whole
 -- until it ends; its writeback decides).
 function W.summon_full_params(m, fn, opts)
+  check_module("summon_full_params", m, opts)
+  fsdp._fn(fn, "summon_full_params", "fn")
   local writeback = not (opts and opts.writeback == false)
   local us = {}
   for _, u in ipairs(W.units_holding(m)) do
@@ -712,6 +719,7 @@ function W.clip_grad_norm(model, max_norm, norm_type, opts)
   local params
   params, norm_type, opts = clip_args(fn, model, norm_type, opts)
   max_norm = fsdp._n(max_norm, fn, "max_norm")
+  if not (max_norm >= 0) then error(("%s: max_norm must be a number >= 0 (math.huge: no clipping), got %s"):format(fn, tostring(max_norm)), 2) end
   if norm_type == nil then norm_type = 2 end
   if norm_type == "inf" then norm_type = math.huge end
   if type(norm_type) ~= "number" or not (norm_type > 0) then

@@ -56,12 +56,12 @@ local function check_opts(what, opts, known)
 end
 
 local function len_of(dataset, what)
-  if type(dataset) == "number" then return dataset end
+  if type(dataset) == "number" then return fsdp._i(dataset, what, "dataset (a length)", nil, 0) end
   if type(dataset) ~= "table" then
     error(("%s: dataset must be a Dataset (len() and get(i)) or a list of samples, got a %s"):format(what, type(dataset)), 3)
   end
   if type(dataset.len) == "function" then return dataset:len() end
-  return #dataset
+  return fsdp._list(dataset, what, "dataset (a list of samples)", 2)
 end
 
 -- ---- datasets --------------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ end
 -- when all are integers, else float32), strings and booleans kept in a list, lists and string-keyed
 -- tables collated field by field (as torch.utils.data.default_collate)
 function M.default_collate(samples)
-  if type(samples) ~= "table" or #samples == 0 then
+  if type(samples) ~= "table" or fsdp._list(samples, "default_collate", "samples") == 0 then
     error(("default_collate: expected a non-empty list of samples, got %s"):format(type(samples)), 2)
   end
   local first = samples[1]

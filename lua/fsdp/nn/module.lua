@@ -172,10 +172,16 @@ function Module:forward()
 end
 
 -- ---- registration ------------------------------------------------------------------------------------
+-- a child's or tensor's name: a non-empty string without '.' (it joins state-dict keys)
+local function check_name(fn, name)
+  if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
+    fsdp._arg_error(fn, "name", "a non-empty string without '.'", name, 3)
+  end
+end
 function Module:register_parameter(name, t)
-  assert(type(name) == "string" and not name:find(".", 1, true), "register_parameter: name must be a string without '.'")
+  check_name("register_parameter", name)
   if t ~= nil then
-    assert(is_tensor(t), "register_parameter: expected a tensor or nil")
+    if not is_tensor(t) then fsdp._arg_error("register_parameter", "param", "a tensor or nil", t, 2) end
     register_tensor_param(t)
   end
   oremove(self._modules, name); oremove(self._buffers, name); rawset(self, name, nil)
@@ -185,8 +191,9 @@ end
 
 -- buffers are state that is not trained (running stats, masks); persistent ones go into state_dict
 function Module:register_buffer(name, t, persistent)
-  assert(type(name) == "string" and not name:find(".", 1, true), "register_buffer: name must be a string without '.'")
-  assert(t == nil or is_tensor(t), "register_buffer: expected a tensor or nil")
+  check_name("register_buffer", name)
+  if t ~= nil and not is_tensor(t) then fsdp._arg_error("register_buffer", "tensor", "a tensor or nil", t, 2) end
+  fsdp._b(persistent, "register_buffer", "persistent")
   oremove(self._modules, name); oremove(self._parameters, name); rawset(self, name, nil)
   oset(self._buffers, name, t)
   if persistent == false then
@@ -196,13 +203,14 @@ function Module:register_buffer(name, t, persistent)
   return t
 end
 
-function Module:add_module(name, m)
-  assert(is_module(m), "add_module: expected a Module")
+function Module:add_module(name, m, fn)
+  check_name(fn or "add_module", name)
+  if not is_module(m) then fsdp._arg_error(fn or "add_module", "module", "a Module", m, 2) end
   oremove(self._parameters, name); oremove(self._buffers, name); rawset(self, name, nil)
   oset(self._modules, name, m)
   return m
 end
-Module.register_module = Module.add_module
+function Module:register_module(name, m) return self:add_module(name, m, "register_module") end
 
 -- ---- traversal ---------------------------------------------------------------------------------------
 -- iterators yield (name, value); lists hold values
@@ -227,6 +235,7 @@ local function collect_modules(self, prefix, seen, out)
 end
 
 function Module:named_modules(prefix)
+  if prefix ~= nil and type(prefix) ~= "string" then fsdp._arg_error("named_modules", "prefix", "a string", prefix, 2) end
   return list_iter(collect_modules(self, prefix or "", {}, {}))
 end
 function Module:modules()
@@ -249,7 +258,8 @@ function Module:children()
 end
 
 -- (name, tensor) pairs of `kind` ("_parameters" or "_buffers") over all modules, shared tensors once
-local function collect_tensors(self, kind, recurse, skip_non_persistent)
+local function collect_tensors(self, kind, recurse, skip_non_persistent, fn)
+  fsdp._b(recurse, fn or kind:sub(2), "recurse")
   local out, seen = {}, {}
   local mods = recurse == false and { { "", self } } or collect_modules(self, "", {}, {})
   for _, e in ipairs(mods) do
@@ -272,7 +282,7 @@ end
 
 -- for name, p in model:named_parameters() do ... end  (PyTorch names: "0.conv.weight")
 function Module:named_parameters(recurse)
-  return list_iter(collect_tensors(self, "_parameters", recurse))
+  return list_iter(collect_tensors(self, "_parameters", recurse, nil, "named_parameters"))
 end
 function Module:parameters(recurse)
   local r = {}
@@ -280,7 +290,7 @@ function Module:parameters(recurse)
   return r
 end
 function Module:named_buffers(recurse)
-  return list_iter(collect_tensors(self, "_buffers", recurse))
+  return list_iter(collect_tensors(self, "_buffers", recurse, nil, "named_buffers"))
 end
 function Module:buffers(recurse)
   local r = {}
@@ -309,6 +319,9 @@ end
 -- uninitialised; fsdp.reset_parameters(model) draws afresh if wanted. Tensors with values stay as
 -- they are. Returns model. (A wrapped model's parameters are materialised by fsdp.wrap, as pieces.)
 function Module:to_empty(opts)
+  if opts ~= nil and type(opts) ~= "table" and type(opts) ~= "string" then
+    fsdp._arg_error("Module:to_empty", "options", "{device = ...} or a device name", opts, 2)
+  end
   local device = type(opts) == "table" and opts.device or opts or "cpu"
   local d = fsdp._device(device, "Module:to_empty", 2)
   for _, kind in ipairs { "parameters", "buffers" } do
@@ -327,8 +340,11 @@ end
 -- does; integer buffers stay. Before fsdp.wrap only: a unit computes in bf16 by its mixed_precision.
 function Module:to(what)
   local device, dtype
-  if type(what) == "table" then
+  if type(what) == "table" and not is_tensor(what) then
     device, dtype = what.device, what.dtype
+    if device == nil and dtype == nil then fsdp._arg_error("Module:to", "options", "{device = ..., dtype = ...}", what, 2) end
+  elseif type(what) ~= "string" then
+    fsdp._arg_error("Module:to", "dtype or device", "a dtype or device name", what, 2)
   elseif fsdp._devices[what] or not pcall(fsdp._dtype, what) then
     device = what  -- (a name that is neither: the unknown-device error below names the devices)
   else
@@ -350,7 +366,7 @@ function Module:bfloat16() return self:to("bfloat16") end
 function Module:half() return self:to("float16") end
 
 function Module:train(mode)
-  if mode == nil then mode = true end
+  mode = fsdp._b(mode, "train", "mode", true)
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
   return self
 end
@@ -358,6 +374,7 @@ function Module:eval() return self:train(false) end
 
 -- drops every parameter's gradient (PyTorch's set_to_none default); zero_grad(false) zeroes them
 function Module:zero_grad(set_to_none)
+  fsdp._b(set_to_none, "zero_grad", "set_to_none")
   for _, p in ipairs(self:parameters()) do
     if set_to_none == false then
       local g = p.grad
@@ -369,6 +386,7 @@ function Module:zero_grad(set_to_none)
 end
 
 function Module:requires_grad_(flag)
+  fsdp._b(flag, "requires_grad_", "requires_grad")
   for _, p in ipairs(self:parameters()) do p.requires_grad = flag ~= false end
   return self
 end
@@ -397,6 +415,7 @@ function provider_for(m)
 end
 
 function Module:state_dict(opts)
+  if opts ~= nil and type(opts) ~= "table" then fsdp._arg_error("state_dict", "options", "a table or nil", opts, 2) end
   local p = provider_for(self)
   if p then return p.state_dict(self, plain_state_dict, opts) end
   return plain_state_dict(self)
@@ -433,6 +452,8 @@ end
 -- an error; otherwise they are returned as {missing_keys = {...}, unexpected_keys = {...}}.
 -- Shape mismatches are always an error.
 function Module:load_state_dict(sd, strict)
+  if type(sd) ~= "table" or is_tensor(sd) then fsdp._arg_error("load_state_dict", "state_dict", "a table of name -> tensor", sd, 2) end
+  fsdp._b(strict, "load_state_dict", "strict")
   local p = provider_for(self)
   if p then return p.load_state_dict(self, plain_load_state_dict, sd, strict) end
   return plain_load_state_dict(self, sd, strict)
@@ -482,7 +503,7 @@ function plain_load_state_dict(self, sd, strict)
   if strict and #unexpected > 0 then errs[#errs + 1] = "Unexpected key(s) in state_dict: " .. quoted(unexpected) .. "." end
   for _, m in ipairs(mismatch) do errs[#errs + 1] = m .. "." end
   if #errs > 0 then
-    error(("Error(s) in loading state_dict for %s:\n\t%s"):format(self.__name, table.concat(errs, "\n\t")), 2)
+    error(("load_state_dict: Error(s) in loading state_dict for %s:\n\t%s"):format(self.__name, table.concat(errs, "\n\t")), 2)
   end
   fsdp.no_grad(function()
     for k, t in pairs(own) do
@@ -494,9 +515,8 @@ function plain_load_state_dict(self, sd, strict)
 end
 
 -- ---- hooks ---------------------------------------------------------------------------------------------
-local function add_hook(list, fn)
-  assert(type(fn) == "function" or (type(fn) == "table" and getmetatable(fn) and getmetatable(fn).__call),
-    "hook must be callable")
+local function add_hook(list, fn, what)
+  fsdp._fn(fn, what, "hook")
   local entry = { fn = fn }
   list[#list + 1] = entry
   return {
@@ -507,9 +527,9 @@ local function add_hook(list, fn)
 end
 -- fn(module, args) runs before forward; args is the list of inputs. Returning a table replaces
 -- the inputs, returning a tensor (or any other single value) replaces them with that one value.
-function Module:register_forward_pre_hook(fn) return add_hook(self._forward_pre_hooks, fn) end
+function Module:register_forward_pre_hook(fn) return add_hook(self._forward_pre_hooks, fn, "register_forward_pre_hook") end
 -- fn(module, args, output) runs after forward; returning a value replaces the output
-function Module:register_forward_hook(fn) return add_hook(self._forward_hooks, fn) end
+function Module:register_forward_hook(fn) return add_hook(self._forward_hooks, fn, "register_forward_hook") end
 
 -- ---- calling: hooks around forward, and the module path on errors ------------------------------------
 -- The modules currently inside __call, outermost first. When an error leaves a forward, the

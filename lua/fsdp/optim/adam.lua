@@ -22,13 +22,14 @@ local function defaults(name, wd_default, ...)
     lr = opts.lr or 1e-3, betas = { betas[1], betas[2] }, eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or wd_default, amsgrad = opts.amsgrad or false, maximize = opts.maximize or false,
   }
-  check_hparam(d.lr >= 0, "%s: invalid learning rate: %s", name, tostring(d.lr))
-  check_hparam(d.eps >= 0, "%s: invalid epsilon value: %s", name, tostring(d.eps))
+  local fin = function(v) return v >= 0 and v < math.huge end  -- (NaN fails too)
+  check_hparam(fin(d.lr), "%s: invalid learning rate: %s (lr must be a finite number >= 0)", name, tostring(d.lr))
+  check_hparam(fin(d.eps), "%s: invalid epsilon value: %s (eps must be a finite number >= 0)", name, tostring(d.eps))
   check_hparam(type(betas[1]) == "number" and betas[1] >= 0 and betas[1] < 1,
     "%s: invalid beta parameter at index 1: %s", name, tostring(betas[1]))
   check_hparam(type(betas[2]) == "number" and betas[2] >= 0 and betas[2] < 1,
     "%s: invalid beta parameter at index 2: %s", name, tostring(betas[2]))
-  check_hparam(d.weight_decay >= 0, "%s: invalid weight_decay value: %s", name, tostring(d.weight_decay))
+  check_hparam(fin(d.weight_decay), "%s: invalid weight_decay value: %s", name, tostring(d.weight_decay))
   return d
 end
 

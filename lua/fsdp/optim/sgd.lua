@@ -22,9 +22,12 @@ function SGD:__init(params, ...)
     lr = opts.lr or 1e-3, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
     weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov or false, maximize = opts.maximize or false,
   }
-  check_hparam(d.lr >= 0, "SGD: invalid learning rate: %s", tostring(d.lr))
-  check_hparam(d.momentum >= 0, "SGD: invalid momentum value: %s", tostring(d.momentum))
-  check_hparam(d.weight_decay >= 0, "SGD: invalid weight_decay value: %s", tostring(d.weight_decay))
+  local fin = function(v) return v >= 0 and v < math.huge end  -- (NaN fails too)
+  check_hparam(fin(d.lr), "SGD: invalid learning rate: %s (lr must be a finite number >= 0)", tostring(d.lr))
+  check_hparam(fin(d.momentum), "SGD: invalid momentum value: %s", tostring(d.momentum))
+  check_hparam(d.dampening == d.dampening and math.abs(d.dampening) < math.huge, "SGD: invalid dampening value: %s",
+    tostring(d.dampening))
+  check_hparam(fin(d.weight_decay), "SGD: invalid weight_decay value: %s", tostring(d.weight_decay))
   check_hparam(not d.nesterov or (d.momentum > 0 and d.dampening == 0),
     "SGD: nesterov momentum requires a momentum and zero dampening")
   Optimizer.__init(self, params, d)

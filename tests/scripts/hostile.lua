@@ -1,16 +1,23 @@
--- Child process of tests/bad_args_spec.lua: nil and wrong-type arguments to every public tensor
--- method, fsdp function, functional op, layer and optimizer.
---   luajit tests/scripts/bad_args.lua ROOT list       -> "CASE<tab>i<tab>want<tab>frag1|frag2<tab>name"
---   luajit tests/scripts/bad_args.lua ROOT run FIRST  -> runs cases FIRST..n, one line each
+-- Child process of tests/hostile_spec.lua: every public function of fsdp, fsdp.nn (layers, init,
+-- Module methods), fsdp.F, fsdp.optim (optimizers, schedulers), fsdp.data, the tensor methods and
+-- the file and checkpoint functions, called with bad values for each argument in turn: nil, wrong
+-- types, NaN and infinities, fractional, negative and huge integers, lists with holes, strings
+-- with a NUL byte, cyclic tables; plus wrong dtypes and shapes where an op has a rule for them.
+--   luajit tests/scripts/hostile.lua ROOT list       -> "CASE<tab>i<tab>want<tab>frag1|frag2<tab>name"
+--   luajit tests/scripts/hostile.lua ROOT run FIRST  -> runs cases FIRST..n, one line each
 -- Before each case it prints "START i", after it "RES i OK" or "RES i ERR <message>"; a crash
 -- shows as a START without its RES (the spec then reruns from the next case). At the end it
 -- checks that the process still computes: "ALIVE <(fsdp.ones(2) + 1):sum():item()>".
+-- A public function without an entry here is a failing case ("no case list").
 local ROOT, mode, first = arg[1], arg[2], tonumber(arg[3] or 1)
 package.path = ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;" .. ROOT .. "/tests/?.lua;" .. package.path
 package.cpath = ROOT .. "/?.so;" .. package.cpath
 local fsdp = require "fsdp"
 local H = require "helpers"
 local F, nn, optim = fsdp.F, fsdp.nn, fsdp.optim
+local S = optim.lr_scheduler
+local tmp = os.getenv("HOSTILE_TMP") or os.tmpname() .. ".d"
+os.execute("mkdir -p " .. tmp)
 
 -- ---- valid inputs --------------------------------------------------------------------------------
 local function x23() return fsdp.randn(2, 3) end
@@ -29,8 +36,15 @@ local function probs3() return fsdp.ones(3) end
 -- The bad values for an argument of each kind (those a kind accepts are left out):
 --   T  a tensor           T?  a tensor or nil         TN  a tensor or a number
 --   FN a function         TB? a tensor, nil or an options table
---   N  a number           N?  a number or nil (a default)   D?  a dim (nil: the method's default)
---   DL? a dim, a list of dims or nil   DO? a dim, an options table or nil   O? an options table or nil
+--   N  a number (NaN is one)     N?  a number or nil (a default)
+--   F  a finite number           F?  a finite number or nil
+--   I  an integer >= 0 (a count) I?  the same or nil        Z / Z?  an integer of either sign (or nil)
+--   D?  a dim (1-based; nil: the method's default)   DL? a dim, a list of dims or nil
+--   DO? a dim, an options table or nil   O? an options table or nil
+--   SH  a shape a new tensor gets (a list or sizes)  SV  a shape a view takes (-1 inferred)
+--   S   a name (dtype, device, mode): a string      S? the same or nil
+--   P   a path                                       X?  a table that is written out (JSON) or nil
+--   M   a Module                                     OPT an optimizer
 local bad_values = {
   T = { "nil", "number", "string", "table" },
   ["T?"] = { "number", "string", "list" },  -- (an empty {} after the tensors is an empty options table)
@@ -39,12 +53,46 @@ local bad_values = {
   FN = { "nil", "number", "string", "table" },
   N = { "nil", "string", "table" },
   ["N?"] = { "string", "table" },
-  ["D?"] = { "string", "table" },
-  ["DL?"] = { "string" },       -- a dim, a list of dims or nil
-  ["DO?"] = { "string" },       -- a dim, an options table or nil
+  F = { "nil", "string", "table", "nan", "inf" },
+  ["F?"] = { "string", "table", "nan", "inf" },
+  I = { "nil", "string", "table", "nan", "inf", "frac", "huge", "neg" },
+  ["I?"] = { "string", "table", "nan", "inf", "frac", "huge", "neg" },
+  Z = { "nil", "string", "table", "nan", "inf", "frac", "huge" },
+  ["Z?"] = { "string", "table", "nan", "inf", "frac", "huge" },
+  ["D?"] = { "string", "table", "nan", "frac", "huge", "zero" },
+  ["DL?"] = { "string", "nan", "frac", "zero", "hole" },       -- a dim, a list of dims or nil
+  ["DO?"] = { "string", "nan", "frac", "zero" },       -- a dim, an options table or nil
   ["O?"] = { "number", "string" },  -- an options table or nil
+  SH = { "string", "nan", "frac", "huge", "neg", "hole" },
+  SV = { "string", "nan", "frac", "huge", "hole" },
+  S = { "nil", "number", "table", "nul", "bogus" },
+  ["S?"] = { "number", "table", "nul", "bogus" },
+  P = { "nil", "number", "table", "nul" },
+  ["X?"] = { "number", "string", "cyclic" },
+  M = { "nil", "number", "string", "table" },
+  OPT = { "nil", "number", "string", "table" },
+  ["OPT?"] = { "number", "string", "table" },
+  ["I+"] = { "nil", "string", "table", "nan", "inf", "frac", "huge", "neg", "zero" },  -- an integer >= 1
+  ["I+?"] = { "string", "table", "nan", "inf", "frac", "huge", "neg", "zero" },
+  IL = { "nil", "number", "string", "hole", "lnan", "lfrac", "lneg" },  -- a list of integers >= 0
+  L = { "nil", "number", "string", "hole" },                            -- a list (of anything)
+  DS = { "nil", "string", "nan", "frac", "neg" },                     -- a data set, a list of samples or a length
+  TT = { "nil", "number", "string", "notensor", "cyclic" },             -- a table of tensors
+  ["B?"] = { "number", "string", "table" },                             -- a boolean or nil
 }
-local values = { number = 1, string = "s", table = {}, list = { 1 } }  -- "nil" -> nil
+-- a bad value of a kind; `valid` is the argument's valid value (a NUL string extends it)
+local function bad_value(kind, valid)
+  if kind == "number" then return 1 elseif kind == "string" then return "s" elseif kind == "table" then return {}
+  elseif kind == "list" then return { 1 } elseif kind == "nan" then return 0 / 0 elseif kind == "inf" then return math.huge
+  elseif kind == "frac" then return 1.5 elseif kind == "huge" then return 1e30 elseif kind == "neg" then return -1
+  elseif kind == "zero" then return 0 elseif kind == "hole" then return { 1, nil, 1 }
+  elseif kind == "nul" then return tostring(valid) .. "\0x" elseif kind == "bogus" then return "bogus"
+  elseif kind == "cyclic" then local t = { a = 1 }; t.self = t; return t
+  elseif kind == "lnan" then return { 0 / 0 } elseif kind == "lfrac" then return { 1.5 } elseif kind == "lneg" then return { -1 }
+  elseif kind == "notensor" then return { a = 1 } end
+  return nil  -- "nil"
+end
+local values = setmetatable({}, { __index = function(_, k) return bad_value(k) end })
 
 -- ---- tensor methods: self maker, then each argument as {kind, name, valid value maker} ----------------
 -- (an argument without a kind is not a tensor argument and keeps its valid value)
@@ -58,8 +106,8 @@ local methods = {
   detach = { x23 }, to_local = { x23 }, requires_grad_ = { leaf23 }, zero_ = { x23 }, fill_ = { x23, { "N", "value", v(2) } },
   copy_ = { x23, { "T", "src", x23 } }, add_ = { x23, { "TN", "other", x23 }, { "N?", "alpha", v(1) } },
   mul_ = { x23, { "N", "value", v(2) } },
-  uniform_ = { x23, { "N?", "from", v(0) }, { "N?", "to", v(1) } },
-  normal_ = { x23, { "N?", "mean", v(0) }, { "N?", "std", v(1) } },
+  uniform_ = { x23, { "F?", "from", v(0) }, { "F?", "to", v(1) } },
+  normal_ = { x23, { "F?", "mean", v(0) }, { "F?", "std", v(1) } },
   add = { x23, { "TN", "other", x23 } }, sub = { x23, { "TN", "other", x23 } },
   mul = { x23, { "TN", "other", x23 } }, div = { x23, { "TN", "other", x23 } },
   pow = { x23, { nil, "exponent", v(2) } }, eq = { x23, { "TN", "other", x23 } },
@@ -68,15 +116,16 @@ local methods = {
   sum = { x23 }, mean = { x23 }, max = { x23 }, argmax = { x23 },
   matmul = { x23, { "T", "other", x32 } }, bmm = { function() return fsdp.randn(1, 2, 3) end,
     { "T", "other", function() return fsdp.randn(1, 3, 2) end } },
-  view = { x23, { nil, "shape", v(6) } }, reshape = { x23, { nil, "shape", v(6) } },
-  view_as = { x23, { "T", "other", x32 } }, expand = { one, { nil, "shape", v(3) } },
+  view = { x23, { "SV", "shape", v(6) } }, reshape = { x23, { "SV", "shape", v(6) } },
+  view_as = { x23, { "T", "other", x32 } }, expand = { one, { "SV", "shape", v(3) } },
   expand_as = { one, { "T", "other", x23 } }, flatten = { x23 },
-  transpose = { x23, { nil, "dim0", v(1) }, { nil, "dim1", v(2) } }, t = { x23 },
-  permute = { x23, { nil, "dims", v(2) }, { nil, "dims", v(1) } }, unsqueeze = { x23, { "D?", "dim", v(1) } },
+  transpose = { x23, { "D?", "dim0", v(1), frag = "dim" }, { "D?", "dim1", v(2), frag = "dim" } }, t = { x23 },
+  permute = { x23, { "D?", "dims", v(2), frag = "dim" }, { "D?", "dims", v(1), frag = "dim" } },
+  unsqueeze = { x23, { "D?", "dim", v(1) } },
   squeeze = { one, { "DL?", "dim", v(1) } }, contiguous = { x23 }, clone = { x23 },
-  narrow = { x23, { "D?", "dim", v(1) }, { nil, "start", v(1) }, { nil, "length", v(1) } },
+  narrow = { x23, { "D?", "dim", v(1) }, { "Z", "start", v(1) }, { "I", "length", v(1) } },
   index_select = { x23, { "D?", "dim", v(1) }, { "T", "index", idx } },
-  to = { x23, { nil, "dtype", v("float32") } }, cpu = { x23 }, cuda = { x23 }, float = { x23 }, long = { x23 },
+  to = { x23, { "S", "dtype", v("float32") } }, cpu = { x23 }, cuda = { x23 }, float = { x23 }, long = { x23 },
   bfloat16 = { x23 }, half = { x23 }, softmax = { x23, { "D?", "dim", v(1) } },
   log_softmax = { x23, { "D?", "dim", v(1) } },
   ne = { x23, { "TN", "other", x23 } }, lt = { x23, { "TN", "other", x23 } }, le = { x23, { "TN", "other", x23 } },
@@ -86,16 +135,17 @@ local methods = {
   clamp = { x23, { "N?", "min", v(0) }, { "N?", "max", v(1) } },
   minimum = { x23, { "TN", "other", x23 } }, maximum = { x23, { "TN", "other", x23 } },
   min = { x23 }, cumsum = { x23, { "D?", "dim", v(1) } },
-  tril = { x23, { "N?", "diagonal", v(0) } }, triu = { x23, { "N?", "diagonal", v(0) } },
-  select = { x23, { "D?", "dim", v(1) }, { nil, "index", v(1) } }, bool = { x23 },
-  topk = { x23, { "N", "k", v(1) }, { "DO?", "dim", v(1) } }, sort = { x23, { "DO?", "dim", v(1) } },
+  tril = { x23, { "Z?", "diagonal", v(0) } }, triu = { x23, { "Z?", "diagonal", v(0) } },
+  select = { x23, { "D?", "dim", v(1) }, { "Z", "index", v(1) } }, bool = { x23 },
+  topk = { x23, { "I", "k", v(1) }, { "DO?", "dim", v(1) } }, sort = { x23, { "DO?", "dim", v(1) } },
   argsort = { x23, { "DO?", "dim", v(1) } },
   gather = { x23, { "D?", "dim", v(2) }, { "T", "index", gidx } },
   scatter_add = { x23, { "D?", "dim", v(2) }, { "T", "index", gidx }, { "T", "src", x23 } },
-  multinomial = { probs3, { "N", "num_samples", v(1) }, { "O?", "options", v(nil) } },
-  split = { x23, { nil, "split_size_or_sections", v(1) }, { "D?", "dim", v(1) } },
-  chunk = { x23, { "N", "chunks", v(2) }, { "D?", "dim", v(1) } },
-  tile = { x23, { nil, "repeats", v(2) } }, ["repeat"] = { x23, { nil, "repeats", v(2) }, { nil, "repeats", v(2) } },
+  multinomial = { probs3, { "I", "num_samples", v(1) }, { "O?", "options", v(nil) } },
+  split = { x23, { "I", "split_size_or_sections", v(1) }, { "D?", "dim", v(1) } },
+  chunk = { x23, { "I", "chunks", v(2) }, { "D?", "dim", v(1) } },
+  tile = { x23, { "I", "repeats", v(2), ok = { table = true } } },  -- (tile{}: the tensor, as PyTorch's tile(()))
+  ["repeat"] = { x23, { "I", "repeats", v(2) }, { "I", "repeats", v(2) } },
 }
 
 -- ---- functions: each argument as {kind, name, valid value maker} -------------------------------------------
@@ -106,11 +156,21 @@ local fsdp_fns = {
   multinomial = { { "T", "probs", probs3 }, { "N", "num_samples", v(1) }, { "O?", "options", v(nil) } },
   no_grad = { { "FN", "fn", v(function() end) } },
   meta = { { "FN", "fn", v(function() end) } },
-  -- no tensor argument (shape, dtype and number arguments are checked by fsdp._shape and the C ops)
-  tensor = {}, empty = {}, full = {}, zeros = {}, ones = {}, randn = {}, rand = {}, randint = {}, randperm = {},
-  arange = {}, manual_seed = {}, get_rng_state = {}, set_rng_state = {}, set_num_threads = {},
+  tensor = { { nil, "data", v({ 1, 2 }) }, { "S?", "dtype", v("float32"), ok = { table = true } } },  -- ({}: no options)
+  empty = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } } }, zeros = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } } },
+  ones = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } } }, randn = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } } },
+  rand = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } } },
+  full = { { "SH", "size", v({ 2, 3 }), frag = "shape", says = { string = false } }, { "N", "fill_value", v(2) }, { "S?", "dtype", v("float32"), ok = { table = true } } },
+  randint = { { "Z", "low", v(0) }, { "Z", "high", v(5) }, { "SH", "size", v({ 2 }), frag = "shape" } },
+  randperm = { { "I", "n", v(4) } },
+  arange = { { "F", "start", v(0), says = { ["nil"] = "argument" } }, { "F", "end", v(4), says = { ["nil"] = "argument" } },
+    { "F?", "step", v(1), says = { string = "dtype" } } },  -- (a string in the last place is a dtype)
+  manual_seed = { { "Z", "seed", v(3) } }, get_rng_state = {},
+  set_rng_state = { { "T", "state", function() return fsdp.get_rng_state() end } },
+  set_num_threads = { { "I", "n", v(1) } },
   is_grad_enabled = {}, set_grad_enabled = {}, memory_stats = {}, reset_peak_memory_stats = {},
-  backends = {}, is_tensor = {}, set_default_device = {}, get_default_device = {}, perf_counter = {},
+  backends = {}, is_tensor = {}, set_default_device = { { "S", "device", v("cpu") } }, get_default_device = {},
+  perf_counter = {},
   where = { { "T", "condition", mask23 }, { "TN", "input", x23 }, { "TN", "other", x23 } },
   minimum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
   maximum = { { "TN", "input", x23 }, { "TN", "other", x23 } },
@@ -165,7 +225,16 @@ local function add(name, fn, want, frags) cases[#cases + 1] = { name = name, fn 
 
 local sorted_keys = H.sorted_keys
 
--- the cases of one function f(args...) whose arguments are described by `spec`
+-- the cases of one function f(args...) whose arguments are described by `spec`: each entry
+-- { kind, name, valid value maker, list = (the value goes inside a list), ok = {kind = true, ...}
+-- (bad values this argument takes), frag = (what the message names instead of the argument),
+-- says = { kind = what it names for that bad value instead (false: the function only) } }
+local function says(s, kind)
+  local w = s.says and s.says[kind]
+  if w == nil and s[1] == "M" then return s.frag or "module" end  -- ("expected an nn.Module")
+  if w == nil then return s.frag or s[2] end
+  return w or nil
+end
 local function arg_cases(label, fname, f, spec, self_maker)
   local function valid_args()
     local a = {}
@@ -179,13 +248,14 @@ local function arg_cases(label, fname, f, spec, self_maker)
   for i, s in ipairs(spec) do
     if s[1] then
       for _, kind in ipairs(bad_values[s[1]]) do
-        add(("%s %s=%s"):format(label, s[2], kind), function()
-          local a = valid_args()
-          local bad = values[kind]
-          if s.list then a[i][2] = bad else a[i] = bad end
-          if self_maker then return f(self_maker(), unpack(a, 1, #spec)) end
-          return f(unpack(a, 1, #spec))
-        end, "error", { fname, s[2] })
+        if not (s.ok and s.ok[kind]) then
+          add(("%s %s=%s"):format(label, s[2], kind), function()
+            local a = valid_args()
+            if s.list then a[i][2] = bad_value(kind, a[i][2]) else a[i] = bad_value(kind, a[i]) end
+            if self_maker then return f(self_maker(), unpack(a, 1, #spec)) end
+            return f(unpack(a, 1, #spec))
+          end, "error", { fname, says(s, kind) })
+        end
       end
     end
   end
@@ -351,6 +421,164 @@ for _, name in ipairs { "SGD", "Adam", "AdamW" } do
     local opt = cls(params(), 0.1)
     if opt.param_groups[1].lr ~= 0.1 then error("lr is " .. tostring(opt.param_groups[1].lr)) end
   end, "ok")
+end
+
+-- ---- the rest of the public surface, one table per namespace: name -> argument specs (as above)
+-- (an entry `false` names a function that takes no argument a hostile call can get wrong)
+local function model() return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)) end
+local function sgd() return optim.SGD(model():parameters(), 0.1) end
+local cur_opt  -- (a scheduler's optimizer: made by its first argument, used by SequentialLR's list)
+local function opt_maker() cur_opt = optim.SGD({ fsdp.randn(2):requires_grad_() }, { lr = 0.1, momentum = 0.9 }); return cur_opt end
+local function ds() return fsdp.data.TensorDataset(fsdp.randn(6, 2), fsdp.arange(6)) end
+local file = tmp .. "/t.safetensors"
+fsdp.save(file, { a = fsdp.ones(2) })
+local ckdir = tmp .. "/ck"
+fsdp.save_sharded(ckdir, model())
+
+local surface = {
+  { "optim.lr_scheduler", S, {
+    LRScheduler = false,  -- (the base class)
+    LambdaLR = { { "OPT", "optimizer", opt_maker }, { "FN", "lr_lambda", v(function() return 1 end) } },
+    StepLR = { { "OPT", "optimizer", opt_maker }, { "I+", "step_size", v(2) }, { "F?", "gamma", v(0.1), ok = { table = true } } },
+    MultiStepLR = { { "OPT", "optimizer", opt_maker }, { "IL", "milestones", v({ 2, 4 }) }, { "F?", "gamma", v(0.1), ok = { table = true } } },
+    ExponentialLR = { { "OPT", "optimizer", opt_maker }, { "F", "gamma", v(0.9) } },
+    CosineAnnealingLR = { { "OPT", "optimizer", opt_maker }, { "I+", "T_max", v(10) }, { "F?", "eta_min", v(0), ok = { table = true } } },
+    LinearLR = { { "OPT", "optimizer", opt_maker }, { "F?", "start_factor", v(0.5) }, { "F?", "end_factor", v(1) },
+      { "I+?", "total_iters", v(5), ok = { table = true } } },
+    OneCycleLR = { { "OPT", "optimizer", opt_maker }, { "F", "max_lr", v(0.1) }, { "I+?", "total_steps", v(10), ok = { table = true } } },
+    SequentialLR = { { "OPT", "optimizer", opt_maker },
+      { "L", "schedulers", function() return { S.LinearLR(cur_opt), S.StepLR(cur_opt, 2) } end },
+      { "IL", "milestones", v({ 3 }), says = { lneg = "milestones[1]", lnan = "milestones[1]", lfrac = "milestones[1]" } } },
+    ReduceLROnPlateau = { { "OPT", "optimizer", opt_maker }, { "O?", "options", v(nil), frag = "mode" } },  -- (its first is mode)
+  } },
+  { "data", fsdp.data, {
+    Dataset = false, Sampler = false,  -- (base classes)
+    TensorDataset = { { "T", "tensors", function() return fsdp.randn(4, 2) end, frag = "argument 1" } },
+    DataLoader = { { "DS", "dataset", ds }, { "O?", "options", v(nil) } },
+    SequentialSampler = { { "DS", "dataset", ds } },  -- (a number is a length)
+    RandomSampler = { { "DS", "dataset", ds }, { "O?", "options", v(nil) } },
+    DistributedSampler = { { "DS", "dataset", ds }, { "O?", "options", v(nil) } },
+    default_collate = { { "L", "samples", function() return { fsdp.ones(2), fsdp.ones(2) } end } },
+    randperm = { { "I", "n", v(4) }, { "I", "seed", v(1) } },
+  } },
+  { "nn.init", nn.init, {
+    uniform_ = { { "T", "tensor", x23 }, { "F?", "a", v(0) }, { "F?", "b", v(1) } },
+    normal_ = { { "T", "tensor", x23 }, { "F?", "mean", v(0) }, { "F?", "std", v(1) } },
+    constant_ = { { "T", "tensor", x23 }, { "N", "val", v(2) } },
+    ones_ = { { "T", "tensor", x23 } }, zeros_ = { { "T", "tensor", x23 } },
+    xavier_uniform_ = { { "T", "tensor", x23 }, { "F?", "gain", v(1) } },
+    xavier_normal_ = { { "T", "tensor", x23 }, { "F?", "gain", v(1) } },
+    kaiming_uniform_ = { { "T", "tensor", x23 }, { "O?", "options", v(nil), ok = { number = true } } },
+    kaiming_normal_ = { { "T", "tensor", x23 }, { "O?", "options", v(nil), ok = { number = true } } },
+    calculate_gain = { { "S", "nonlinearity", v("relu") }, { "F?", "param", v(nil) } },
+  } },
+  { "fsdp (files, checkpoints, FSDP)", fsdp, {
+    save = { { "P", "path", v(tmp .. "/s.safetensors") }, { "TT", "tensors", function() return { a = fsdp.ones(2) } end,
+      ok = { notensor = true }, frag = "table of name", says = { cyclic = "contains itself" } },
+      { "X?", "metadata", v(nil) } },  -- (a table of plain values is saved too: {a = 1})
+    load = { { "P", "path", v(file) }, { "O?", "options", v(nil), frag = "opts" } },
+    save_sharded = { { "P", "dir", v(tmp .. "/ss") }, { "M", "model", model }, { "OPT?", "optimizer", v(nil) },
+      { "X?", "extra", v(nil) } },
+    load_sharded = { { "P", "dir", v(ckdir) }, { "M", "model", model }, { "OPT?", "optimizer", v(nil) } },
+    wrap = { { "M", "module", model }, { "O?", "options", v(nil) } },
+    auto_wrap = { { "M", "module", model }, { "O?", "options", v(nil) } },
+    clip_grad_norm = { { "M", "model", model, ok = { table = true } }, { "F", "max_norm", v(1), ok = { inf = true } },
+      { "F?", "norm_type", v(2), ok = { inf = true, table = true } } },
+    -- (a list of parameters is a model too; inf: the max norm, and no clipping; a table there: the options)
+    clip_grad_value = { { "M", "model", model, ok = { table = true } }, { "F", "clip_value", v(1), ok = { inf = true } } },
+    summary = { { "M", "model", model }, { "O?", "options", v(nil) } },
+    reset_parameters = { { "M", "model", model } },
+    unit_states = { { "M", "model", model } },
+    all_idle = {},
+    checkpoint = { { "FN", "fn", v(function(x) return x end), frag = "function" } },
+  } },
+  { "checkpoint", require "fsdp.checkpoint", {
+    save_sharded = false, load_sharded = false,  -- (fsdp.save_sharded and fsdp.load_sharded, above)
+    read = { { "P", "dir", v(ckdir) } },
+    consolidate = { { "P", "dir", v(ckdir) }, { "P", "out", v(tmp .. "/c.safetensors") } },
+  } },
+}
+for _, ns in ipairs(surface) do
+  local label, mod, specs = ns[1], ns[2], ns[3]
+  local names = {}
+  for k, f in pairs(mod) do
+    if type(k) == "string" and k:sub(1, 1) ~= "_" and (type(f) == "function" or type(f) == "table" and getmetatable(f)) then
+      names[#names + 1] = k
+    end
+  end
+  if mod == fsdp then names = {} for k in pairs(specs) do names[#names + 1] = k end end  -- (fsdp's own: above)
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local spec = specs[name]
+    if spec == nil then
+      add(label .. "." .. name .. " (no case list)", function() error("add " .. label .. "." .. name .. " to hostile.lua") end, "ok")
+    elseif spec then
+      arg_cases(label .. "." .. name, name, function(...) return mod[name](...) end, spec)
+    end
+  end
+end
+-- the public names fsdp gives on first use (its __index): each one above or in the tables before
+for _, name in ipairs(fsdp._lazy_names()) do
+  local known = fsdp_fns[name] or comm_fns[name]
+  for _, ns in ipairs(surface) do known = known or (ns[2] == fsdp and ns[3][name] ~= nil) end
+  if not known and type(fsdp[name]) == "function" then
+    add("fsdp." .. name .. " (no case list)", function() error("add fsdp." .. name .. " to hostile.lua") end, "ok")
+  end
+end
+
+-- Module methods, on a Linear (a wrapped model's are FSDP's: param_access_spec)
+local module_methods = {
+  add_module = { { "S", "name", v("extra"), ok = { nul = true, bogus = true } }, { "M", "module", function() return nn.ReLU() end } },
+  register_module = { { "S", "name", v("extra"), ok = { nul = true, bogus = true } }, { "M", "module", function() return nn.ReLU() end } },
+  register_buffer = { { "S", "name", v("buf"), ok = { nul = true, bogus = true } }, { "T?", "tensor", x23 } },
+  register_parameter = { { "S", "name", v("par"), ok = { nul = true, bogus = true } }, { "T?", "param", leaf23 } },
+  apply = { { "FN", "fn", v(function() end) } },
+  register_forward_hook = { { "FN", "hook", v(function() end) } },
+  register_forward_pre_hook = { { "FN", "hook", v(function() end) } },
+  no_sync = { { "FN", "fn", v(function() end), frag = "not wrapped" } },  -- (on a module without units)
+  summon_full_params = { { "FN", "fn", v(function() end) }, { "O?", "options", v(nil) } },
+  load_state_dict = { { "TT", "state_dict", function() return nn.Linear(3, 4):state_dict() end,
+    says = { notensor = "Unexpected key", cyclic = "Unexpected key" } },
+    { "B?", "strict", v(true) } },
+  to = { { "S", "dtype or device", v("float32"), frag = "to" } },
+  to_empty = { { "O?", "options", v({ device = "cpu" }), says = { string = "device" } } },
+  train = { { "B?", "mode", v(true) } }, requires_grad_ = { { "B?", "requires_grad", v(true) } },
+  zero_grad = { { "B?", "set_to_none", v(true) } },
+  named_parameters = { { "B?", "recurse", v(true) } }, parameters = { { "B?", "recurse", v(true) } },
+  named_buffers = { { "B?", "recurse", v(true) } }, buffers = { { "B?", "recurse", v(true) } },
+  named_modules = { { "S?", "prefix", v("") , ok = { nul = true, bogus = true } } },
+  state_dict = { { "O?", "options", v(nil) } },
+  -- no arguments, or class-level helpers (Module.extend, new, is, isinstance, is_module, Parameter: nn_spec)
+  children = false, named_children = false, modules = false, eval = false, cpu = false, float = false, half = false,
+  bfloat16 = false, num_parameters = false, extra_repr = false, forward = false, extend = false, new = false, is = false,
+  isinstance = false, is_module = false, Parameter = false,
+}
+for _, name in ipairs(sorted_keys(nn.Module)) do
+  local f = nn.Module[name]
+  if type(f) == "function" and name:sub(1, 1) ~= "_" then
+    local spec = module_methods[name]
+    if spec == nil then add("Module:" .. name .. " (no case list)", function() error("add Module:" .. name) end, "ok")
+    elseif spec then arg_cases("Module:" .. name, name, f, spec, function() return nn.Linear(3, 4) end) end
+  end
+end
+
+-- numbers that must be in range for an optimizer (PyTorch's "Invalid learning rate: -1")
+for _, name in ipairs { "SGD", "Adam", "AdamW" } do
+  local opts = { { "lr", 0 / 0 }, { "lr", -1 }, { "lr", math.huge }, { "weight_decay", -1 }, { "weight_decay", 0 / 0 } }
+  if name == "SGD" then
+    opts[#opts + 1] = { "momentum", -1 }
+    opts[#opts + 1] = { "dampening", 0 / 0 }
+  else
+    opts[#opts + 1] = { "eps", -1 }
+    opts[#opts + 1] = { "betas", { 1.5, 0.9 } }
+    opts[#opts + 1] = { "betas", { 0.9, 0 / 0 } }
+    opts[#opts + 1] = { "betas", { 0.9 } }
+  end
+  for _, o in ipairs(opts) do
+    add(("optim.%s({%s = %s})"):format(name, o[1], type(o[2]) == "table" and "{...}" or tostring(o[2])), function()
+      return optim[name]({ fsdp.randn(2):requires_grad_() }, { [o[1]] = o[2] })
+    end, "error", { name, o[1] == "betas" and "beta" or o[1] })
+  end
 end
 
 -- ---- dims and positions in the user's 1-based count (the C layer's 0-based dims never show) ------------
