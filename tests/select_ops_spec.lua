@@ -315,11 +315,11 @@ describe("errors name the op, the argument and 1-based dims", function()
       "larger than src of shape (1, 1) at dim 2")
     H.assert_error(function() x:scatter_add(2, idx, fsdp.zeros({ 1, 2 }, "bfloat16")) end, "scatter_add",
       "src (bfloat16) must have the input's dtype (float32)")
-    H.assert_error(function() x:split { 1, 2 } end, "split: sizes {1, 2} sum to 3, but dim 1 has size 2")
+    H.assert_error(function() x:split { 1, 2 } end, "split: split_size_or_sections {1, 2} sum to 3, but dim 1 has size 2")
     H.assert_error(function() x:chunk(0) end, "chunk", "chunks", "an integer >= 1")
     H.assert_error(function() fsdp.stack { x, fsdp.zeros { 3, 2 } } end, "stack: tensors[2] has shape {3, 2}",
       "tensors[1] has {2, 3}")
-    H.assert_error(function() x["repeat"](x, 2) end, "repeat: 1 repeat counts for a tensor with 2 dims", "x:tile")
+    H.assert_error(function() x["repeat"](x, 2) end, "repeat: repeats gives 1 counts for a tensor with 2 dims", "x:tile")
     H.assert_error(function() x:tile(2, -1) end, "tile", "repeats[2]", "an integer >= 0")
   end)
 end)

@@ -243,7 +243,7 @@ describe("to(dtype)", function()
     assert.same({ 2, 4 }, x.grad:totable())
     local i = x:long()
     assert.is_false(i.requires_grad)
-    H.assert_error(function() return x:to(9) end, "to", "unknown dtype")
+    H.assert_error(function() return x:to(9) end, "to", "dtype or device name")
   end)
 end)
 

@@ -117,6 +117,7 @@ end
 function comm.broadcast(t, root, opts)
   if type(root) == "table" then root, opts = nil, root end
   need_tensor("broadcast", "tensor", t)
+  root = fsdp._i(root, "broadcast", "src", 0, 0)
   init_once()
   return submit("broadcast", C.fsdp_broadcast(t.p, root or 0, opts and opts.tag or "broadcast"), t, opts)
 end

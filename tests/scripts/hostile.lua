@@ -362,12 +362,15 @@ for _, name in ipairs(layer_names) do
       return cls(unpack(ctor))
     end
     for _, pos in ipairs(numeric) do
-      for _, kind in ipairs { "nil", "string", "table" } do
-        add(("nn.%s(arg %d = %s)"):format(name, pos, kind), function()
-          local a = { unpack(ctor) }
-          a[pos] = values[kind]
-          return cls(unpack(a, 1, #ctor))
-        end, "error", { name })
+      local dim_arg = name == "Softmax" or name == "LogSoftmax"  -- (a dim: -1 is the last)
+      for _, kind in ipairs { "nil", "string", "table", "nan", "inf", "frac", "huge", "neg" } do
+        if not (dim_arg and kind == "neg") then
+          add(("nn.%s(arg %d = %s)"):format(name, pos, kind), function()
+            local a = { unpack(ctor) }
+            a[pos] = bad_value(kind)
+            return cls(unpack(a, 1, #ctor))
+          end, "error", { name })
+        end
       end
     end
     if name == "Sequential" or name == "ModuleList" or name == "ModuleDict" then
@@ -539,7 +542,7 @@ local module_methods = {
   summon_full_params = { { "FN", "fn", v(function() end) }, { "O?", "options", v(nil) } },
   load_state_dict = { { "TT", "state_dict", function() return nn.Linear(3, 4):state_dict() end,
     says = { notensor = "Unexpected key", cyclic = "Unexpected key" } },
-    { "B?", "strict", v(true) } },
+    { "B?", "strict", v(true), ok = { table = true } } },  -- ({}: the options {strict = ...})
   to = { { "S", "dtype or device", v("float32"), frag = "to" } },
   to_empty = { { "O?", "options", v({ device = "cpu" }), says = { string = "device" } } },
   train = { { "B?", "mode", v(true) } }, requires_grad_ = { { "B?", "requires_grad", v(true) } },
@@ -579,6 +582,92 @@ for _, name in ipairs { "SGD", "Adam", "AdamW" } do
       return optim[name]({ fsdp.randn(2):requires_grad_() }, { [o[1]] = o[2] })
     end, "error", { name, o[1] == "betas" and "beta" or o[1] })
   end
+end
+
+-- ---- rules an op has for its tensors' dtypes, shapes and values: an error, or the right result ----
+local function rule(name, fn, frags) add("rule: " .. name, fn, "error", frags) end
+-- (a result that must be right: fn raises when it is not)
+local function right(name, fn) add("right: " .. name, fn, "ok") end
+local function i64(t) return fsdp.tensor(t, "int64") end
+rule("Dropout(1.5)", function() return nn.Dropout(1.5) end, { "Dropout", "p" })
+rule("Dropout(-0.1)", function() return nn.Dropout(-0.1) end, { "Dropout", "p" })
+rule("Dropout(nan)", function() return nn.Dropout(0 / 0) end, { "Dropout", "p" })
+rule("F.dropout(x, 1.5)", function() return F.dropout(x23(), 1.5, true) end, { "dropout", "p" })
+rule("cross_entropy class 5 of 3", function() return F.cross_entropy(x23(), i64 { 0, 5 }) end, { "cross_entropy", "5" })
+rule("cross_entropy class -2", function() return F.cross_entropy(x23(), i64 { 0, -2 }) end, { "cross_entropy", "-2" })
+rule("nll_loss class 3 of 3", function() return F.nll_loss(x23(), i64 { 3, 0 }) end, { "nll_loss", "3" })
+rule("cross_entropy float target of another shape", function() return F.cross_entropy(x23(), fsdp.ones(2)) end,
+  { "cross_entropy", "target" })
+rule("embedding index 3 of 3", function() return F.embedding(i64 { 3 }, x32()) end, { "embedding", "3" })
+rule("embedding float input", function() return F.embedding(fsdp.ones(2), x32()) end, { "embedding", "int64" })
+rule("index_select float index", function() return x23():index_select(1, fsdp.ones(1)) end, { "index_select", "int64" })
+rule("gather float index", function() return x23():gather(2, fsdp.ones(2, 1)) end, { "gather", "int64" })
+rule("gather index 3 of 3", function() return x23():gather(2, i64 { { 3 }, { 0 } }) end, { "gather", "3" })
+rule("scatter_add index out of range", function() return x23():scatter_add(2, i64 { { 5 }, { 0 } }, x23()) end,
+  { "scatter_add", "5" })
+rule("matmul (2, 3) @ (2, 3)", function() return x23():matmul(x23()) end, { "matmul", "(2, 3)" })
+rule("bmm batch 1 vs 2", function() return fsdp.randn(1, 2, 3):bmm(fsdp.randn(2, 3, 2)) end, { "bmm" })
+rule("linear weight (4, 2) for 3 features", function() return F.linear(x23(), fsdp.randn(4, 2)) end, { "linear" })
+rule("conv2d in-channels 3 vs 2", function() return F.conv2d(fsdp.randn(1, 3, 4, 4), cw()) end, { "conv2d" })
+rule("mse_loss (2, 3) vs (3, 2)", function() return F.mse_loss(x23(), x32()) end, { "mse_loss" })
+rule("masked_fill float mask", function() return x23():masked_fill(x23(), 0) end, { "masked_fill", "mask" })
+rule("where float condition", function() return fsdp.where(x23(), x23(), x23()) end, { "where", "condition" })
+rule("multinomial negative probs", function() return fsdp.tensor { 0.5, -0.1 }:multinomial(1) end, { "multinomial" })
+rule("multinomial all zero", function() return fsdp.zeros(3):multinomial(1) end, { "multinomial" })
+rule("multinomial NaN probs", function() return fsdp.tensor { 0.5, 0 / 0 }:multinomial(1) end, { "multinomial" })
+rule("item of 2 elements", function() return fsdp.ones(2):item() end, { "item" })
+rule("x[3] of size 2", function() return x23()[3] end, { "index", "3" })
+rule("x[0] (1-based)", function() return x23()[0] end, { "index", "0" })
+rule("x[1.5]", function() return x23()[1.5] end, { "index", "1.5" })
+rule("x[3] = 1 of size 2", function() local t = x23(); t[3] = 1 end, { "index", "3" })
+rule("view (3, 3) of 6", function() return x23():view(3, 3) end, { "view", "(3, 3)" })
+rule("view of a transpose", function() return x23():t():view(6) end, { "view" })
+rule("view two -1", function() return x23():view(-1, -1) end, { "view", "-1" })
+rule("softmax of int64", function() return i64 { 1, 2 }:softmax(1) end, { "softmax", "int64" })
+rule("backward of 2 elements", function() return (fsdp.randn(2):requires_grad_() * 2):backward() end, { "backward" })
+rule("backward without grad", function() return fsdp.randn(2):sum():backward() end, { "backward" })
+rule("requires_grad_ on int64", function() return i64 { 1 }:requires_grad_() end, { "requires_grad", "int64" })
+rule("DataLoader batch_size 0", function() return fsdp.data.DataLoader(ds(), { batch_size = 0 }) end, { "DataLoader", "batch_size" })
+rule("DataLoader batch_size 1.5", function() return fsdp.data.DataLoader(ds(), { batch_size = 1.5 }) end,
+  { "DataLoader", "batch_size" })
+rule("DataLoader batch_size nan", function() return fsdp.data.DataLoader(ds(), { batch_size = 0 / 0 }) end,
+  { "DataLoader", "batch_size" })
+rule("DataLoader unknown option", function() return fsdp.data.DataLoader(ds(), { batchsize = 2 }) end, { "DataLoader", "batchsize" })
+rule("TensorDataset rows 6 vs 5", function() return fsdp.data.TensorDataset(fsdp.ones(6), fsdp.ones(5)) end,
+  { "TensorDataset", "6" })
+rule("DistributedSampler rank 2 of 2", function() return fsdp.data.DistributedSampler(ds(), { num_replicas = 2, rank = 2 }) end,
+  { "DistributedSampler", "rank" })
+rule("ReduceLROnPlateau:step(nil)", function() return S.ReduceLROnPlateau(sgd()):step() end, { "ReduceLROnPlateau", "metric" })
+-- (PyTorch promotes mixed dtypes; here they are an error naming both)
+rule("cat of float32 and int64", function() return fsdp.cat({ fsdp.tensor { 1.5 }, i64 { 2 } }) end, { "cat", "int64" })
+rule("int64 + float32", function() return i64 { 2 } + fsdp.tensor { 0.5 } end, { "add", "int64" })
+right("zeros(2, 3, nil): a nil after the last entry", function() assert(fsdp.zeros(2, 3, nil):numel() == 6) end)
+right("tile{}: the tensor", function() assert(x23():tile({}):numel() == 6) end)
+right("clip_grad_norm(model, math.huge): the norm, no clipping", function()
+  local m = model()
+  m(fsdp.randn(2, 3)):sum():backward()
+  local before = m[1].weight.grad:clone()
+  local n = fsdp.clip_grad_norm(m, math.huge)
+  assert(n > 0 and (m[1].weight.grad - before):abs():max():item() == 0)
+end)
+right("manual_seed(-1) is manual_seed(2^64 - 1)", function()
+  fsdp.manual_seed(-1); local a = fsdp.randn(3):tolist()
+  fsdp.manual_seed(2 ^ 64 - 2 ^ 11); fsdp.manual_seed(-1); local b = fsdp.randn(3):tolist()
+  assert(a[1] == b[1] and a[3] == b[3])
+end)
+
+-- ---- the collectives (fsdp/comm.lua), in this one process: world size 1 --------------------------
+local comm_specs = {
+  init = { { "S?", "backend", v(nil), ok = { nul = false } } },
+  -- (a table in op's or src's place is the options; all_gather(input) allocates the output)
+  all_reduce = { { "T", "tensor", x23 }, { "S?", "op", v("sum"), ok = { table = true } } },
+  broadcast = { { "T", "tensor", x23 }, { "Z?", "src", v(0), ok = { table = true } } },
+  all_gather = { { "T", "out", function() return fsdp.zeros(2, 3) end }, { "T", "input", x23, ok = { ["nil"] = true, table = true } } },
+  reduce_scatter = { { "T", "out", function() return fsdp.zeros(2, 3) end }, { "T", "input", x23 },
+    { "S?", "op", v("sum"), ok = { table = true } } },
+}
+for _, name in ipairs(sorted_keys(comm_fns)) do
+  if comm_specs[name] then arg_cases("fsdp." .. name, name, function(...) return fsdp[name](...) end, comm_specs[name]) end
 end
 
 -- ---- dims and positions in the user's 1-based count (the C layer's 0-based dims never show) ------------

@@ -264,7 +264,7 @@ function F.dropout(x, ...)
   local o = args_of("dropout", { { "p", 0.5 }, { "training", true }, { "inplace", false } }, ...)
   local p, training = o.p, o.training
   if type(p) ~= "number" then fsdp._arg_error("dropout", "p", "a number", p, 2) end
-  if p < 0 or p > 1 then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
+  if not (p >= 0 and p <= 1) then error(("dropout: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2) end
   return (wrap(C.fsdp_dropout(px, p, training == false and 0 or 1)))
 end
 
@@ -274,7 +274,7 @@ function F.dropout2d(x, ...)
   local px = T(x, "dropout2d", "input")
   local o = args_of("dropout2d", { { "p", 0.5 }, { "training", true }, { "inplace", false } }, ...)
   local p, training = o.p, o.training
-  if type(p) ~= "number" or p < 0 or p > 1 then
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     error(("dropout2d: probability has to be between 0 and 1, got %s"):format(tostring(p)), 2)
   end
   return (wrap(C.fsdp_dropout2d(px, p, training == false and 0 or 1)))

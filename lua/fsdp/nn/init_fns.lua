@@ -5,10 +5,14 @@ local fsdp = require "fsdp"
 local init = {}
 
 local function no_grad(fn, ...) return fsdp.no_grad(fn, ...) end
+-- the tensor an init function fills (a meta or a sharded one too: the method says what it can do)
+local function tensor_arg(t, fn)
+  if not fsdp.is_tensor(t) then fsdp._arg_error(fn, "tensor", "a tensor", t, 3) end
+end
 
 -- (fan_in, fan_out) of a weight (out, in, k...): fan_in = in * prod(k), fan_out = out * prod(k)
 function init._calculate_fan_in_and_fan_out(t, fn)
-  fsdp._t(t, fn or "init", "tensor")
+  tensor_arg(t, fn or "init")
   local s = t:shape()
   if #s < 2 then
     error(("init: fan in and fan out cannot be computed for a tensor with fewer than 2 dims (shape (%s))")
@@ -35,17 +39,17 @@ end
 
 -- (each checks its tensor first, so an error names init's function, not the method it calls)
 function init.uniform_(t, a, b)
-  fsdp._t(t, "init.uniform_", "tensor")
+  tensor_arg(t, "init.uniform_")
   a, b = fsdp._f(a, "init.uniform_", "a", 0), fsdp._f(b, "init.uniform_", "b", 1)
   return no_grad(function() return t:uniform_(a, b) end)
 end
 function init.normal_(t, mean, std)
-  fsdp._t(t, "init.normal_", "tensor")
+  tensor_arg(t, "init.normal_")
   mean, std = fsdp._f(mean, "init.normal_", "mean", 0), fsdp._f(std, "init.normal_", "std", 1)
   return no_grad(function() return t:normal_(mean, std) end)
 end
 function init.constant_(t, v, fn)
-  fsdp._t(t, fn or "init.constant_", "tensor")
+  tensor_arg(t, fn or "init.constant_")
   v = fsdp._n(v, fn or "init.constant_", "val")
   return no_grad(function() return t:fill_(v) end)
 end
@@ -63,7 +67,7 @@ end
 -- PyTorch's default Linear/Conv init is kaiming_uniform_(w, {a = math.sqrt(5)}): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 -- the options of kaiming_*: a table, or the number a
 local function kaiming_opts(fn, t, opts)
-  fsdp._t(t, fn, "tensor")
+  tensor_arg(t, fn)
   if opts ~= nil and type(opts) ~= "table" and type(opts) ~= "number" then
     fsdp._arg_error(fn, "options", "{a = ..., mode = ..., nonlinearity = ...} or the number a", opts, 3)
   end

@@ -11,7 +11,7 @@ local args_of = F._args
 local L = {}
 
 local function check_int(cls, what, v, min)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (min or 1) then
+  if type(v) ~= "number" or v ~= math.floor(v) or v < (min or 1) or v >= 2 ^ 53 then
     error(("%s: %s must be an integer >= %d, got %s"):format(cls, what, min or 1, tostring(v)), 4)
   end
   return v
@@ -269,7 +269,10 @@ for _, name in ipairs { "Softmax", "LogSoftmax" } do
   function cls:__init(...)
     local d = args_of(name, { { "dim", optional = true } }, ...).dim
     if d == nil then error(name .. ": dim is required (1-based, negative from the end)", 3) end
-    if type(d) ~= "number" then error(("%s: dim must be an integer, got %s"):format(name, type(d)), 3) end
+    if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or math.abs(d) > 2 ^ 31 then
+      error(("%s: dim must be a non-zero integer (1-based, negative from the end), got %s"):format(name,
+        type(d) == "number" and tostring(d) or type(d)), 3)
+    end
     self.dim = d
   end
   function cls:forward(x) return (fn(x, self.dim)) end
@@ -296,7 +299,7 @@ local function dropout_init(self, ...)
   if type(p) ~= "number" then
     error(("%s: p must be a number, got %s (%s)"):format(cls, type(p), tostring(p)), 2)
   end
-  if p < 0 or p > 1 then
+  if not (p >= 0 and p <= 1) then  -- (NaN too)
     error(("%s: probability has to be between 0 and 1, got %s"):format(cls, tostring(p)), 2)
   end
   if type(o.inplace) ~= "boolean" then fsdp._arg_error(cls, "inplace", "a boolean", o.inplace, 2) end

@@ -453,7 +453,8 @@ end
 -- Shape mismatches are always an error.
 function Module:load_state_dict(sd, strict)
   if type(sd) ~= "table" or is_tensor(sd) then fsdp._arg_error("load_state_dict", "state_dict", "a table of name -> tensor", sd, 2) end
-  fsdp._b(strict, "load_state_dict", "strict")
+  if type(strict) == "table" then fsdp._b(strict.strict, "load_state_dict", "strict")  -- ({strict = ...})
+  else fsdp._b(strict, "load_state_dict", "strict") end
   local p = provider_for(self)
   if p then return p.load_state_dict(self, plain_load_state_dict, sd, strict) end
   return plain_load_state_dict(self, sd, strict)
