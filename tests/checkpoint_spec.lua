@@ -334,7 +334,7 @@ describe("sharded checkpoints in one process", function()
 
   it("checks its arguments", function()
     local m = K.wrap(K.build(1))
-    assert.has_error(function() fsdp.save_sharded(nil, m) end, "fsdp.save_sharded: dir must be a non-empty string")
+    assert.has_error(function() fsdp.save_sharded(nil, m) end, "fsdp.save_sharded: dir must be a string, got nil")
     local ok, err = pcall(fsdp.save_sharded, base .. "/args", m, nil, { f = function() end })
     assert.is_false(ok)
     assert.truthy(err:find("cannot store a function", 1, true), err)

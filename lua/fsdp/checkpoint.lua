@@ -137,7 +137,7 @@ local function read_latest(dir)
   f:close()
   local gen = tonumber(text:match("^ckpt%-(%d+)\n"))
   local world = tonumber(text:match("\nworld_size (%d+)\n"))
-  if not gen or not world or world < 1 then
+  if not gen or not world or world < 1 or gen >= 2 ^ 53 or world >= 2 ^ 31 then
     return nil, ("'%s' is malformed: expected \"ckpt-<gen>\\nworld_size <N>\\n\", got %q"):format(path, text:sub(1, 100))
   end
   return gen, world
@@ -250,7 +250,7 @@ end
 -- fsdp.save_sharded(dir, model[, optimizer[, extra]]): collective; every rank writes its own file
 function M.save_sharded(dir, model, optimizer, extra)
   local what = "fsdp.save_sharded"
-  if type(dir) ~= "string" or dir == "" then error(what .. ": dir must be a non-empty string", 2) end
+  fsdp._path(dir, what, "dir")
   dir = dir:gsub("/+$", "")
   if dir == "" then dir = "/" end
   extra = check_extra(extra, what)
@@ -265,7 +265,7 @@ function M.save_sharded(dir, model, optimizer, extra)
   local meta = {
     format = FORMAT, world_size = tostring(world), rank = tostring(rank),
     fingerprint = fingerprint(entries), layout = json_encode(layout, what),
-    extra = json_encode(extra, what .. ": extra"),
+    extra = json_encode(extra, what, "extra"),
   }
   -- the other names of tied parameters (alias -> the name it is saved under), as PyTorch's
   -- state_dict lists every name: fsdp-consolidate writes them all
@@ -322,7 +322,7 @@ function M.save_sharded(dir, model, optimizer, extra)
       end
       groups[gi] = pg
     end
-    meta.optim = json_encode({ class = optimizer.__name, groups = groups, state = state }, what .. ": optimizer state")
+    meta.optim = json_encode({ class = optimizer.__name, groups = groups, state = state }, what, "optimizer")
   end
 
   -- agree on the generation (rank 0 reads `latest` and clears leftovers of a crashed attempt)
@@ -374,86 +374,225 @@ function M.save_sharded(dir, model, optimizer, extra)
 end
 
 -- ---- reading a checkpoint (any world size, no communication) ---------------------------------------
--- -> {dir, gen, world_size, path, files = {[0..N-1] = {path, tensors, meta, layout}}, layout, entries,
---     optim, extra}
+-- Nothing in the files is trusted: M.read checks every metadata value and layout entry, each
+-- tensor's element count and dtype, and that the pieces of each tensor cover it exactly, before
+-- any value is read. Each problem is an error naming `what`, the file and the entry.
+local function is_count(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v < 2 ^ 53 end
+local function is_list(v, of)  -- a JSON array, of values of type `of`
+  if type(v) ~= "table" then return false end
+  local n = 0
+  for _, x in pairs(v) do
+    if type(x) ~= of then return false end
+    n = n + 1
+  end
+  return n == #v
+end
+
+-- one entry of a rank file's layout: a shape of `numel` elements, and the file's piece of them,
+-- elements [start, start + length)
+local function check_entry(bad, name, l)
+  if type(l) ~= "table" or not is_list(l.shape, "number") then bad(("has no valid shape for %q in its layout"):format(name)) end
+  local n = 1
+  for _, d in ipairs(l.shape) do
+    if not is_count(d) then bad(("gives %q the shape %s in its layout"):format(name, shape_str(l.shape))) end
+    n = n * d
+  end
+  if l.numel ~= n then
+    bad(("gives %q %s elements in its layout, its shape %s has %d"):format(name, tostring(l.numel), shape_str(l.shape), n))
+  end
+  if not (is_count(l.start) and is_count(l.length) and l.start + l.length <= n) then
+    local function show(v) return type(v) == "string" and ("%q"):format(v) or tostring(v) end
+    bad(("gives %q the piece start %s, length %s in its layout: not within its %d elements")
+      :format(name, show(l.start), show(l.length), n))
+  end
+end
+
+-- "a,b,c,d" (the generator's four uint64 words in decimal) -> {4 uint64 cdata}
+local function parse_rng(text, bad)
+  local words = { text:match("^(%d+),(%d+),(%d+),(%d+)$") }
+  if #words ~= 4 then bad(("has a malformed rng state %q"):format(text:sub(1, 100))) end
+  local st = {}
+  for i, num in ipairs(words) do
+    num = num:gsub("^0+(%d)", "%1")
+    if #num > 20 or (#num == 20 and num > "18446744073709551615") then bad(("has an rng word %s beyond 64 bits"):format(num)) end
+    local v = 0ULL
+    for k = 1, #num do v = v * 10ULL + (num:byte(k) - 48) end
+    st[i] = v
+  end
+  return st
+end
+
+-- rank file r: {path, tensors (file-backed), meta, layout, optim, extra, aliases, rng, bad}
+local function read_file(ck, r, what)
+  local path = rank_file(ck.dir, ck.gen, r, ck.world_size)
+  local ok, tensors, meta = pcall(fsdp.load, path)
+  if not ok then error(("%s: cannot read checkpoint file '%s': %s"):format(what, path, tostring(tensors)), 0) end
+  local function bad(msg) error(("%s: checkpoint file '%s' %s"):format(what, path, msg), 0) end
+  local function decoded(key)  -- a JSON metadata value (nil when absent)
+    if meta[key] == nil then return nil end
+    local ok2, v = pcall(json_decode, meta[key], key)
+    if not ok2 then bad("has bad metadata: " .. v) end
+    return v
+  end
+  if meta.format ~= FORMAT then bad(("is not an fsdp sharded checkpoint file (format %q)"):format(tostring(meta.format))) end
+  if tonumber(meta.world_size) ~= ck.world_size or tonumber(meta.rank) ~= r or tonumber(meta.gen) ~= ck.gen then
+    bad(("says world_size %s, rank %s, gen %s; expected %d, %d, %d (from '%s/latest')")
+      :format(tostring(meta.world_size), tostring(meta.rank), tostring(meta.gen), ck.world_size, r, ck.gen, ck.dir))
+  end
+  local f = { path = path, tensors = tensors, meta = meta, layout = decoded("layout"), optim = decoded("optim"),
+              extra = decoded("extra"), aliases = decoded("aliases"), bad = bad }
+  if type(f.layout) ~= "table" then bad("has no layout (a JSON object) in its metadata") end
+  for name, l in pairs(f.layout) do check_entry(bad, name, l) end
+  if meta.rng then f.rng = parse_rng(meta.rng, bad) end
+  return f
+end
+
+-- rank file f describes the same tensors, of the same shapes, as rank 0's file f0
+local function check_same_layout(f, f0)
+  for name, l in pairs(f.layout) do
+    local l0 = f0.layout[name]
+    if not l0 then f.bad(("has %q in its layout, '%s' has not"):format(name, f0.path)) end
+    if shape_str(l.shape) ~= shape_str(l0.shape) then
+      f.bad(("gives %q the shape %s, '%s' %s"):format(name, shape_str(l.shape), f0.path, shape_str(l0.shape)))
+    end
+  end
+  for name in pairs(f0.layout) do
+    if not f.layout[name] then f.bad(("lacks %q in its layout, which '%s' has"):format(name, f0.path)) end
+  end
+end
+
+-- rank 0's values for the whole checkpoint: extra (a table), aliases (name -> saved name), optim
+-- ({class, groups = {{params = {names}, ...}}, state = {name = {scalars, tensors = {keys}}}})
+local function check_shared(f0)
+  local bad, layout = f0.bad, f0.layout
+  if f0.extra ~= nil and type(f0.extra) ~= "table" then bad("has extra metadata that is not a JSON object") end
+  if f0.aliases ~= nil and type(f0.aliases) ~= "table" then bad("has aliases that are not a JSON object") end
+  for a, c in pairs(f0.aliases or {}) do
+    if type(c) ~= "string" or not layout[c] then bad(("has the alias %q of %s, which is not in its layout"):format(a, tostring(c))) end
+  end
+  local o = f0.optim
+  if o == nil then return end
+  if type(o) ~= "table" or type(o.class) ~= "string" or not is_list(o.groups, "table") or type(o.state) ~= "table" then
+    bad("has optimizer metadata that is not {class, groups, state}")
+  end
+  for gi, g in ipairs(o.groups) do
+    if not is_list(g.params, "string") then bad(("has no list of parameter names in optimizer group %d"):format(gi)) end
+    for _, name in ipairs(g.params) do
+      if not layout[name] then bad(("names %q in optimizer group %d, which is not in its layout"):format(name, gi)) end
+    end
+  end
+  for name, st in pairs(o.state) do
+    if not layout[name] then bad(("has optimizer state for %q, which is not in its layout"):format(name)) end
+    if type(st) ~= "table" or type(st.scalars or {}) ~= "table" or not is_list(st.tensors or {}, "string") then
+      bad(("has malformed optimizer state for %q"):format(name))
+    end
+  end
+end
+
+-- every tensor in every file is a piece the metadata describes, with the piece's element count, and
+-- the pieces of one tensor share a dtype; -> {key = dtype}
+local function check_tensors(ck)
+  local keys = {}  -- tensor key -> layout name
+  for name in pairs(ck.layout) do keys["model." .. name] = name end
+  for name, st in pairs(ck.optim and ck.optim.state or {}) do
+    for _, k in ipairs(st.tensors or {}) do keys["optim." .. name .. "." .. k] = name end
+  end
+  local dtypes, first = {}, {}
+  for r = 0, ck.world_size - 1 do
+    local f = ck.files[r]
+    for key, t in pairs(f.tensors) do
+      if not keys[key] or not fsdp.is_tensor(t) then
+        f.bad(("holds %q, which its metadata does not describe"):format(tostring(key)))
+      end
+    end
+    for key, name in pairs(keys) do
+      local t, length = f.tensors[key], f.layout[name].length
+      if t == nil and (length > 0 or key:sub(1, 6) == "model.") then f.bad(("lacks the tensor %q"):format(key)) end
+      if t ~= nil and t:numel() ~= length then
+        f.bad(("holds %d elements of %q, its layout says %d"):format(t:numel(), key, length))
+      end
+      if t ~= nil and dtypes[key] == nil then dtypes[key], first[key] = t.dtype, f.path end
+      if t ~= nil and t.dtype ~= dtypes[key] then
+        f.bad(("holds %q as %s, '%s' as %s"):format(key, t.dtype, first[key], dtypes[key]))
+      end
+    end
+  end
+  return dtypes
+end
+
+-- the pieces of `name` in the rank files that hold any of it, by start: {r, start, length, f}
+local function pieces_of(ck, name)
+  local pieces = {}
+  for r = 0, ck.world_size - 1 do
+    local l = ck.files[r].layout[name]
+    if l.length > 0 then pieces[#pieces + 1] = { r = r, start = l.start, length = l.length, f = ck.files[r] } end
+  end
+  table.sort(pieces, function(a, b) if a.start ~= b.start then return a.start < b.start end return a.r < b.r end)
+  return pieces
+end
+
+-- the pieces of `name` cover its elements exactly: each element lies in one piece, or in replicas
+-- of one piece (the same start and length in several files: hybrid sharding, NO_SHARD, buffers)
+local function check_cover(ck, name, what)
+  local pos, last = 0, nil
+  for _, pc in ipairs(pieces_of(ck, name)) do
+    if not (last and pc.start == last.start and pc.length == last.length) then
+      if pc.start ~= pos then
+        if pc.start > pos then
+          error(("%s: no rank file of '%s' holds elements [%d, %d) of %q"):format(what, ck.path, pos, pc.start, name), 0)
+        end
+        error(("%s: the pieces of %q in '%s' (elements [%d, %d)) and '%s' (elements [%d, %d)) overlap")
+          :format(what, name, last.f.path, last.start, pos, pc.f.path, pc.start, pc.start + pc.length), 0)
+      end
+      pos, last = pc.start + pc.length, pc
+    end
+  end
+  local numel = ck.layout[name].numel
+  if pos ~= numel then
+    error(("%s: no rank file of '%s' holds elements [%d, %d) of %q"):format(what, ck.path, pos, numel, name), 0)
+  end
+end
+
+-- -> {dir, gen, world_size, path, files = {[0..N-1] = {path, tensors, meta, layout, rng}}, layout, entries,
+--     dtypes (tensor key -> dtype), optim, extra, aliases}, every part checked
 function M.read(dir, what)
   what = what or "fsdp.read_sharded"
-  if type(dir) ~= "string" or dir == "" then error(what .. ": dir must be a non-empty string", 0) end
+  fsdp._path(dir, what, "dir")
   dir = dir:gsub("/+$", "")
   local gen, world = read_latest(dir)
   if not gen then error(("%s: no checkpoint in '%s': %s"):format(what, dir, world), 0) end
   local ck = { dir = dir, gen = gen, world_size = world, path = gen_dir(dir, gen), files = {} }
-  for r = 0, world - 1 do
-    local path = rank_file(dir, gen, r, world)
-    local ok, tensors, meta = pcall(fsdp.load, path)
-    if not ok then error(("%s: cannot read checkpoint file '%s': %s"):format(what, path, tostring(tensors)), 0) end
-    local function bad(msg) error(("%s: checkpoint file '%s' %s"):format(what, path, msg), 0) end
-    if meta.format ~= FORMAT then bad(("is not an fsdp sharded checkpoint file (format %q)"):format(tostring(meta.format))) end
-    if tonumber(meta.world_size) ~= world or tonumber(meta.rank) ~= r or tonumber(meta.gen) ~= gen then
-      bad(("says world_size %s, rank %s, gen %s; expected %d, %d, %d (from '%s/latest')")
-        :format(tostring(meta.world_size), tostring(meta.rank), tostring(meta.gen), world, r, gen, dir))
-    end
-    local f = { path = path, tensors = tensors, meta = meta, layout = json_decode(meta.layout or "", path .. ": layout") }
-    if r == 0 then
-      ck.fingerprint = meta.fingerprint
-      ck.layout = f.layout
-      ck.extra = json_decode(meta.extra or "{}", path .. ": extra")
-      ck.optim = meta.optim and json_decode(meta.optim, path .. ": optim") or nil
-    elseif meta.fingerprint ~= ck.fingerprint then
-      bad(("describes another model than '%s'"):format(ck.files[0].path))
-    end
-    for name, l in pairs(f.layout) do
-      local t = tensors["model." .. name]
-      if not t then bad(("lacks the tensor %q"):format("model." .. name)) end
-      if t:numel() ~= l.length then
-        bad(("holds %d elements of %q, its layout says %d"):format(t:numel(), name, l.length))
-      end
-      if l.numel ~= ck.layout[name].numel then bad(("gives %q %d elements, rank 0's file %d"):format(name, l.numel, ck.layout[name].numel)) end
-    end
-    if meta.rng then
-      local st = {}
-      for num in meta.rng:gmatch("%d+") do
-        local v = 0ULL
-        for i = 1, #num do v = v * 10ULL + (num:byte(i) - 48) end
-        st[#st + 1] = v
-      end
-      if #st == 4 then f.rng = st end
-    end
-    ck.files[r] = f
+  for r = 0, world - 1 do ck.files[r] = read_file(ck, r, what) end
+  local f0 = ck.files[0]
+  check_shared(f0)
+  ck.layout, ck.optim, ck.extra, ck.aliases = f0.layout, f0.optim, f0.extra or {}, f0.aliases or {}
+  for r = 1, world - 1 do
+    local f = ck.files[r]
+    if f.meta.fingerprint ~= f0.meta.fingerprint then f.bad(("describes another model than '%s'"):format(f0.path)) end
+    check_same_layout(f, f0)
   end
+  ck.dtypes = check_tensors(ck)
   ck.entries = {}
-  for name, l in pairs(ck.layout) do ck.entries[#ck.entries + 1] = { name = name, shape = l.shape, numel = l.numel, kind = l.kind } end
+  for name, l in pairs(ck.layout) do
+    check_cover(ck, name, what)
+    ck.entries[#ck.entries + 1] = { name = name, shape = l.shape, numel = l.numel, kind = l.kind }
+  end
   table.sort(ck.entries, function(a, b) return a.name < b.name end)
   return ck
 end
 
 -- where the flat elements [start, start + length) of `key` (a tensor stored piecewise under the
--- layout of `name`) are in the rank files: a list of {t = 1-D view of a file's tensor, at = 1-based
--- position in the range}, checked to cover it exactly -- before anything is read (fsdp.load's
--- tensors are file-backed: a copy from a view reads that view's elements only)
-local function parts_of(ck, key, name, start, length, what)
-  local pieces = {}
-  for r = 0, ck.world_size - 1 do
-    local f = ck.files[r]
-    local l = f.layout[name]
-    if l.length > 0 then pieces[#pieces + 1] = { r = r, start = l.start, length = l.length, f = f } end
-  end
-  table.sort(pieces, function(a, b) if a.start ~= b.start then return a.start < b.start end return a.r < b.r end)
+-- layout of `name`) are in the rank files (checked by M.read to cover it exactly): a list of
+-- {t = 1-D view of a file's tensor, at = 1-based position in the range} (fsdp.load's tensors are
+-- file-backed: a copy from a view reads that view's elements only)
+local function parts_of(ck, key, name, start, length)
   local parts, pos, stop = {}, start, start + length
-  for _, pc in ipairs(pieces) do
+  for _, pc in ipairs(pieces_of(ck, name)) do
     local a, b = math.max(pos, pc.start), math.min(stop, pc.start + pc.length)
     if a == pos and b > a then
-      local t = pc.f.tensors[key]
-      if not t then error(("%s: checkpoint file '%s' lacks the tensor %q"):format(what, pc.f.path, key), 0) end
-      if t:numel() ~= pc.length then
-        error(("%s: checkpoint file '%s' holds %d elements of %q, expected %d"):format(what, pc.f.path, t:numel(), key, pc.length), 0)
-      end
-      parts[#parts + 1] = { t = t:reshape(-1):narrow(1, a - pc.start + 1, b - a), at = pos - start + 1 }
+      parts[#parts + 1] = { t = pc.f.tensors[key]:reshape(-1):narrow(1, a - pc.start + 1, b - a), at = pos - start + 1 }
       pos = b
     end
-  end
-  if pos ~= stop then
-    error(("%s: the rank files of '%s' do not cover elements [%d, %d) of %q"):format(what, ck.path, pos, stop, key), 0)
   end
   return parts
 end
@@ -464,11 +603,10 @@ local function copy_parts(dst, parts)
   return dst
 end
 -- the range as a new 1-D tensor
-local function assemble(ck, key, name, start, length, what)
-  local f0 = ck.files[0].tensors[key]
-  local dtype = f0 and f0.dtype or "float32"
+local function assemble(ck, key, name, start, length)
+  local dtype = ck.dtypes[key] or "float32"
   if length == 0 then return fsdp.empty({ 0 }, { dtype = dtype }) end
-  local parts = parts_of(ck, key, name, start, length, what)
+  local parts = parts_of(ck, key, name, start, length)
   if #parts == 1 then return parts[1].t:contiguous() end
   return copy_parts(fsdp.empty({ length }, { dtype = dtype }), parts)
 end
@@ -538,7 +676,7 @@ function M.load_sharded(dir, model, optimizer)
           local s = {}
           for k, v in pairs(st.scalars or {}) do s[k] = v end
           for _, k in ipairs(st.tensors or {}) do
-            s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length, what):reshape(fsdp._held_shape(p))
+            s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length):reshape(fsdp._held_shape(p))
           end
           opt_sd.state[idx] = s
         end
@@ -548,11 +686,10 @@ function M.load_sharded(dir, model, optimizer)
     end
   end
 
-  -- where every piece is, checked for all of them; then each piece copied out of the files, reading
-  -- its own elements only (the files were checked whole when read: only a file changed on disk since
-  -- can fail now)
+  -- where every piece is; then each piece copied out of the files, reading its own elements only
+  -- (M.read checked the files whole: only a file changed on disk since can fail now)
   local plans = {}
-  for i, e in ipairs(entries) do plans[i] = parts_of(ck, "model." .. e.name, e.name, e.start, e.length, what) end
+  for i, e in ipairs(entries) do plans[i] = parts_of(ck, "model." .. e.name, e.name, e.start, e.length) end
   fsdp.no_grad(function()
     for i, e in ipairs(entries) do if e.length > 0 then copy_parts(e.t:to_local(), plans[i]) end end
   end)
@@ -569,12 +706,13 @@ end
 -- file; returns {path=, gen=, world_size=, names = {...}, shapes = {name = shape}, bytes=}
 function M.consolidate(dir, out, opts)
   local what = "fsdp-consolidate"
+  fsdp._path(out, what, "out")
   opts = opts or {}
   local ck = M.read(dir, what)
   local tensors, shapes, names, bytes = {}, {}, {}, 0
   local function add(key, name, shape)
     local numel = ck.layout[name].numel
-    local t = assemble(ck, key, name, 0, numel, what):reshape(shape)
+    local t = assemble(ck, key, name, 0, numel):reshape(shape)
     tensors[key] = t
     shapes[key] = shape
     names[#names + 1] = key
@@ -585,7 +723,7 @@ function M.consolidate(dir, out, opts)
   local final = {}
   for _, k in ipairs(names) do final[k:sub(7)] = tensors[k]; shapes[k:sub(7)] = shapes[k] end
   for i, k in ipairs(names) do names[i] = k:sub(7) end
-  local aliases = ck.files[0].meta.aliases and json.decode(ck.files[0].meta.aliases, what .. ": aliases") or {}
+  local aliases = ck.aliases
   local alias_names = {}
   for a in pairs(aliases) do alias_names[#alias_names + 1] = a end
   table.sort(alias_names)
@@ -605,7 +743,7 @@ function M.consolidate(dir, out, opts)
     for _, name in ipairs(layout_names) do
       for _, k in ipairs(ck.optim.state[name].tensors or {}) do
         local key = "optim." .. name .. "." .. k
-        local t = assemble(ck, key, name, 0, ck.layout[name].numel, what):reshape(ck.layout[name].shape)
+        local t = assemble(ck, key, name, 0, ck.layout[name].numel):reshape(ck.layout[name].shape)
         final[key] = t
         shapes[key] = ck.layout[name].shape
         names[#names + 1] = key

@@ -118,10 +118,10 @@ if not loaded then error(("fsdp: cannot load %s: %s"):format(lib_path, fsdp._mis
 fsdp.C = C
 
 -- ---- errors ------------------------------------------------------------------------------------
-local function raise(level)
+local function raise(level, prefix)  -- (prefix: the public function's name, when C's message lacks it)
   local msg = ffi.string(C.fsdp_last_error())
   C.fsdp_clear_error()
-  error(msg ~= "" and msg or "fsdp: unknown error", level + 1)
+  error((prefix or "") .. (msg ~= "" and msg or "fsdp: unknown error"), level + 1)
 end
 fsdp._raise = raise
 
@@ -317,6 +317,16 @@ function fsdp._fn(v, fn, arg)
   local mt = type(v) == "table" and getmetatable(v)
   if mt and mt.__call then return v end
   arg_error(fn, arg, "a function", v, 3)
+end
+
+-- fsdp._path(v, fn, arg): path argument v of fn, a non-empty string without NUL bytes (C and libc
+-- would cut it at the first one and use another file), else a Lua error naming fn and arg
+function fsdp._path(v, fn, arg)
+  if type(v) ~= "string" then error(("%s: %s must be a string, got %s"):format(fn, arg, type(v)), 3) end
+  if v == "" then error(("%s: %s must be a non-empty string"):format(fn, arg), 3) end
+  local at = v:find("\0", 1, true)
+  if at then error(("%s: %s %q contains a NUL byte (\\0 at byte %d)"):format(fn, arg, v, at), 3) end
+  return v
 end
 
 -- fsdp._n(v, fn, arg[, default]): number argument v of fn (default when v is nil and there is
@@ -841,7 +851,7 @@ function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 -- (path itself on one rank, else path.rank<R>.json); FSDP_TRACE=path records a whole run
 fsdp.trace = {
   start = function(path)
-    if type(path) ~= "string" then error("fsdp.trace.start: path must be a string, got " .. type(path), 2) end
+    fsdp._path(path, "fsdp.trace.start", "path")
     fsdp._check(C.fsdp_trace_start(path))
   end,
   stop = function() fsdp._check(C.fsdp_trace_stop()) end,

@@ -21,7 +21,8 @@
 -- "__fsdp__" (a tensor there is {"__tensor__": name}; integer keys of a table that is not a list,
 -- such as an optimizer state's 0-based parameter indices, go under "__int_keys__"), which
 -- fsdp.load reads back and removes from the metadata it returns. A flat table of tensors is
--- written exactly as before (no reserved key).
+-- written exactly as before (no reserved key). fsdp.load returns every tensor of a file: one the
+-- tree does not place (another tool added it) comes back at the top under its own name.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local json = require "fsdp.json"
@@ -122,7 +123,7 @@ end
 
 -- fsdp.save(path, {name = tensor, ...} or a nested table [, {key = "value", ...}])
 function M.save(path, tensors, metadata)
-  if type(path) ~= "string" then error(("fsdp.save: path must be a string, got a %s"):format(type(path)), 2) end
+  fsdp._path(path, "fsdp.save", "path")
   if type(tensors) ~= "table" or fsdp.is_tensor(tensors) then
     error(("fsdp.save: expected a table of name -> tensor (or a nested table of values), got a %s"):format(
       fsdp.is_tensor(tensors) and "tensor" or type(tensors)), 2)
@@ -166,17 +167,63 @@ function M.save(path, tensors, metadata)
   if C.fsdp_st_save(path, n, cnames, ctensors, meta) ~= 0 then fsdp._raise(2) end
 end
 
+-- the table fsdp.save flattened: `tree` (the decoded __fsdp__ JSON) with each {__tensor__ = name}
+-- replaced by the file's tensor. Every tensor of the file comes back: one the tree does not place
+-- (a file another tool added to) sits at the top under its own name, unless that name is taken.
+local function build_tree(tree, tensors)
+  local placed = {}
+  local function build(v)
+    if type(v) ~= "table" then return v end
+    local name = v.__tensor__
+    if name ~= nil then
+      if type(name) ~= "string" then error(("a __tensor__ entry holds a %s, not a tensor name"):format(type(name)), 0) end
+      for k in pairs(v) do
+        if k ~= "__tensor__" then error(("the entry of the tensor %q has the other key %q"):format(name, tostring(k)), 0) end
+      end
+      if tensors[name] == nil then error(("the tensor %q is missing (the file lacks it)"):format(name), 0) end
+      placed[name] = true
+      return tensors[name]
+    end
+    local o = {}
+    for k, x in pairs(v) do
+      if k ~= "__int_keys__" then
+        o[k] = build(x)
+      elseif type(x) ~= "table" then
+        error(("__int_keys__ holds a %s, not a table"):format(type(x)), 0)
+      else
+        for ik, y in pairs(x) do
+          if not tostring(ik):match("^%-?%d+$") then error(("the integer key %q is not an integer"):format(tostring(ik)), 0) end
+          o[tonumber(ik)] = build(y)
+        end
+      end
+    end
+    return o
+  end
+  local out = build(tree)
+  if type(out) ~= "table" then error(("it is a %s, not a table"):format(type(out)), 0) end
+  local unplaced = {}
+  for name in pairs(tensors) do if not placed[name] then unplaced[#unplaced + 1] = name end end
+  table.sort(unplaced)
+  for _, name in ipairs(unplaced) do
+    if out[name] ~= nil then
+      error(("it does not place the file's tensor %q, and the key %q at the top holds another value"):format(name, name), 0)
+    end
+    out[name] = tensors[name]
+  end
+  return out
+end
+
 -- fsdp.load(path[, {lazy = true}]) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
 -- The tensors are file-backed (lazy, the default): each reads its values from the file when first
 -- used, and as the source of a copy_ only the elements copied -- so model:load_state_dict(fsdp.load(p))
 -- on a wrapped model reads each rank's pieces and no more (PyTorch's mmap=True / safetensors'
 -- safe_open). The file stays open while any of them lives. {lazy = false} reads everything now.
 function M.load(path, opts)
-  if type(path) ~= "string" then error(("fsdp.load: path must be a string, got a %s"):format(type(path)), 2) end
+  fsdp._path(path, "fsdp.load", "path")
   if opts ~= nil and type(opts) ~= "table" then error(("fsdp.load: opts must be a table like {lazy = false}, got a %s"):format(type(opts)), 2) end
   local get = (opts == nil or opts.lazy ~= false) and C.fsdp_st_get_lazy or C.fsdp_st_get
   local f = C.fsdp_st_open(path)
-  if f == nil then fsdp._raise(2) end
+  if f == nil then fsdp._raise(2, "fsdp.load: ") end
   local ok, tensors, metadata = pcall(function()
     local out = {}
     for i = 0, C.fsdp_st_count(f) - 1 do
@@ -191,32 +238,8 @@ function M.load(path, opts)
   local tree = metadata[TREE_KEY]
   if tree ~= nil then
     metadata[TREE_KEY] = nil
-    local ok2, out = pcall(function()
-      local function build(v)
-        if type(v) ~= "table" then return v end
-        if type(v.__tensor__) == "string" then
-          local t = tensors[v.__tensor__]
-          if t == nil then error(("the tensor %q is missing"):format(v.__tensor__), 0) end
-          return t
-        end
-        local o = {}
-        for k, x in pairs(v) do
-          if k == "__int_keys__" and type(x) == "table" then
-            for ik, y in pairs(x) do
-              local n = tonumber(ik)
-              if not n then error(("the integer key %q is not a number"):format(tostring(ik)), 0) end
-              o[n] = build(y)
-            end
-          else
-            o[k] = build(x)
-          end
-        end
-        return o
-      end
-      return build(json.decode(tree, "fsdp.load: " .. TREE_KEY))
-    end)
+    local ok2, out = pcall(function() return build_tree(json.decode(tree, TREE_KEY), tensors) end)
     if not ok2 then error(("fsdp.load: %s: the metadata %s does not fit the file: %s"):format(path, TREE_KEY, out), 2) end
-    if type(out) ~= "table" then error(("fsdp.load: %s: the metadata %s is not a table"):format(path, TREE_KEY), 2) end
     return out, metadata
   end
   return tensors, metadata

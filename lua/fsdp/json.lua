@@ -2,9 +2,10 @@
 -- values of sharded checkpoints in checkpoint.lua). C parses untrusted safetensors headers with
 -- its own strict reader (src/io/safetensors.c); this reads and writes what we produce.
 --
---   json.encode(v, what) -> text    nil, booleans, finite numbers, strings, lists (an empty table
---                                    is "[]"), string-keyed tables (keys sorted: equal values give
---                                    equal bytes)
+--   json.encode(v, what[, root]) -> text  nil, booleans, finite numbers, strings, lists (an empty
+--                                    table is "[]"), string-keyed tables (keys sorted: equal values
+--                                    give equal bytes); errors name `what` and where in v (a cycle,
+--                                    a function, NaN, a number key beside string keys), v called root
 --   json.decode(s, what) -> value   any JSON value; errors name `what` and the byte
 -- Strings are escaped exactly as serde_json (which Python's safetensors uses) escapes them: raw
 -- UTF-8, the short escapes, \u00xx (lowercase) for other control characters.
@@ -20,38 +21,59 @@ local function encode_string(s)
   return '"' .. body .. '"'
 end
 
-function json.encode(v, what)
+-- where a value sits, for messages: extra.a.b, extra.list[2], extra["odd key"]
+local function child_path(path, k)
+  if type(k) == "number" then return ("%s[%d]"):format(path, k) end
+  if k:match("^[%a_][%w_]*$") then return path .. "." .. k end
+  return ("%s[%q]"):format(path, k)
+end
+
+-- v at `path` (open: the tables being encoded around it, to find a cycle)
+local function encode(v, what, path, open)
   local tv = type(v)
   if tv == "nil" then return "null" end
   if tv == "boolean" then return tostring(v) end
   if tv == "number" then
     if v ~= v or v == math.huge or v == -math.huge then
-      error(("%s: cannot store the non-finite number %s"):format(what, tostring(v)), 0)
+      error(("%s: cannot store the non-finite number %s at %s"):format(what, tostring(v), path), 0)
     end
     if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%.0f"):format(v) end
     return ("%.17g"):format(v)
   end
   if tv == "string" then return encode_string(v) end
-  if tv == "table" then
-    local n, count = #v, 0
-    for _ in pairs(v) do count = count + 1 end
-    local parts = {}
-    if count == n then  -- a list (an empty table too: "[]")
-      for i = 1, n do parts[i] = json.encode(v[i], what) end
-      return "[" .. table.concat(parts, ",") .. "]"
-    end
+  if tv ~= "table" then
+    error(("%s: cannot store a %s at %s (only strings, numbers, booleans and tables of them)"):format(what, tv, path), 0)
+  end
+  if open[v] then
+    error(("%s: %s has a cycle at %s (a table that contains itself)"):format(what, path:match("^[^.[]*"), path), 0)
+  end
+  open[v] = true
+  local n, count = #v, 0
+  for _ in pairs(v) do count = count + 1 end
+  local parts = {}
+  local text
+  if count == n then  -- a list (an empty table too: "[]")
+    for i = 1, n do parts[i] = encode(v[i], what, child_path(path, i), open) end
+    text = "[" .. table.concat(parts, ",") .. "]"
+  else
     local keys = {}
     for k in pairs(v) do
       if type(k) ~= "string" then
-        error(("%s: table keys must be strings (or a list), got the %s key %s"):format(what, type(k), tostring(k)), 0)
+        error(("%s: table keys must be strings (or a list), got the %s key %s in %s"):format(what, type(k), tostring(k), path), 0)
       end
       keys[#keys + 1] = k
     end
     table.sort(keys)
-    for i, k in ipairs(keys) do parts[i] = encode_string(k) .. ":" .. json.encode(v[k], what) end
-    return "{" .. table.concat(parts, ",") .. "}"
+    for i, k in ipairs(keys) do parts[i] = encode_string(k) .. ":" .. encode(v[k], what, child_path(path, k), open) end
+    text = "{" .. table.concat(parts, ",") .. "}"
   end
-  error(("%s: cannot store a %s (only strings, numbers, booleans and tables of them)"):format(what, tv), 0)
+  open[v] = nil
+  return text
+end
+
+-- (root names v in messages: "extra" gives "... at extra.a.b")
+function json.encode(v, what, root)
+  return encode(v, what, root or "value", {})
 end
 
 -- code point -> UTF-8 bytes

@@ -43,7 +43,7 @@ end
 -- The directory to read from. An explicit dir is used as given (errors then name its files);
 -- otherwise the first candidate that holds the data set (its t10k labels), else the Debian default.
 function M.find_dir(dir)
-  if dir then return (dir:gsub("/+$", "")) end
+  if dir then return (fsdp._path(dir, "fashion_mnist.find_dir", "dir"):gsub("/+$", "")) end
   local cands = { os.getenv("FSDP_DATA_DIR"), os.getenv("FASHION_MNIST_DIR"), M.DEFAULT_DIR, "data/fashion-mnist" }
   for i = 1, 4 do
     local d = cands[i]
@@ -54,6 +54,7 @@ end
 
 -- paths of the images and labels files of a split ("train" or "test")
 function M.paths(split, dir)
+  if dir ~= nil then fsdp._path(dir, "fashion_mnist.paths", "dir") end
   local f = M.files[split or "train"]
   if not f then error(("fashion_mnist: unknown split %q (use \"train\" or \"test\")"):format(tostring(split)), 2) end
   dir = M.find_dir(dir)
@@ -65,6 +66,7 @@ end
 -- Returns images float32 (N, 1, 28, 28) and labels int64 (N).
 function M.load(split, opts)
   opts = opts or {}
+  if opts.dir ~= nil then fsdp._path(opts.dir, "fashion_mnist.load", "opts.dir") end
   local ipath, lpath = M.paths(split, opts.dir)
   local mean, std
   if opts.normalize == true then mean, std = M.MEAN, M.STD

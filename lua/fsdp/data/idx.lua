@@ -85,6 +85,7 @@ end
 --   opts.magic: the expected magic number (error otherwise)
 -- Returns hdr = {magic=, dims={...}, count=, item_size=}, the buffer, and the item count read.
 function M.read(path, opts)
+  fsdp._path(path, "idx.read", "path")
   opts = opts or {}
   local gz = open(path)
   local head = ffi.new("uint8_t[4]")
@@ -145,6 +146,7 @@ end
 
 -- Images: float32 (N, 1, rows, cols), pixel / 255, then (x - mean) / std when opts.mean/std are given.
 function M.read_images(path, opts)
+  fsdp._path(path, "idx.read_images", "path")
   opts = opts or {}
   local mean, std = opts.mean or 0, opts.std or 1
   if std == 0 then error("idx.read_images: std must be non-zero", 2) end
@@ -159,6 +161,7 @@ end
 
 -- Labels: int64 (N) with the class values as stored (0-based). opts.num_classes checks the range.
 function M.read_labels(path, opts)
+  fsdp._path(path, "idx.read_labels", "path")
   opts = opts or {}
   local _, bytes, n = M.read(path, { limit = opts.limit, magic = M.LABELS_MAGIC })
   local t = new_tensor({ n }, 1)
@@ -177,6 +180,7 @@ end
 -- Writes an IDX file (uint8 items) -- plain, or gzipped when the path ends in .gz. For tests and
 -- for making small data sets. dims = {N, ...}; data = flat Lua table of 0..255 values or a string.
 function M.write(path, magic, dims, data)
+  fsdp._path(path, "idx.write", "path")
   local parts = { string.char(0, 0, math.floor(magic / 256) % 256, magic % 256) }
   for _, d in ipairs(dims) do
     parts[#parts + 1] = string.char(math.floor(d / 16777216) % 256, math.floor(d / 65536) % 256,
@@ -193,6 +197,7 @@ end
 
 -- Writes raw bytes, gzipped when the path ends in .gz.
 function M.write_bytes(path, s)
+  fsdp._path(path, "idx.write_bytes", "path")
   if path:match("%.gz$") then
     local lib = zlib()
     local gz = lib.gzopen(path, "wb")
