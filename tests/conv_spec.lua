@@ -113,7 +113,7 @@ describe("adaptive_avg_pool2d", function()
   it("raises errors naming the op and shapes, and keeps working", function()
     H.assert_error(function() return F.adaptive_avg_pool2d(fsdp.randn(5, 5), 2) end, "adaptive_avg_pool2d", "(5, 5)")
     H.assert_error(function() return F.adaptive_avg_pool2d(fsdp.randn(1, 1, 5, 5), 0) end, "adaptive_avg_pool2d",
-      "positive")
+      "output_size must be integers >= 1")
     H.assert_error(function() return F.adaptive_avg_pool2d(fsdp.ones(1, 1, 5, 5, "int64"), 2) end,
       "adaptive_avg_pool2d", "int64")
     H.assert_close(F.adaptive_avg_pool2d(fsdp.tensor { { { { 1, 3 }, { 5, 7 } } } }, 1), { 4 }, 0, 0)

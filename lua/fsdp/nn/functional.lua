@@ -17,15 +17,17 @@ local F = {}
 F._args = require "fsdp.args"
 local args_of = F._args
 
--- an int or {h, w} pair -> int[2]
+-- an int or {h, w} pair -> int[2]: integers >= 1 (a padding >= 0)
 local function pair(op, what, v, default)
   if v == nil then v = default end
   local a, b
   if type(v) == "number" then a, b = v, v
   elseif type(v) == "table" and #v == 2 then a, b = v[1], v[2]
   else error(("%s: %s must be an integer or a pair {h, w}, got %s"):format(op, what, tostring(v)), 3) end
-  if a ~= math.floor(a) or b ~= math.floor(b) then
-    error(("%s: %s must be integers, got {%s, %s}"):format(op, what, tostring(a), tostring(b)), 3)
+  local min = what:find("padding", 1, true) and 0 or 1  -- (padding, output_padding)
+  if type(a) ~= "number" or type(b) ~= "number" or a ~= math.floor(a) or b ~= math.floor(b) or a < min or b < min
+     or a >= 2 ^ 31 or b >= 2 ^ 31 then
+    error(("%s: %s must be integers >= %d, got {%s, %s}"):format(op, what, min, tostring(a), tostring(b)), 3)
   end
   return ffi.new("int[2]", a, b), { a, b }
 end
@@ -194,8 +196,9 @@ end
 local function batch_norm(op, cfn, x, ...)
   local o = args_of(op, { { "running_mean", optional = true }, { "running_var", optional = true },
     { "weight", optional = true }, { "bias", optional = true }, { "training", false }, { "momentum", 0.1 },
-    { "eps", 1e-5 } }, ...)
+    { "eps", 1e-5, check = "num>=0" } }, ...)
   local px = T(x, op, "input")
+  fsdp._b(o.training, op, "training")
   local momentum = o.momentum
   if momentum == nil then momentum = 0.1 end
   if type(momentum) ~= "number" then error(("%s: momentum must be a number, got %s"):format(op, type(momentum)), 3) end
@@ -213,10 +216,10 @@ end
 -- F.group_norm(x, num_groups, weight, bias, eps = 1e-5): x (N, C, ...), C divisible by num_groups
 function F.group_norm(x, ...)
   local o = args_of("group_norm", { { "num_groups" }, { "weight", optional = true }, { "bias", optional = true },
-    { "eps", 1e-5 } }, ...)
+    { "eps", 1e-5, check = "num>=0" } }, ...)
   local num_groups = o.num_groups
   local px = T(x, "group_norm", "input")
-  if type(num_groups) ~= "number" or num_groups ~= math.floor(num_groups) then
+  if type(num_groups) ~= "number" or num_groups ~= math.floor(num_groups) or num_groups < 1 or num_groups >= 2 ^ 31 then
     error(("group_norm: num_groups must be an integer, got %s"):format(tostring(num_groups)), 2)
   end
   return (wrap(C.fsdp_group_norm(px, num_groups, P(o.weight, "group_norm", "weight"), P(o.bias, "group_norm", "bias"),
@@ -230,7 +233,7 @@ F._finfo_eps = finfo_eps
 -- over the trailing dims given by normalized_shape (an int or a table)
 function F.rms_norm(x, ...)
   local o = args_of("rms_norm", { { "normalized_shape", list = true }, { "weight", optional = true },
-    { "eps", optional = true } }, ...)
+    { "eps", optional = true, check = "num>=0" } }, ...)
   local normalized_shape = o.normalized_shape
   local px, pw = T(x, "rms_norm", "input"), P(o.weight, "rms_norm", "weight")
   local k = normalized_ndim("rms_norm", x, normalized_shape)
