@@ -1,8 +1,13 @@
--- nil and wrong-type arguments to every public tensor method (fsdp.Tensor.methods), every fsdp.*
--- and fsdp.F function, the layers and the optimizers must raise a Lua error that names the
--- function and the argument; none may reach C as a NULL tensor. The cases (tests/scripts/
--- bad_args.lua) run in child processes, so a crash fails the test instead of killing busted: when
--- a child dies, the next child starts after the case that killed it.
+-- Hostile input (issue 39): every public function of fsdp, fsdp.nn (layers, init, Module methods),
+-- fsdp.F, fsdp.optim (optimizers and schedulers), fsdp.data, the tensor methods, the file and
+-- checkpoint functions and the collectives, called with bad values for each argument in turn (nil,
+-- wrong types, NaN and infinities, fractional, negative and huge integers, lists with holes, NUL in
+-- strings, cyclic tables) and with values an op's rules refuse (dtypes, shapes, classes, indices).
+-- Each must give a clean Lua error naming the function (and the argument), or a result that is
+-- right; never a crash, a hang or a silent result. A public function without an entry in
+-- tests/scripts/hostile.lua fails here. The cases run in child processes, so a crash fails the
+-- test instead of killing busted: when a child dies, the next child starts after the case that
+-- killed it.
 local H = require "helpers"
 
 local script = H.root .. "/tests/scripts/hostile.lua"
@@ -36,7 +41,7 @@ local function run_all()
   return cases, alive
 end
 
-describe("bad arguments", function()
+describe("hostile input", function()
   local cases, alive
   setup(function() cases, alive = run_all() end)
 
@@ -60,10 +65,10 @@ describe("bad arguments", function()
         bad[#bad + 1] = ("  %d %s [%s]: %s"):format(i, c.name, kind, (c.msg or ""):sub(1, 200))
       end
     end
-    local summary = ("cases %d, clean errors %d, ok %d, crashes %d, hangs %d, silent wrong results %d, "
-      .. "errors not naming function/argument %d, unexpected errors %d"):format(counts.cases, counts.clean,
+    local summary = ("calls %d, clean errors %d, correct results %d, crashes %d, hangs %d, silent wrong results %d, "
+      .. "unclear errors %d, unexpected errors %d"):format(counts.cases, counts.clean,
       counts.ok, counts.crash, counts.hang, counts.silent, counts.unclear, counts.unexpected)
-    print("\nbad arguments: " .. summary)
+    print("\nhostile input: " .. summary)
     assert(#bad == 0, summary .. "\n" .. table.concat(bad, "\n"))
   end)
 

@@ -565,6 +565,14 @@ for _, name in ipairs(sorted_keys(nn.Module)) do
   end
 end
 
+-- every optimizer class has its cases (the loops above and below name them)
+for _, name in ipairs(sorted_keys(optim)) do
+  if type(optim[name]) == "table" and name ~= "Optimizer" and name ~= "lr_scheduler"
+     and name ~= "SGD" and name ~= "Adam" and name ~= "AdamW" then
+    add("optim." .. name .. " (no case list)", function() error("add optim." .. name .. " to hostile.lua") end, "ok")
+  end
+end
+
 -- numbers that must be in range for an optimizer (PyTorch's "Invalid learning rate: -1")
 for _, name in ipairs { "SGD", "Adam", "AdamW" } do
   local opts = { { "lr", 0 / 0 }, { "lr", -1 }, { "lr", math.huge }, { "weight_decay", -1 }, { "weight_decay", 0 / 0 } }
