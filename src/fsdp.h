@@ -79,8 +79,9 @@ typedef int (*fsdp_callback_fn)(void* ctx);
 const char* fsdp_last_error(void);
 void fsdp_set_error(const char* msg);
 void fsdp_clear_error(void);
-void fsdp_set_num_threads(int n);
+void fsdp_set_num_threads(int n);  // clamped into [1, fsdp_max_num_threads()]
 int fsdp_get_num_threads(void);
+int fsdp_max_num_threads(void);  // OMP_THREAD_LIMIT, at most 1024 (backend/cpu/backend.c, "threads")
 // the CPU (backend/cpu/cpuinfo.c): its widest vector ISA ("avx512f", "avx2+fma" or "sse2"; capped
 // by FSDP_CPU_ISA, which every hand-written kernel and oneDNN obey), the
 // kernels OpenBLAS picked for it (openblas_get_corename(): "Haswell", "SkylakeX", "Prescott", ...),
@@ -212,7 +213,7 @@ fsdp_tensor* fsdp_randperm(int64_t n);                                          
 
 // ---- in-place (no autograd; bump the version counter) ---------------------------------------
 int fsdp_fill_(fsdp_tensor* t, double value);
-int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src);               // same numel, any dtypes, broadcast src
+int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src);               // src broadcast to dst's shape; any dtypes
 int fsdp_add_(fsdp_tensor* t, fsdp_tensor* other, double alpha);  // t += alpha * other
 int fsdp_mul_scalar_(fsdp_tensor* t, double s);
 int fsdp_uniform_(fsdp_tensor* t, double lo, double hi);

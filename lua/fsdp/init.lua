@@ -791,12 +791,47 @@ function fsdp.get_rng_state()
   C.fsdp_rng_get_state(s)
   return { s[0], s[1], s[2], s[3] }
 end
+-- st: what get_rng_state returns, the 4 words of the xoshiro256** state (src/core/tensor.c): uint64_t
+-- cdata, or Lua numbers that hold the word exactly (integers 0..2^53). Not all 0: that state never
+-- leaves 0 (every draw would be the same)
+local uint64_ct, int64_ct = ffi.typeof("uint64_t"), ffi.typeof("int64_t")
+local function rng_word(v, i)
+  if ffi.istype(uint64_ct, v) then return v end
+  if ffi.istype(int64_ct, v) and v >= 0 then return ffi.cast(uint64_ct, v) end
+  if type(v) == "number" and v == math.floor(v) and v >= 0 and v <= 2 ^ 53 then return ffi.cast(uint64_ct, v) end
+  local shown = (v == nil or type(v) == "number" or type(v) == "cdata") and tostring(v) or ("a " .. type(v))
+  error(("set_rng_state: state[%d] = %s is not a 64-bit word (expected an integer 0..2^53 as a Lua number, or a "
+    .. "uint64_t as get_rng_state returns)"):format(i, shown), 3)
+end
 function fsdp.set_rng_state(st)
-  if type(st) ~= "table" or #st ~= 4 then arg_error("set_rng_state", "state", "a table of 4 numbers", st, 2) end
-  local s = ffi.new("uint64_t[4]", st[1], st[2], st[3], st[4])
+  if type(st) ~= "table" then arg_error("set_rng_state", "state", "a table of 4 numbers", st, 2) end
+  for k in pairs(st) do
+    if k ~= 1 and k ~= 2 and k ~= 3 and k ~= 4 then
+      error(("set_rng_state: state has the key %s; expected the 4 entries state[1..4] of get_rng_state"):format(
+        tostring(k)), 2)
+    end
+  end
+  local s = ffi.new("uint64_t[4]")
+  for i = 1, 4 do s[i - 1] = rng_word(st[i], i) end
+  if s[0] == 0 and s[1] == 0 and s[2] == 0 and s[3] == 0 then
+    error("set_rng_state: state is all 0, which xoshiro256** never leaves (every draw would be the same)", 2)
+  end
   C.fsdp_rng_set_state(s)
 end
-function fsdp.set_num_threads(n) C.fsdp_set_num_threads(n) end
+-- n: a whole number of threads, 1 to fsdp_max_num_threads() (1024, or OMP_THREAD_LIMIT if lower:
+-- libgomp cannot start many more -- src/backend/cpu/backend.c, "threads")
+function fsdp.set_num_threads(n)
+  if type(n) ~= "number" then arg_error("set_num_threads", "n", "a positive integer", n, 2) end
+  if n ~= math.floor(n) or n < 1 then  -- (NaN and fractions; inf fails the limit)
+    error(("set_num_threads: n = %s is not a positive integer"):format(tostring(n)), 2)
+  end
+  local limit = C.fsdp_max_num_threads()
+  if n > limit then
+    error(("set_num_threads: n = %s is above the limit of %d threads (fsdp's cap is 1024; OMP_THREAD_LIMIT "
+      .. "lowers it)"):format(tostring(n), limit), 2)
+  end
+  C.fsdp_set_num_threads(n)
+end
 
 function fsdp.is_grad_enabled() return C.fsdp_is_grad_enabled() ~= 0 end
 function fsdp.set_grad_enabled(on) C.fsdp_set_grad_enabled(on and 1 or 0) end

@@ -10,6 +10,7 @@ fsdp_tensor* fsdp_empty(int ndim, const int64_t* shape, int dtype, int device) {
   return fsdp_new(ndim, shape, dtype, device);
 }
 fsdp_tensor* fsdp_full(int ndim, const int64_t* shape, double value, int dtype, int device) {
+  if (fsdp_check_int_value("full", "value", value, dtype)) return NULL;
   fsdp_tensor* t = fsdp_new(ndim, shape, dtype, device);
   if (t) fsdp_backend_of(t)->elem->fill(t->storage->data, dtype, fsdp_tensor_numel(t), value);
   return t;
@@ -18,6 +19,10 @@ fsdp_tensor* fsdp_from_doubles(int ndim, const int64_t* shape, int dtype, const 
   fsdp_tensor* t = fsdp_new(ndim, shape, dtype, FSDP_CPU);
   if (!t) return NULL;
   int64_t n = fsdp_tensor_numel(t);
+  if (fsdp_check_int_values("tensor", n, values, dtype)) {
+    fsdp_tensor_release(t);
+    return NULL;
+  }
   // element by element through the fill kernel's conversion (tensors built from Lua tables are small)
   const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
   size_t es = fsdp_dtype_size(dtype);
@@ -36,6 +41,9 @@ fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
   double len = ceil((end - start) / step);
   CHECK_NULL(len < 0x1p62, "arange: start %g, end %g and step %g give %g elements, too many", start, end, step, len);
   int64_t n = len > 0 ? (int64_t)len : 0;
+  if (n > 0 && (fsdp_check_int_value("arange", "start", start, dtype) ||
+                fsdp_check_int_value("arange", "the last value", start + (double)(n - 1) * step, dtype)))
+    return NULL;
   fsdp_tensor* t = fsdp_new(1, &n, dtype, FSDP_CPU);
   if (!t) return NULL;
   const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;

@@ -1,17 +1,68 @@
 /*
  * ops/inplace.c -- in-place writes outside autograd: fill_, copy_ (broadcasting the source),
  * add_, mul_ (a scalar), and set_dtype_ (a leaf's dtype changed in place, for Module:to(dtype)). Each bumps the storage's version, so autograd notices a saved tensor
- * that changed. A source that overlaps the destination in memory (a:copy_(a:t()), a shifted view
+ * that changed. Each refuses a destination two of whose elements share memory (an expand()ed
+ * view), as PyTorch does. A source that overlaps the destination in memory (a:copy_(a:t()), a shifted view
  * added into its own tensor) is copied to a temporary first, as PyTorch does. add_ and mul_ on a
  * bfloat16 (or float16) tensor compute in float32 and round each element back once.
  */
 #include "ops/ops.h"
 
+// whether two of t's elements are one memory location (an expand()ed view: stride 0 on a dim of
+// size > 1). Conservative: t's dims of size > 1, by increasing |stride|, must each step past the
+// reach of the dims below (their (size - 1) * |stride| summed); every view narrow, transpose,
+// permute, select, unsqueeze and expand make passes or fails as its elements really do
+static bool self_overlaps(const fsdp_tensor* t) {
+  if (fsdp_tensor_numel(t) < 2 || fsdp_tensor_is_contiguous(t)) return false;
+  int64_t stride[FSDP_MAX_DIMS], size[FSDP_MAX_DIMS];
+  int n = 0;
+  for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] == 1) continue;
+    int64_t s = t->stride[i] < 0 ? -t->stride[i] : t->stride[i];
+    int j = n++;
+    for (; j > 0 && stride[j - 1] > s; j--) {  // (insertion sort: at most FSDP_MAX_DIMS dims)
+      stride[j] = stride[j - 1];
+      size[j] = size[j - 1];
+    }
+    stride[j] = s;
+    size[j] = t->shape[i];
+  }
+  int64_t reach = 0;
+  for (int i = 0; i < n; i++) {
+    if (stride[i] <= reach) return true;
+    reach += stride[i] * (size[i] - 1);
+  }
+  return false;
+}
+
+// what every in-place write into t checks first: autograd's leaf rule, and that each element of t
+// is its own memory location (PyTorch refuses to write an expand()ed view too)
 static int check_inplace(const char* op, const fsdp_tensor* t) {
   CHECK_INT(!(fsdp_is_grad_enabled() && t->requires_grad && !t->grad_fn),
             "%s: a leaf tensor of shape %s that requires grad is used in an in-place operation "
             "(wrap it in fsdp.no_grad)",
             op, SH(t));
+  CHECK_INT(!self_overlaps(t),
+            "%s: more than one element of the tensor of shape %s (strides %s) refers to a single memory location "
+            "(an expand()ed view?), so writing it in place is ambiguous; clone() it first",
+            op, SH(t), fsdp_dims_s(t->ndim, t->stride));
+  return 0;
+}
+
+// PyTorch's copy_ broadcasts src to dst's shape and nothing else: src's dims align to dst's from
+// the right, each of dst's size or 1 (a src of dst's element count but another shape is an error,
+// not a reshape)
+static int check_broadcasts_to(const char* op, const fsdp_tensor* src, const fsdp_tensor* dst) {
+  CHECK_INT(src->ndim <= dst->ndim, "%s: src of shape %s has more dims than the destination, of shape %s", op, SH(src),
+            SH(dst));
+  int lead = dst->ndim - src->ndim;
+  for (int d = lead; d < dst->ndim; d++) {
+    int64_t s = src->shape[d - lead];
+    CHECK_INT(s == 1 || s == dst->shape[d],
+              "%s: src of shape %s does not broadcast to the destination's shape %s: dim %d has size %lld in src, "
+              "%lld in the destination (only a size-1 dim broadcasts)",
+              op, SH(src), SH(dst), d + 1, (long long)s, (long long)dst->shape[d]);
+  }
   return 0;
 }
 
@@ -59,7 +110,7 @@ static fsdp_tensor* unaliased(const fsdp_tensor* dst, fsdp_tensor* src) {
 }
 
 int fsdp_fill_(fsdp_tensor* t, double value) {
-  if (check_inplace("fill_", t)) return -1;
+  if (check_inplace("fill_", t) || fsdp_check_int_value("fill_", "value", value, t->dtype)) return -1;
   if (t->storage->meta) return fsdp_meta_record(t, FSDP_STEP_FILL, value, 0, 0, NULL);
   if (fsdp_tensor_is_contiguous(t)) {
     fsdp_backend_of(t)->elem->fill(fsdp_ptr(t), t->dtype, fsdp_tensor_numel(t), value);
@@ -77,7 +128,9 @@ int fsdp_fill_(fsdp_tensor* t, double value) {
   return 0;
 }
 int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as PyTorch's)
-  if (check_inplace("copy_", dst)) return -1;
+  if (check_inplace("copy_", dst) || check_broadcasts_to("copy_", src, dst) ||
+      fsdp_check_int_convert("copy_", src, dst->dtype))
+    return -1;
   if (dst->storage->meta && !src->storage->meta) return fsdp_meta_record(dst, FSDP_STEP_COPY, 0, 0, 0, src);
   if (fsdp_check_data("copy_", dst)) return -1;
   if (!src->storage->data && src->storage->source.read && fsdp_tensor_is_contiguous(src) &&
@@ -93,12 +146,9 @@ int fsdp_copy_(fsdp_tensor* dst, fsdp_tensor* src) {  // (across devices too, as
   if (fsdp_check_data("copy_", src)) return -1;
   fsdp_tensor* s = src;
   fsdp_tensor* b = NULL;
-  if (!fsdp_same_shape(dst, src) && fsdp_tensor_numel(dst) != fsdp_tensor_numel(src)) {
-    b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape
-    if (!b) {
-      fsdp_errorf("copy_: cannot copy %s into %s", SH(src), SH(dst));
-      return -1;
-    }
+  if (!fsdp_same_shape(dst, src)) {
+    b = fsdp_expand(s, dst->ndim, dst->shape);  // broadcast src to dst's shape (checked above)
+    if (!b) return -1;
     s = b;
   }
   fsdp_tensor* u = unaliased(dst, s);

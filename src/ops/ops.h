@@ -57,6 +57,19 @@ static inline int fsdp_write_back(fsdp_tensor* t, fsdp_tensor* w) {
   return rc;
 }
 
+// ---- values into int64 -------------------------------------------------------------------------
+// A float becomes an int64 truncated toward zero (2.5 -> 2, -2.5 -> -2: C's and PyTorch's
+// conversion). NaN, inf and values outside [-2^63, 2^63) have no int64 value: where one would be
+// written into an int64 tensor the op fails naming it (PyTorch writes whatever the CPU gives,
+// -2^63 on x86), before any kernel runs, so every device refuses alike. Each check passes when
+// dtype is not int64; bool takes any value (NaN is true, as in PyTorch).
+// the number v (what: "value", "start", ...) as op writes it into a dtype tensor
+int fsdp_check_int_value(const char* op, const char* what, double v, int dtype);
+// the n numbers v (a tensor's elements, row-major; named by 1-based position)
+int fsdp_check_int_values(const char* op, int64_t n, const double* v, int dtype);
+// the elements of src (any device) converted to dtype: float ones are read (on the host)
+int fsdp_check_int_convert(const char* op, fsdp_tensor* src, int dtype);
+
 // ---- broadcasting -----------------------------------------------------------------------------
 // computes the broadcast shape of a and b; returns -1 with an error naming op if incompatible
 int fsdp_broadcast_shape(const char* op, const fsdp_tensor* a, const fsdp_tensor* b, int* ndim, int64_t* shape);

@@ -635,6 +635,7 @@ fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
     fsdp_tensor_retain(a);
     return a;
   }
+  if (fsdp_check_int_convert("to", a, dtype)) return NULL;
   fsdp_tensor* out = fsdp_new(a->ndim, a->shape, dtype, fsdp_device_of(a));
   if (!out) return NULL;
   if (fsdp_copy_strided(out, a)) {

@@ -100,8 +100,18 @@ __attribute__((constructor)) static void cpu_register(void) {
 // the moment libfsdp.so loads, and fsdp_set_num_threads leaves it there; lua/fsdp/init.lua also
 // loads OpenBLAS under OPENBLAS_NUM_THREADS=1, so it starts no idle workers (each spun in
 // sched_yield, ~120000 calls, through a process's first 0.1-0.3 s, on the cores of its first steps).
+// The count is at most fsdp_max_num_threads(): OpenMP's thread limit (OMP_THREAD_LIMIT), and never
+// above FSDP_MAX_THREADS. libgomp starts a team from arrays on the starting thread's stack and ends
+// the process when the system refuses a thread: at 100000 threads a 512x512 matmul overflowed that
+// stack (SIGSEGV), at 32768 libgomp exited on the refused thread. fsdp.set_num_threads refuses a
+// count outside [1, limit]; a C caller's is clamped into it.
+#define FSDP_MAX_THREADS 1024
+int fsdp_max_num_threads(void) {
+  int limit = omp_get_thread_limit();
+  return limit < FSDP_MAX_THREADS ? limit : FSDP_MAX_THREADS;
+}
 void fsdp_set_num_threads(int n) {
-  if (n < 1) n = 1;
-  omp_set_num_threads(n);
+  int limit = fsdp_max_num_threads();
+  omp_set_num_threads(n < 1 ? 1 : n > limit ? limit : n);
 }
 int fsdp_get_num_threads(void) { return omp_get_max_threads(); }
