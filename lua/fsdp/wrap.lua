@@ -9,6 +9,7 @@
 -- Wrapping never changes a module's class, children or parameter names.
 local ffi = require "ffi"
 local fsdp = require "fsdp"
+local Module = require "fsdp.nn.module"
 local C = fsdp.C
 local check, wrap_t = fsdp._check, fsdp._wrap
 
@@ -93,6 +94,82 @@ local function own_params(m)
     end
   end
   return ps, names
+end
+
+-- ---- the structure a unit was planned on -------------------------------------------------------------
+-- A unit's parameters are fixed when it is wrapped. What its subtree held then -- parameters by
+-- name, and the units nested in it by path -- is kept, and a forward after a change to it
+-- (Module._structure_version moved: a parameter or child added, replaced or removed anywhere) looks
+-- again and refuses if it differs. Values changed in place and freezing are no change.
+local function structure(m)
+  local params, units = {}, {}
+  for prefix, x in m:named_modules() do
+    if prefix ~= "" and rawget(x, "_fsdp_unit") then units[prefix] = x end
+    local o = x._parameters
+    for _, pname in ipairs(o.names) do
+      local t = o.values[pname]
+      if t ~= nil then params[prefix == "" and pname or (prefix .. "." .. pname)] = t end
+    end
+  end
+  return { params = params, units = units }
+end
+
+local function unit_name(u) return u.parent and u.path or "<root>" end
+local function shape_of(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+
+-- the changes of u's subtree since it was wrapped, as sentences (names from the model's root)
+local function structure_changes(u)
+  local now, was = structure(u.module), u.structure
+  local base = u.parent and (u.path .. ".") or ""
+  local function owner(name, units)  -- the innermost unit holding `name`: its name
+    local best
+    for p in pairs(units) do
+      if name:sub(1, #p + 1) == p .. "." and (not best or #p > #best) then best = p end
+    end
+    return best and unit_name(rawget(units[best], "_fsdp_unit")) or unit_name(u)
+  end
+  local r = {}
+  for name, t in pairs(now.params) do
+    local old = was.params[name]
+    if old == nil then
+      r[#r + 1] = ("%s%s (a new parameter of shape %s) is not in the plan of unit '%s'"):format(base, name, shape_of(t),
+        owner(name, now.units))
+    elseif fsdp._key(old) ~= fsdp._key(t) then
+      r[#r + 1] = ("%s%s was replaced by a new parameter of shape %s, which is not in the plan of unit '%s'"):format(base,
+        name, shape_of(t), owner(name, now.units))
+    end
+  end
+  for name, t in pairs(was.params) do
+    if now.params[name] == nil then
+      r[#r + 1] = ("%s%s (a parameter of shape %s in the plan of unit '%s') was removed"):format(base, name, shape_of(t),
+        owner(name, was.units))
+    end
+  end
+  for p, m in pairs(was.units) do
+    if now.units[p] ~= m then
+      r[#r + 1] = ("unit '%s' (%s) was removed or replaced"):format(unit_name(rawget(m, "_fsdp_unit")), m.__name)
+    end
+  end
+  for p, m in pairs(now.units) do
+    if was.units[p] == nil then
+      r[#r + 1] = ("unit %s%s (%s) was put inside unit '%s'"):format(base, p, m.__name, unit_name(u))
+    end
+  end
+  table.sort(r)
+  return r
+end
+
+local function check_structure(u)
+  local changes = structure_changes(u)
+  if #changes == 0 then
+    u.seen_version = Module._structure_version
+    return
+  end
+  local more = #changes > 3 and ("; and %d more"):format(#changes - 3) or ""
+  error(("fsdp forward: the model changed after fsdp.wrap: %s%s; a unit's parameters are fixed when it is wrapped: "
+    .. "build the model (and change its layers) before fsdp.wrap, or put back what was there (changing values in "
+    .. "place -- copy_, load_state_dict -- and freezing are fine)"):format(table.concat(changes, "; ", 1,
+    math.min(#changes, 3)), more), 0)
 end
 
 -- the options fsdp.wrap and fsdp.auto_wrap take; any other name is a typo or another framework's
@@ -226,13 +303,14 @@ function W.wrap(module, opts)
       set_path(nu, name)
     end
   end
-  -- enclosing units wrapped earlier: the outermost one names this unit
+  -- enclosing units wrapped earlier: the outermost one names this unit (and each now holds it)
   local best
   for _, v in ipairs(all_units) do
     local p = path_in(v.module, module)
     if p and p ~= "" then
       u.parent = u.parent or v
       if not best or #p > #best then best = p end
+      v.structure.units[p] = module
     end
   end
   if best then set_path(u, best) end
@@ -263,6 +341,7 @@ function W.wrap(module, opts)
     if C.fsdp_tensor_deferred(b.p) == 1 then check(C.fsdp_materialize_(b.p, C.fsdp_tensor_device(b.p))) end
   end
   rawset(module, "_fsdp_unit", u)
+  u.structure, u.seen_version = structure(module), Module._structure_version
   rawset(module, "_forward_wrapper", u)  -- nn.Module.__call runs the unit's protocol around forward
   -- and module:forward(x) runs it too (as PyTorch's FSDP(module).forward(x) does): __call runs the
   -- forward kept here
@@ -349,6 +428,7 @@ function Unit:run(module, inner, ...)
     check(C.fsdp_unit_rerun(self.c))
     return inner(module, cast_all(self.compute_dtype, ...))
   end
+  if self.seen_version ~= Module._structure_version then check_structure(self) end
   if #self.tied > 0 then check_tied(self) end
   check(C.fsdp_unit_pre_forward(self.c))
   self.forwarded = true
@@ -805,7 +885,6 @@ function W.load_state_dict(m, plain_load, sd, strict)
 end
 
 -- ---- what nn.Module gains from this file ------------------------------------------------------------
-local Module = require "fsdp.nn.module"
 Module._state_dict_providers[#Module._state_dict_providers + 1] = {
   applies = W.has_units,
   state_dict = W.state_dict,

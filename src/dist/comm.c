@@ -375,6 +375,16 @@ static void run_work(fsdp_work* w) {
   }
 }
 
+// the test hook FSDP_COMM_STALL_AT: this rank stops right after agreeing, and says when (epoch
+// seconds, on stderr) so that tests/comm_stall_spec.lua measures the others' detection from it
+static void stall_here(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(stderr, "FSDP_COMM_STALL_AT: rank %d stops at %.3f\n", g.rank, ts.tv_sec + 1e-9 * ts.tv_nsec);
+  fflush(stderr);
+  raise(SIGSTOP);
+}
+
 static void run_work_traced(fsdp_work* w) {
   const fsdp_comm_backend* be = g.be;
   pthread_mutex_lock(&g.mu);
@@ -393,7 +403,7 @@ static void run_work_traced(fsdp_work* w) {
     w->status = -1;
     return;
   }
-  if (g.stall_seq == w->meta.seq && g.stall_rank == g.rank) raise(SIGSTOP);  // test hook, see init
+  if (g.stall_seq == w->meta.seq && g.stall_rank == g.rank) stall_here();  // test hook, see init
   char err[FSDP_COMM_ERRLEN] = "";
   int rc = 0;
   const fsdp_comm_plane* p = w->meta.plane ? g.plane : NULL;

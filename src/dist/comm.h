@@ -74,7 +74,8 @@ typedef struct fsdp_comm_backend {
   int (*init)(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err);
   void (*finalize)(void);
   // every rank's record goes to rank 0, which decides; every rank gets the verdict. Waits at
-  // most timeout_s (plus a grace on ranks != 0, so rank 0's verdict, which names the missing
+  // most timeout_s plus a small margin (the mpi backend's WAIT_MARGIN_S; longer on ranks != 0
+  // only while rank 0 says it is waiting for others, so its verdict, which names the missing
   // ranks, normally wins). Returns 0 with the verdict filled, -1 when this rank itself timed
   // out or MPI failed (the message is in v->msg, v->status != 0).
   int (*agree)(const fsdp_comm_meta* mine, double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v);

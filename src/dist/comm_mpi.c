@@ -8,6 +8,13 @@
  * verdicts back, all non-blocking and polled against a deadline so a missing rank is named,
  * never waited for forever), `data` carries the payloads.
  *
+ * Every rank that waits for a stopped one fails within timeout_s + WAIT_MARGIN_S of the start of
+ * its wait (README, FSDP_COMM_TIMEOUT). Rank 0 decides the agreement at its deadline; a rank
+ * r != 0 waits for that verdict timeout_s + WAIT_MARGIN_S, and longer only after a note from rank
+ * 0 (sent once rank 0 has waited NOTE_AFTER_S with r's record in hand: it is running, waiting for
+ * others, and decides within timeout_s of the note), so a late rank 0 is not blamed for a missing
+ * rank 2 while a stopped rank 0 costs the others no more than the margin.
+ *
  * Every wait is bounded. The payloads move by non-blocking calls (Iallgather, Iallreduce, Ibcast,
  * Ireduce_scatter_block, Isend/Irecv for the ring), each polled with MPI_Test against a deadline
  * of timeout_s from its start, so a rank that stops after the ranks agreed (SIGSTOP, a debugger)
@@ -35,6 +42,9 @@
 #define TAG_VERDICT 12
 #define TAG_RING 13
 #define TAG_ALIVE 14
+#define WAIT_MARGIN_S 0.5    // the most a wait for a stopped rank lasts beyond the timeout
+#define NOTE_AFTER_S 0.1     // rank 0 notes the ranks it has heard from after waiting this long
+#define STATUS_NOTE (-1)     // a verdict's status in rank 0's note: "still waiting for others"
 #define MAX_PIECE (1 << 28)  // elements per MPI call, under INT_MAX bytes for the byte paths too
 
 static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
@@ -45,6 +55,7 @@ static MPI_Comm g_comm[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
 static int g_grank[3], g_gsize[3];
 static fsdp_comm_meta* g_all;  // rank 0: every rank's record
 static int* g_arrived;
+static int* g_noted;  // rank 0: the ranks its note went to in this agreement
 static MPI_Request* g_reqs;
 static int* g_idx;
 static fsdp_comm_meta g_mine;  // non-blocking buffers stay valid even if abandoned after a timeout
@@ -93,10 +104,10 @@ static int mpi_fail(char* err, int rc, const char* what) {
 
 // ---- bounded waits ----------------------------------------------------------------------------------
 // After a data-phase timeout: which ranks are still running? Every rank that timed out sends its
-// rank to every other on `meta` and listens for the others for a short grace; "rank 2" or
+// rank to every other on `meta` and listens for the others for WAIT_MARGIN_S; "rank 2" or
 // "ranks 1, 3" (the ones not heard from; with 2 ranks, simply the other one). Happens at most once
 // per process (the communicator is broken afterwards), so the static buffers are never reused.
-static void name_missing(double timeout_s, char* who, size_t n) {
+static void name_missing(char* who, size_t n) {
   static int mine;
   int N = g_size, nmiss = 0;
   size_t len = 0;
@@ -121,7 +132,7 @@ static void name_missing(double timeout_s, char* who, size_t n) {
     MPI_Request_free(&sreq);
     MPI_Irecv(&theirs[r], 1, MPI_INT, r, TAG_ALIVE, meta_comm, &rr[r]);
   }
-  double deadline = now_s() + 0.5 + 0.1 * timeout_s;
+  double deadline = now_s() + WAIT_MARGIN_S;
   int spins = 0, flag = 0;
   while (now_s() < deadline) {
     MPI_Testall(N, rr, &flag, MPI_STATUSES_IGNORE);
@@ -156,7 +167,7 @@ static int wait_all(MPI_Request* reqs, int n, const char* what, char* err) {
     if (flag) break;
     if (now_s() > deadline) {
       char who[256];
-      name_missing(g_timeout, who, sizeof who);
+      name_missing(who, sizeof who);
       snprintf(err, FSDP_COMM_ERRLEN, "timed out after %g s waiting for %s to move the data (%s)", g_timeout, who,
                what);
       return -1;
@@ -197,9 +208,10 @@ static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void
   g_gsize[0] = g_size;
   g_all = calloc(g_size, sizeof *g_all);
   g_arrived = calloc(g_size, sizeof *g_arrived);
+  g_noted = calloc(g_size, sizeof *g_noted);
   g_reqs = calloc(g_size, sizeof *g_reqs);
   g_idx = calloc(g_size, sizeof *g_idx);
-  if (!g_all || !g_arrived || !g_reqs || !g_idx) {
+  if (!g_all || !g_arrived || !g_noted || !g_reqs || !g_idx) {
     snprintf(err, FSDP_COMM_ERRLEN, "out of memory for %d ranks", g_size);
     return -1;
   }
@@ -236,12 +248,14 @@ static void mpi_finalize(void) {
   if (g_we_initialized) MPI_Finalize();
   free(g_all);
   free(g_arrived);
+  free(g_noted);
   free(g_reqs);
   free(g_idx);
   free(g_scratch_a);
   free(g_scratch_b);
   g_all = NULL;
   g_arrived = NULL;
+  g_noted = NULL;
   g_reqs = NULL;
   g_idx = NULL;
   g_scratch_a = g_scratch_b = NULL;
@@ -249,15 +263,28 @@ static void mpi_finalize(void) {
 }
 
 // ---- the collective check ------------------------------------------------------------------------
+// rank 0, waiting for records: tells each rank it has heard from that it runs and waits for others
+// (once per rank and agreement; the verdict follows on the same tag, so it arrives after the note)
+static void note_waiting(int N) {
+  static const fsdp_comm_verdict note = {STATUS_NOTE, ""};
+  for (int r = 1; r < N; r++) {
+    if (!g_arrived[r] || g_noted[r]) continue;
+    MPI_Request req;
+    MPI_Isend(&note, (int)offsetof(fsdp_comm_verdict, msg) + 1, MPI_BYTE, r, TAG_VERDICT, meta_comm, &req);
+    MPI_Request_free(&req);
+    g_noted[r] = 1;
+  }
+}
+
 static int agree_root(double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_verdict* v) {
   int N = g_size, remaining = N - 1, timed_out = 0, spins = 0;
   g_all[0] = g_mine;
   g_arrived[0] = 1;
   for (int r = 1; r < N; r++) {
-    g_arrived[r] = 0;
+    g_arrived[r] = g_noted[r] = 0;
     MPI_Irecv(&g_all[r], sizeof *g_all, MPI_BYTE, r, TAG_META, meta_comm, &g_reqs[r - 1]);
   }
-  double deadline = now_s() + timeout_s;
+  double start = now_s(), deadline = start + timeout_s;
   while (remaining > 0) {
     int outcount = 0;
     MPI_Testsome(N - 1, g_reqs, &outcount, g_idx, MPI_STATUSES_IGNORE);
@@ -266,6 +293,7 @@ static int agree_root(double timeout_s, fsdp_comm_decide_fn decide, fsdp_comm_ve
     remaining -= outcount;
     if (remaining == 0) break;
     if (outcount > 0) spins = 0;
+    if (now_s() > start + NOTE_AFTER_S) note_waiting(N);
     if (now_s() > deadline) {
       timed_out = 1;
       break;
@@ -314,11 +342,17 @@ static int agree_other(double timeout_s, fsdp_comm_verdict* v) {
   MPI_Request rreq, sreq;
   MPI_Irecv(&g_verdict, sizeof g_verdict, MPI_BYTE, 0, TAG_VERDICT, meta_comm, &rreq);
   MPI_Isend(&g_mine, sizeof g_mine, MPI_BYTE, 0, TAG_META, meta_comm, &sreq);
-  // rank 0 decides at its own deadline and names the missing ranks; give its verdict time to come
-  double deadline = now_s() + timeout_s + 2.0 + 0.25 * timeout_s;
+  // rank 0 decides at its own deadline and names the missing ranks; its note says it is waiting
+  // (then it decides within timeout_s), its silence that it is not there
+  double deadline = now_s() + timeout_s + WAIT_MARGIN_S;
   int flag = 0, spins = 0;
   for (;;) {
     MPI_Test(&rreq, &flag, MPI_STATUS_IGNORE);
+    if (flag && g_verdict.status == STATUS_NOTE) {
+      deadline = now_s() + timeout_s + WAIT_MARGIN_S;
+      MPI_Irecv(&g_verdict, sizeof g_verdict, MPI_BYTE, 0, TAG_VERDICT, meta_comm, &rreq);
+      flag = 0;
+    }
     if (flag) break;
     if (now_s() > deadline) break;
     backoff(&spins);
@@ -515,7 +549,7 @@ static int mpi_test(void* req, int* done, char* err) {
   if (!flag) {
     if (now_s() <= f->deadline) return 0;
     char who[256];
-    name_missing(g_timeout, who, sizeof who);
+    name_missing(who, sizeof who);
     snprintf(err, FSDP_COMM_ERRLEN, "timed out after %g s waiting for %s to move the data (MPI_Iallreduce)", g_timeout,
              who);
     return -1;  // (f stays: its requests are abandoned with the broken communicator)

@@ -22,6 +22,13 @@ local Module = {}
 Module.__name = "Module"
 Module.__is_class = true
 
+-- counts changes to the parameters or children of any module (one added, replaced or removed, by
+-- assignment, register_parameter, add_module or a register_buffer over one): code that planned
+-- around a model's structure (fsdp.wrap) compares it with the count it saw, and looks again only
+-- when it moved. Values changed in place (copy_, load_state_dict) and buffers are no change.
+Module._structure_version = 0
+local function structure_changed() Module._structure_version = Module._structure_version + 1 end
+
 local function is_module(x)
   return type(x) == "table" and rawget(x, "_modules") ~= nil
 end
@@ -86,12 +93,15 @@ local function instance_newindex(self, k, v)
   if is_module(v) then
     oremove(params, k); oremove(bufs, k)
     oset(mods, k, v)
+    structure_changed()
   elseif ohas(params, k) then
     -- an existing parameter stays a parameter (frozen, replaced or set to nil)
     if v ~= nil and not is_tensor(v) then
       error(("cannot assign %s to parameter %q of %s (expected a tensor or nil)"):format(type(v), k, self.__name), 2)
     end
     if v ~= nil then register_tensor_param(v) end
+    local old = params.values[k]
+    if v == nil or old == nil or tensor_key(v) ~= tensor_key(old) then structure_changed() end
     params.values[k] = v
   elseif ohas(bufs, k) then
     if v ~= nil and not is_tensor(v) then
@@ -103,9 +113,11 @@ local function instance_newindex(self, k, v)
       error(("cannot assign %s to child module %q of %s (expected a Module or nil)"):format(type(v), k, self.__name), 2)
     end
     oremove(mods, k)
+    structure_changed()
   elseif is_tensor(v) and v.is_leaf and (v.requires_grad or is_parameter(v)) then
     oset(params, k, v)
     register_tensor_param(v)
+    structure_changed()
   else
     rawset(self, k, v)
   end
@@ -186,6 +198,7 @@ function Module:register_parameter(name, t)
   end
   oremove(self._modules, name); oremove(self._buffers, name); rawset(self, name, nil)
   oset(self._parameters, name, t)
+  structure_changed()
   return t
 end
 
@@ -194,6 +207,7 @@ function Module:register_buffer(name, t, persistent)
   check_name("register_buffer", name)
   if t ~= nil and not is_tensor(t) then fsdp._arg_error("register_buffer", "tensor", "a tensor or nil", t, 2) end
   fsdp._b(persistent, "register_buffer", "persistent")
+  if ohas(self._modules, name) or ohas(self._parameters, name) then structure_changed() end
   oremove(self._modules, name); oremove(self._parameters, name); rawset(self, name, nil)
   oset(self._buffers, name, t)
   if persistent == false then
@@ -208,6 +222,7 @@ function Module:add_module(name, m, fn)
   if not is_module(m) then fsdp._arg_error(fn or "add_module", "module", "a Module", m, 2) end
   oremove(self._parameters, name); oremove(self._buffers, name); rawset(self, name, nil)
   oset(self._modules, name, m)
+  structure_changed()
   return m
 end
 function Module:register_module(name, m) return self:add_module(name, m, "register_module") end
