@@ -13,6 +13,9 @@
 -- that defines them. Prints the folder graph with the number of symbols on each edge, then every
 -- forbidden edge with its file and symbol; exits 1 when there is one. --dot prints the graph for
 -- graphviz instead. The Lua modules get one rule too (below): nn and tensors load nothing of FSDP.
+-- Inside a folder, files that call each other in a circle (from the same symbols) must be one of
+-- the units below, each with the reason it is one piece; any other circle is an error, and so is
+-- a unit that is no longer one circle (the list then says something untrue).
 local allowed = {
   ["core"] = { "core" },
   ["backend/cpu"] = { "backend/cpu", "core" },
@@ -23,6 +26,16 @@ local allowed = {
   ["io"] = { "io", "core" },
 }
 local order = { "io", "dist", "ops", "backend/cpu", "backend/cuda", "backend/testdev", "core" }
+local units = {
+  { "src/core/autograd.c", "src/core/tensor.c",
+    why = "a tensor owns its autograd hooks (releasing it frees them) and autograd makes tensors" },
+  { "src/backend/cpu/bf16.c", "src/backend/cpu/linalg.c",
+    why = "the CPU's linear-algebra kernel table lists the bf16 GEMMs, which run the float32 GEMM of that table" },
+  { "src/ops/broadcast.c", "src/ops/deferred.c", "src/ops/elem.c", "src/ops/factory.c", "src/ops/inplace.c",
+    "src/ops/shape.c",
+    why = "ops are made of ops: broadcasting expands (shape) and its backward sums (elem); fills and "
+      .. "draws on meta are recorded (deferred) and replayed through the same factories and in-place ops" },
+}
 
 local build, dot = arg[1], arg[2] == "--dot"
 if not build then
@@ -139,6 +152,58 @@ for src, syms in pairs(needs) do
   end
 end
 
+-- circles of calls between the files of one folder (Tarjan's strongly connected components)
+local calls = {}  -- file -> set of files of its folder it calls
+for src, syms in pairs(needs) do
+  calls[src] = {}
+  for _, sym in ipairs(syms) do
+    local def = defined_in[sym]
+    if def and def ~= src and folder_of(def) == folder_of(src) then calls[src][def] = true end
+  end
+end
+local index, low, on_stack, stack, circles, next_index = {}, {}, {}, {}, {}, 0
+local function connect(v)
+  index[v], low[v] = next_index, next_index
+  next_index = next_index + 1
+  stack[#stack + 1], on_stack[v] = v, true
+  for w in pairs(calls[v]) do
+    if index[w] == nil then connect(w); low[v] = math.min(low[v], low[w])
+    elseif on_stack[w] then low[v] = math.min(low[v], index[w]) end
+  end
+  if low[v] == index[v] then
+    local c = {}
+    repeat
+      local w = table.remove(stack)
+      on_stack[w] = nil
+      c[#c + 1] = w
+    until w == v
+    if #c > 1 then table.sort(c); circles[#circles + 1] = table.concat(c, " ") end
+  end
+end
+local files = {}
+for src in pairs(calls) do files[#files + 1] = src end
+table.sort(files)
+for _, v in ipairs(files) do if index[v] == nil then connect(v) end end
+local declared = {}
+for _, u in ipairs(units) do
+  local names = { unpack(u) }
+  table.sort(names)
+  declared[table.concat(names, " ")] = u
+end
+local found = {}
+for _, c in ipairs(circles) do
+  found[c] = true
+  if not declared[c] then
+    violations[#violations + 1] = ("files that call each other in a circle: %s (break it, or make it a unit in "
+      .. "tools/layers.lua with the reason)"):format(c)
+  end
+end
+for c in pairs(declared) do
+  if not found[c] then
+    violations[#violations + 1] = ("unit %s is no longer one circle of calls: update tools/layers.lua's units"):format(c)
+  end
+end
+
 -- the graph, top layer first
 if dot then
   print("digraph layers {")
@@ -168,4 +233,7 @@ if #violations > 0 then
   io.stderr:write(("make layers: %d forbidden edge(s); see tools/layers.lua for the layers\n"):format(#violations))
   os.exit(1)
 end
-if not dot then print("make layers: every edge runs down the layers") end
+if not dot then
+  for _, u in ipairs(units) do print(("one unit: %s -- %s"):format(table.concat(u, ", "), u.why)) end
+  print("make layers: every edge runs down the layers; no other circle of calls inside a folder")
+end
