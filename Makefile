@@ -191,6 +191,11 @@ test-run: all cudaemu $(CTESTS)
 	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
 
+# the API reference (LDoc, config.ld): HTML into doc/ from the doc comments; a warning is an error
+doc:
+	@bash tools/deps.sh doc
+	ldoc --fatalwarnings .
+
 # ---- guardrails (.ci/run runs them after make test) ---------------------------------------------
 # the layers of src/ (core <- backend/cpu, ops <- dist; io): includes and calls that cross them
 # the wrong way are errors; prints the folder graph (tools/layers.lua; --dot for graphviz)
@@ -354,6 +359,6 @@ install: all
 	@$(if $(LUAROCKS)$(DESTDIR),,LUADIR='$(LUADIR)' LIBDIR='$(LIBDIR)' BINDIR='$(BINDIR)' LUAJIT='$(LUAJIT)' bash tools/install_paths.sh)
 
 clean:
-	rm -rf build build-memcheck build-asan build-tsan libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
+	rm -rf build build-memcheck build-asan build-tsan doc libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run cudaemu cuda-emu-check layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp bench-big demo demo-gpt install clean
+.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp bench-big demo demo-gpt install clean

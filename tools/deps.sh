@@ -13,7 +13,10 @@
 #   demo    + the data sets (Fashion-MNIST, the fortunes text) and the plot tool (`make demo`,
 #           `make demo-gpt`)
 #   test    + busted, luarocks and g++ (`make test`; g++ builds the CUDA executor, tests/cudaemu)
-#   ci      + the guardrail tools and git (`.ci/run`: lint, format check, valgrind)
+#   ci      + the guardrail tools and git (`.ci/run`: lint, format check, valgrind) and doc's
+#
+# and beside them:
+#   doc     LDoc (`make doc`: the API reference)
 #
 # On a machine without dpkg (not Debian), or with DEPS=skip, nothing is checked: the compiler's
 # errors speak then.
@@ -22,7 +25,8 @@ set -euo pipefail
 build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
 demo="$build dataset-fashion-mnist gnuplot-nox fortunes"
 test="$demo libluajit-5.1-dev lua-busted luarocks g++"
-ci="$test git cppcheck valgrind clang-format iproute2"
+doc="lua-ldoc"
+ci="$test $doc git cppcheck valgrind clang-format iproute2"
 
 mode=install
 case "${1:-}" in
@@ -35,7 +39,8 @@ case "$set_name" in
   demo) pkgs="$demo" ;;
   test) pkgs="$test" ;;
   ci) pkgs="$ci" ;;
-  *) echo "usage: tools/deps.sh [--check|--list] build|demo|test|ci" >&2; exit 2 ;;
+  doc) pkgs="$doc" ;;
+  *) echo "usage: tools/deps.sh [--check|--list] build|demo|test|ci|doc" >&2; exit 2 ;;
 esac
 
 if [ "$mode" = list ]; then echo "$pkgs"; exit 0; fi

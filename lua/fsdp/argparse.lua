@@ -1,4 +1,4 @@
--- fsdp.argparse: command-line flags for training scripts, with Python argparse's names.
+--- fsdp.argparse: command-line flags for training scripts, with Python argparse's names.
 --
 --   local argparse = require "fsdp.argparse"            -- also fsdp.argparse
 --   local p = argparse.ArgumentParser { prog = "train.lua", description = "Trains a conv net." }
@@ -18,6 +18,7 @@
 -- `p:error(msg)`: "prog: msg (see --help)" on stderr and exit status 2, as argparse (with
 -- `exit_on_error = false` in the parser's options it raises a Lua error instead, for tests and for
 -- scripts that parse several command lines). One extension: `min = x` refuses values below x.
+-- @module fsdp.argparse
 local A = {}
 
 local Parser = {}
@@ -27,7 +28,7 @@ Parser.__index = Parser
 -- its default, " (default: 100)", for the flags that have one (a switch's is false)
 A.ArgumentDefaultsHelpFormatter = setmetatable({}, { __tostring = function() return "ArgumentDefaultsHelpFormatter" end })
 
--- ArgumentParser{prog =, usage =, description =, epilog =, formatter_class =, exit_on_error = true}
+--- ArgumentParser{prog =, usage =, description =, epilog =, formatter_class =, exit_on_error = true}
 function A.ArgumentParser(o)
   o = o or {}
   if type(o) ~= "table" then error("ArgumentParser: expected an options table {prog =, description =, ...}", 2) end
@@ -54,7 +55,7 @@ local converters = {
   str = function(s) return s end,
 }
 
--- p:add_argument("--name", {type =, default =, choices =, action =, help =, metavar =, dest =,
+--- p:add_argument("--name", {type =, default =, choices =, action =, help =, metavar =, dest =,
 -- required =, min =, nargs = "?" (positionals)}) or p:add_argument("name", {...}) for a positional
 function Parser:add_argument(name, o)
   o = o or {}
@@ -90,7 +91,7 @@ function Parser:add_argument(name, o)
   return a
 end
 
--- the usage line and every argument with its help (continuation lines of a help text indented)
+--- the usage line and every argument with its help (continuation lines of a help text indented)
 function Parser:format_help()
   local lines = {}
   local usage = self.usage or (self.prog .. (#self.flags > 0 and " [flags]" or "")
@@ -126,9 +127,11 @@ function Parser:format_help()
   return table.concat(lines, "\n") .. "\n"
 end
 
+--- Writes format_help() to file (default io.stdout).
+-- @param file a file or nil
 function Parser:print_help(file) (file or io.stdout):write(self:format_help()) end
 
--- a usage error: "prog: msg" and status 2, or a Lua error when exit_on_error = false
+--- a usage error: "prog: msg" and status 2, or a Lua error when exit_on_error = false
 function Parser:error(msg)
   if not self.exit_on_error then error(("%s: %s"):format(self.prog, msg), 2) end
   io.stderr:write(("%s: %s\n(see --help)\n"):format(self.prog, msg))
@@ -156,7 +159,7 @@ function Parser:_value(a, s)
   return v
 end
 
--- p:parse_args(list): the table of values by dest; list defaults to the script's `arg`
+--- p:parse_args(list): the table of values by dest; list defaults to the script's `arg`
 function Parser:parse_args(list)
   list = list or arg or {}
   local r = {}

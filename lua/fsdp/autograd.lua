@@ -1,6 +1,7 @@
--- fsdp.autograd: Lua access to the C engine's gradient hooks, events and end-of-backward callbacks.
+--- fsdp.autograd: Lua access to the C engine's gradient hooks, events and end-of-backward callbacks.
 -- FSDP itself hooks the engine in C; these are for users and tests. One C callback per kind
 -- dispatches to Lua functions by id, so no per-hook ffi callbacks are created.
+-- @module fsdp.autograd
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -60,7 +61,7 @@ function fsdp._hooks_freed()
   end
 end
 
--- t:register_hook(fn): fn(grad) runs when t's gradient is computed; returning a tensor replaces it.
+--- t:register_hook(fn): fn(grad) runs when t's gradient is computed; returning a tensor replaces it.
 -- Returns a handle with :remove().
 function autograd.register_hook(t, fn)
   local p = fsdp._t(t, "register_hook")
@@ -98,7 +99,7 @@ local listener_cb = ffi.cast("fsdp_listener_fn", function(ev, node, tensor, ctx)
   return 0
 end)
 
--- autograd.add_listener({"node_pre", "grad_ready"}, fn) -> handle with :remove()
+--- autograd.add_listener({"node_pre", "grad_ready"}, fn) -> handle with :remove()
 -- fn(event, node_name, tensor) runs for each engine event in the list.
 function autograd.add_listener(events, fn)
   local mask = 0
@@ -152,6 +153,9 @@ function drop_freed_regions()
   until n < 64
 end
 local function pack(...) return { n = select("#", ...), ... } end
+--- Activation checkpointing: runs fn(...) keeping only its inputs, reruns it in backward (fsdp.checkpoint).
+-- @param fn a function of tensors
+-- @param ... its arguments
 function autograd.checkpoint(fn, ...)
   local mt = getmetatable(fn)
   if type(fn) ~= "function" and not (mt and mt.__call) then
@@ -174,9 +178,10 @@ function autograd.checkpoint(fn, ...)
   fsdp._collect()
   return unpack(res, 2, res.n)
 end
+--- Whether a checkpointed forward is being rerun now (in backward).
 function autograd.checkpoint_rerunning() return C.fsdp_checkpoint_rerunning() ~= 0 end
 
--- only while backward runs: fn() runs after the last node, before backward_end
+--- only while backward runs: fn() runs after the last node, before backward_end
 function autograd.queue_callback(fn)
   local ctx = new_ctx()
   callbacks[ctx] = fn

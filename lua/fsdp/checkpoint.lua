@@ -1,4 +1,4 @@
--- Sharded checkpoints: every rank saves only what it owns, and a checkpoint loads at any world size.
+--- Sharded checkpoints: every rank saves only what it owns, and a checkpoint loads at any world size.
 --
 --   fsdp.save_sharded("ckpt", model, opt, {epoch = 3, step = 1200})   -- collective: every rank calls it
 --   local extra = fsdp.load_sharded("ckpt", model, opt)               -- extra.epoch == 3
@@ -24,6 +24,7 @@
 -- overlapping pieces of the old rank files (interval arithmetic over all of them), checks
 -- everything first, then copies into the parameters and optimizer state in place. RNG: rank r
 -- takes old rank r's state (old rank 0's when the old world had fewer ranks).
+-- @module fsdp.checkpoint
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -247,7 +248,7 @@ local function check_extra(extra, what)
   return extra
 end
 
--- fsdp.save_sharded(dir, model[, optimizer[, extra]]): collective; every rank writes its own file
+--- fsdp.save_sharded(dir, model[, optimizer[, extra]]): collective; every rank writes its own file
 function M.save_sharded(dir, model, optimizer, extra)
   local what = "fsdp.save_sharded"
   fsdp._path(dir, what, "dir")
@@ -553,7 +554,7 @@ local function check_cover(ck, name, what)
   end
 end
 
--- -> {dir, gen, world_size, path, files = {[0..N-1] = {path, tensors, meta, layout, rng}}, layout, entries,
+--- -> {dir, gen, world_size, path, files = {[0..N-1] = {path, tensors, meta, layout, rng}}, layout, entries,
 --     dtypes (tensor key -> dtype), optim, extra, aliases}, every part checked
 function M.read(dir, what)
   what = what or "fsdp.read_sharded"
@@ -612,7 +613,7 @@ local function assemble(ck, key, name, start, length)
 end
 
 -- ---- load ----------------------------------------------------------------------------------------
--- local extra = fsdp.load_sharded(dir, model[, optimizer]): every rank reads the checkpoint named
+--- local extra = fsdp.load_sharded(dir, model[, optimizer]): every rank reads the checkpoint named
 -- by dir/latest (saved at any world size) and fills its own pieces; nothing changes on error
 function M.load_sharded(dir, model, optimizer)
   local what = "fsdp.load_sharded"
@@ -701,7 +702,7 @@ function M.load_sharded(dir, model, optimizer)
 end
 
 -- ---- consolidation (bin/fsdp-consolidate) ---------------------------------------------------------
--- writes the full tensors of the latest checkpoint in `dir` under their PyTorch names (and with
+--- writes the full tensors of the latest checkpoint in `dir` under their PyTorch names (and with
 -- opts.with_optimizer the full optimizer state tensors as "optim.<name>.<key>") to one safetensors
 -- file; returns {path=, gen=, world_size=, names = {...}, shapes = {name = shape}, bytes=}
 function M.consolidate(dir, out, opts)

@@ -1,4 +1,4 @@
--- fsdp.comm: process groups and collectives (the Lua face of src/dist/comm.c).
+--- fsdp.comm: process groups and collectives (the Lua face of src/dist/comm.c).
 --
 --   fsdp.init([backend])            optional: "mpi" under fsdprun/mpirun, else "self" (1 rank)
 --   fsdp.rank(), fsdp.world_size()  0-based rank like PyTorch; world size
@@ -15,6 +15,7 @@
 -- tensors must not be touched until wait() returns. Collectives run in issue order on a
 -- communication thread; all ranks must issue the same ones in the same order, else every rank
 -- gets an error naming the tags and ranks (a rank that never comes is a timeout error).
+-- @module fsdp.comm
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -37,6 +38,8 @@ local function init_once()
   if C.fsdp_comm_is_initialized() == 0 then comm_init(nil) end
 end
 
+--- Starts the comm backend (optional: the first collective does it).
+-- @param backend "mpi" under fsdprun/mpirun, else "self" (1 rank); nil: from the launcher
 function comm.init(backend)
   if backend ~= nil and type(backend) ~= "string" then
     error("fsdp.init: backend must be \"self\", \"mpi\" or nil, got " .. tostring(backend), 2)
@@ -44,16 +47,20 @@ function comm.init(backend)
   comm_init(backend)
   return fsdp
 end
+--- This process's rank, 0-based.
 function comm.rank() init_once(); return C.fsdp_comm_rank() end
+--- The number of ranks.
 function comm.world_size() init_once(); return C.fsdp_comm_world_size() end
--- this rank among the ranks of its node (0-based, as torchrun's LOCAL_RANK), and their number
+--- this rank among the ranks of its node (0-based, as torchrun's LOCAL_RANK), and their number
 function comm.local_rank() init_once(); return C.fsdp_comm_local_rank() end
+--- The number of ranks on this node.
 function comm.local_world_size() init_once(); return C.fsdp_comm_local_world_size() end
+--- The name of the comm backend in use ("self", "mpi", ...).
 function comm.backend() init_once(); return ffi.string(C.fsdp_comm_backend_name()) end
--- how device (GPU) tensors move between ranks: "nccl", "host" (staged through host memory on the
+--- how device (GPU) tensors move between ranks: "nccl", "host" (staged through host memory on the
 -- backend), "standin" (the tests' double of NCCL); "" until the first collective on one
 function comm.comm_device_plane() return ffi.string(C.fsdp_comm_device_plane()) end
--- the bootstrap of a device data plane alone ("nccl", "standin"), no device needed: every rank
+--- the bootstrap of a device data plane alone ("nccl", "standin"), no device needed: every rank
 -- returns the hex digest of the ids rank 0 made (the same on every rank)
 function comm.plane_bootstrap(plane)
   init_once()
@@ -61,12 +68,15 @@ function comm.plane_bootstrap(plane)
   check(C.fsdp_comm_plane_bootstrap(plane, d))
   return ffi.string(d)
 end
+--- Whether the comm backend is up.
 function comm.is_initialized() return C.fsdp_comm_is_initialized() ~= 0 end
+--- Waits until every rank reaches it.
 function comm.barrier() init_once(); check(C.fsdp_barrier()) end
+--- Shuts the comm backend down.
 function comm.finalize() check(C.fsdp_comm_finalize()) end
--- seconds a rank waits for the others at a collective before it errors (default 300, env FSDP_COMM_TIMEOUT)
+--- seconds a rank waits for the others at a collective before it errors (default 300, env FSDP_COMM_TIMEOUT)
 function comm.set_timeout(seconds) C.fsdp_comm_set_timeout(seconds) end
--- 0: ring of MPI_Sendrecv (default), 1: MPI_Reduce_scatter_block
+--- 0: ring of MPI_Sendrecv (default), 1: MPI_Reduce_scatter_block
 function comm.set_reduce_scatter_algo(algo) C.fsdp_comm_set_reduce_scatter_algo(algo) end
 
 -- ---- work handles ---------------------------------------------------------------------------------
@@ -106,6 +116,10 @@ local function need_tensor(name, what, t)
 end
 
 -- ---- collectives -----------------------------------------------------------------------------------
+--- Reduces t over every rank in place and returns it.
+-- @param t a tensor
+-- @param op "sum" (default), "avg" or "max"
+-- @param opts {tag =, async =} or nil
 function comm.all_reduce(t, op, opts)
   if type(op) == "table" then op, opts = nil, op end
   need_tensor("all_reduce", "tensor", t)
@@ -114,6 +128,10 @@ function comm.all_reduce(t, op, opts)
   return submit("all_reduce", C.fsdp_all_reduce(t.p, o, opts and opts.tag or "all_reduce"), t, opts)
 end
 
+--- Copies rank root's t into every rank's t, in place; returns t.
+-- @param t a tensor
+-- @param root the source rank (0-based)
+-- @param opts {tag =, async =} or nil
 function comm.broadcast(t, root, opts)
   if type(root) == "table" then root, opts = nil, root end
   need_tensor("broadcast", "tensor", t)
@@ -122,6 +140,10 @@ function comm.broadcast(t, root, opts)
   return submit("broadcast", C.fsdp_broadcast(t.p, root or 0, opts and opts.tag or "broadcast"), t, opts)
 end
 
+--- Gathers every rank's inp into out (rank order); all_gather(inp) allocates out.
+-- @param out a tensor of N * inp:numel() elements
+-- @param inp this rank's tensor
+-- @param opts {tag =, async =} or nil
 function comm.all_gather(out, inp, opts)
   if inp == nil or type(inp) == "table" then  -- all_gather(inp[, opts]): allocate out
     opts, inp = inp, out
@@ -138,6 +160,11 @@ function comm.all_gather(out, inp, opts)
   return submit("all_gather", C.fsdp_all_gather(out.p, inp.p, opts and opts.tag or "all_gather"), out, opts)
 end
 
+--- Reduces inp over every rank; out gets this rank's chunk.
+-- @param out a tensor of inp:numel() / N elements
+-- @param inp this rank's tensor
+-- @param op "sum" (default), "avg" or "max"
+-- @param opts {tag =, async =} or nil
 function comm.reduce_scatter(out, inp, op, opts)
   if type(op) == "table" then op, opts = nil, op end
   need_tensor("reduce_scatter", "out", out)
@@ -147,12 +174,15 @@ function comm.reduce_scatter(out, inp, op, opts)
   return submit("reduce_scatter", C.fsdp_reduce_scatter(out.p, inp.p, o, opts and opts.tag or "reduce_scatter"), out, opts)
 end
 
+--- A barrier that returns a Work (w:wait()).
+-- @param opts {tag =} or nil
 function comm.barrier_async(opts)
   init_once()
   return submit("barrier", C.fsdp_barrier_async(opts and opts.tag or "barrier"), nil, { async = true })
 end
 
 -- ---- stats -----------------------------------------------------------------------------------------
+--- Counts and bytes per collective: {all_gather = {count =, bytes =}, ...}.
 function comm.comm_stats()
   local c, b = ffi.new("int64_t[5]"), ffi.new("int64_t[5]")
   C.fsdp_comm_stats(c, b)
@@ -161,6 +191,7 @@ function comm.comm_stats()
   return r
 end
 comm.stats = comm.comm_stats
+--- Sets the counters of comm_stats() to zero.
 function comm.reset_stats() C.fsdp_comm_reset_stats() end
 
 return comm

@@ -1,4 +1,4 @@
--- fsdp: Fully Sharded Data Parallel training from LuaJIT.
+--- fsdp: Fully Sharded Data Parallel training from LuaJIT.
 --
 -- This file loads libfsdp.so, feeds ffi.cdef from the public header (lua/fsdp/cdef.lua is
 -- generated from src/fsdp.h by make), and holds the few helpers every other Lua file uses:
@@ -11,6 +11,7 @@
 --   fsdp._check(rc) raises the C error when a status is non-zero
 --   fsdp._dim(d, n[, fn]) Lua's 1-based (or negative) dim -> C's 0-based dim (errors name fn)
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
+-- @module fsdp
 local ffi = require "ffi"
 
 local fsdp = {}
@@ -491,6 +492,7 @@ function fsdp._device(device, op, level)
   end
   return d
 end
+--- The compute backends loaded: a list of names ("cpu", "cuda").
 function fsdp.backends()
   local b = { "cpu" }
   if has_cuda() then b[#b + 1] = "cuda" end
@@ -542,6 +544,8 @@ Tensor._init(fsdp)
 fsdp.Tensor = Tensor
 local wrap, shape = fsdp._wrap, fsdp._shape
 
+--- Whether x is a tensor.
+-- @param x any value
 function fsdp.is_tensor(x) return (Tensor.is(x)) end
 
 -- the device a creation function makes its tensor on: opts.device, else the default device
@@ -554,7 +558,7 @@ local function device_opt(opts, op)
   if opts.device == "meta" then return META end
   return fsdp._device(opts.device, op, 3)
 end
--- fsdp.set_default_device("cpu" | "cuda" | "meta"): where creation functions make tensors
+--- fsdp.set_default_device("cpu" | "cuda" | "meta"): where creation functions make tensors
 function fsdp.set_default_device(device)
   if device == "meta" then
     if default_device ~= META then meta_target = default_device end
@@ -563,10 +567,11 @@ function fsdp.set_default_device(device)
     default_device = fsdp._device(device, "set_default_device", 2)
   end
 end
+--- The device new tensors go to ("cpu", "cuda" or "meta").
 function fsdp.get_default_device()
   return default_device == META and "meta" or default_device == 0 and "cpu" or "cuda"
 end
--- fsdp.meta(fn, ...): fn(...)'s results, with the tensors that shape-made creation functions make
+--- fsdp.meta(fn, ...): fn(...)'s results, with the tensors that shape-made creation functions make
 -- inside it (empty, zeros, ones, full, rand, randn, and so every layer's parameters and buffers) on
 -- meta: shapes, dtypes and names without storage, their initialisation recorded (PyTorch's `with
 -- torch.device("meta")`). Tensors made from data (fsdp.tensor, arange, a loaded file) stay real.
@@ -586,7 +591,7 @@ local function placed(t, dev)
   return (fsdp._wrap(C.fsdp_to_device(t.p, dev)))
 end
 
--- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5); fsdp.tensor(data, {dtype =, device =})
+--- fsdp.tensor({{1, 2}, {3, 4}}, "int64"); fsdp.tensor(3.5); fsdp.tensor(data, {dtype =, device =})
 -- (on the default device unless device says otherwise, as torch.tensor)
 function fsdp.tensor(data, dtype)
   local opts = type(dtype) == "table" and dtype or { dtype = dtype }
@@ -641,6 +646,8 @@ local function meta_full(n, arr, v, dtype, op)
   if v ~= nil then fsdp._check(C.fsdp_fill_(t.p, v)) end
   return t
 end
+--- An uninitialized tensor of the shape given (sizes or a list, then an optional dtype or {dtype =, device =}).
+-- @param ... the shape and options
 function fsdp.empty(...)
   local args, opts = split_opts("empty", ...)
   local n, arr = shape("empty", unpack(args))
@@ -648,6 +655,10 @@ function fsdp.empty(...)
   if dev == META then return meta_full(n, arr, nil, opts.dtype, "empty") end
   return (wrap(C.fsdp_empty(n, arr, fsdp._dtype(opts.dtype, "empty"), dev)))
 end
+--- A tensor of the size given filled with value.
+-- @param size a list of sizes
+-- @param value a number
+-- @param opts a dtype or {dtype =, device =}
 function fsdp.full(size, value, opts)
   local n, arr = shape("full", size)
   value = fsdp._n(value, "full", "fill_value")
@@ -656,6 +667,8 @@ function fsdp.full(size, value, opts)
   if dev == META then return meta_full(n, arr, value, opts.dtype, "full") end
   return (wrap(C.fsdp_full(n, arr, value, fsdp._dtype(opts.dtype, "full"), dev)))
 end
+--- A tensor of zeros of the shape given.
+-- @param ... the shape and options
 function fsdp.zeros(...)
   local args, opts = split_opts("zeros", ...)
   local n, arr = shape("zeros", unpack(args))
@@ -663,6 +676,8 @@ function fsdp.zeros(...)
   if dev == META then return meta_full(n, arr, 0, opts.dtype, "zeros") end
   return (wrap(C.fsdp_full(n, arr, 0, fsdp._dtype(opts.dtype, "zeros"), dev)))
 end
+--- A tensor of ones of the shape given (sizes or a list, then an optional dtype or options).
+-- @param ... the shape and options
 function fsdp.ones(...)
   local args, opts = split_opts("ones", ...)
   local n, arr = shape("ones", unpack(args))
@@ -675,7 +690,11 @@ local function full_like(t, v, op)
   local n, arr = shape(op, fsdp._held_shape(t))
   return (wrap(C.fsdp_full(n, arr, v, C.fsdp_tensor_dtype(t.p), C.fsdp_tensor_device(t.p))))
 end
+--- A tensor of zeros with t's shape, dtype and device.
+-- @param t a tensor
 function fsdp.zeros_like(t) return full_like(t, 0, "zeros_like") end
+--- A tensor of ones with t's shape, dtype and device.
+-- @param t a tensor
 function fsdp.ones_like(t) return full_like(t, 1, "ones_like") end
 -- random values come from the one RNG stream on the host, so a seed gives the same values on
 -- every device
@@ -688,6 +707,8 @@ local function random_dtype(t, dtype, op)
   end
   return (t:to(dtype))
 end
+--- Standard normal samples of the shape given.
+-- @param ... the shape and options
 function fsdp.randn(...)
   local args, opts = split_opts("randn", ...)
   local n, arr = shape("randn", unpack(args))
@@ -695,6 +716,8 @@ function fsdp.randn(...)
   if dev == META then return random_dtype(meta_full(n, arr, nil, nil, "randn"):normal_(0, 1), opts.dtype, "randn") end
   return random_dtype(placed(wrap(C.fsdp_randn(n, arr, 0, 1)), dev), opts.dtype, "randn")
 end
+--- Uniform [0, 1) samples of the shape given.
+-- @param ... the shape and options
 function fsdp.rand(...)
   local args, opts = split_opts("rand", ...)
   local n, arr = shape("rand", unpack(args))
@@ -702,14 +725,16 @@ function fsdp.rand(...)
   if dev == META then return random_dtype(meta_full(n, arr, nil, nil, "rand"):uniform_(0, 1), opts.dtype, "rand") end
   return random_dtype(placed(wrap(C.fsdp_rand(n, arr, 0, 1)), dev), opts.dtype, "rand")
 end
--- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
+--- fsdp.randint(lo, hi, shape): int64 in [lo, hi)
 function fsdp.randint(lo, hi, size)
   lo, hi = fsdp._i(lo, "randint", "low"), fsdp._i(hi, "randint", "high")
   local n, arr = shape("randint", size)
   return (wrap(C.fsdp_randint(lo, hi, n, arr)))
 end
+--- A random permutation of 0..n-1 (int64).
+-- @param n an integer >= 0
 function fsdp.randperm(n) return (wrap(C.fsdp_randperm(fsdp._i(n, "randperm", "n", nil, 0)))) end
--- fsdp.arange(n), fsdp.arange(start, stop[, step][, dtype]); float32 unless all arguments are integers
+--- fsdp.arange(n), fsdp.arange(start, stop[, step][, dtype]); float32 unless all arguments are integers
 function fsdp.arange(...)
   local a, n = fsdp._pack("arange", "arguments", 2, ...)
   local dtype
@@ -727,6 +752,9 @@ function fsdp.arange(...)
   end
   return (wrap(C.fsdp_arange(start, stop, step, fsdp._dtype(dtype, "arange"))))
 end
+--- Concatenates a list of tensors along dim (1-based, default 1).
+-- @param list a list of tensors
+-- @param dim a dim
 function fsdp.cat(list, dim)
   if type(list) ~= "table" then arg_error("cat", "tensors", "a list of tensors", list, 2) end
   local n = #list
@@ -742,7 +770,7 @@ function fsdp.cat(list, dim)
   return (wrap(C.fsdp_cat(n, arr, fsdp._dim(dim, nd, "cat"))))
 end
 
--- fsdp.stack(list, dim): the tensors (one shape) joined along a new dim (1..ndim+1, or negative
+--- fsdp.stack(list, dim): the tensors (one shape) joined along a new dim (1..ndim+1, or negative
 -- from the end; default 1), as cat of their unsqueezed views
 function fsdp.stack(list, dim)
   if type(list) ~= "table" or fsdp._list(list, "stack", "tensors") == 0 then
@@ -764,7 +792,7 @@ function fsdp.stack(list, dim)
   end
   return (fsdp.cat(parts, cd + 1))
 end
--- fsdp.multinomial(probs, n, {replacement = false}): int64 (n) or (rows, n) category indices (0-based)
+--- fsdp.multinomial(probs, n, {replacement = false}): int64 (n) or (rows, n) category indices (0-based)
 -- drawn from probs (1-D, or 2-D rows; >= 0, need not sum to 1) with the generator fsdp.manual_seed
 -- seeds: the same seed gives the same samples on every rank and every run
 function fsdp.multinomial(probs, n, opts)
@@ -779,13 +807,14 @@ function fsdp.multinomial(probs, n, opts)
 end
 
 -- ---- process, seeds, grad mode, memory -----------------------------------------------------------
--- (seeds as PyTorch takes them: integers in [-2^63, 2^64); a negative one counts from 2^64)
+--- (seeds as PyTorch takes them: integers in [-2^63, 2^64); a negative one counts from 2^64)
 function fsdp.manual_seed(seed)
   if type(seed) ~= "number" or seed ~= math.floor(seed) or seed < -2 ^ 63 or seed >= 2 ^ 64 then
     arg_error("manual_seed", "seed", "an integer in [-2^63, 2^64)", seed, 2)
   end
   C.fsdp_manual_seed(seed < 0 and ffi.cast("uint64_t", ffi.cast("int64_t", seed)) or seed)
 end
+--- The random generator's state (a value set_rng_state takes).
 function fsdp.get_rng_state()
   local s = ffi.new("uint64_t[4]")
   C.fsdp_rng_get_state(s)
@@ -803,6 +832,8 @@ local function rng_word(v, i)
   error(("set_rng_state: state[%d] = %s is not a 64-bit word (expected an integer 0..2^53 as a Lua number, or a "
     .. "uint64_t as get_rng_state returns)"):format(i, shown), 3)
 end
+--- Restores a state get_rng_state returned.
+-- @param st the state
 function fsdp.set_rng_state(st)
   if type(st) ~= "table" then arg_error("set_rng_state", "state", "a table of 4 numbers", st, 2) end
   for k in pairs(st) do
@@ -818,7 +849,7 @@ function fsdp.set_rng_state(st)
   end
   C.fsdp_rng_set_state(s)
 end
--- n: a whole number of threads, 1 to fsdp_max_num_threads() (1024, or OMP_THREAD_LIMIT if lower:
+--- n: a whole number of threads, 1 to fsdp_max_num_threads() (1024, or OMP_THREAD_LIMIT if lower:
 -- libgomp cannot start many more -- src/backend/cpu/backend.c, "threads")
 function fsdp.set_num_threads(n)
   if type(n) ~= "number" then arg_error("set_num_threads", "n", "a positive integer", n, 2) end
@@ -833,9 +864,12 @@ function fsdp.set_num_threads(n)
   C.fsdp_set_num_threads(n)
 end
 
+--- Whether autograd records now.
 function fsdp.is_grad_enabled() return C.fsdp_is_grad_enabled() ~= 0 end
+--- Turns autograd recording on or off.
+-- @param on a boolean
 function fsdp.set_grad_enabled(on) C.fsdp_set_grad_enabled(on and 1 or 0) end
--- fsdp.no_grad(fn, ...) runs fn with autograd recording off and returns its results
+--- fsdp.no_grad(fn, ...) runs fn with autograd recording off and returns its results
 function fsdp.no_grad(fn, ...)
   fsdp._fn(fn, "no_grad", "fn")
   local prev = C.fsdp_is_grad_enabled()
@@ -854,12 +888,13 @@ pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } fsdp_timespec;")
 pcall(ffi.cdef, "int clock_gettime(int, void*);")
 local timespec = ffi.new("fsdp_timespec")
 local timespec_arg = ffi.cast("void*", timespec)
+--- Seconds from a monotonic clock (for timing).
 function fsdp.perf_counter()
   ffi.C.clock_gettime(1, timespec_arg) -- CLOCK_MONOTONIC
   return tonumber(timespec.tv_sec) + tonumber(timespec.tv_nsec) * 1e-9
 end
 
--- fsdp.exit(fmt, ...): a script's way out on bad input (Python's sys.exit(msg), with the message
+--- fsdp.exit(fmt, ...): a script's way out on bad input (Python's sys.exit(msg), with the message
 -- formatted as string.format does): writes "<script>: message" to stderr, flushes stdout, and exits
 -- with status 1, without a traceback. With several ranks the others learn it at their next
 -- collective (the comm's shutdown at exit), and bin/fsdprun shows a line every rank wrote once.
@@ -873,23 +908,31 @@ function fsdp.exit(fmt, ...)
   os.exit(1)
 end
 
--- fsdp.memory_stats([device]) -> { params = {current=, peak=}, grads = ..., ... } in bytes, on the
+--- fsdp.memory_stats([device]) -> { params = {current=, peak=}, grads = ..., ... } in bytes, on the
 -- CPU or the device named ("cuda")
 function fsdp.memory_stats(device)
   local d = device == nil and 0 or fsdp._devices[device]
   if d == nil then error(("memory_stats: unknown device %q (use \"cpu\" or \"cuda\")"):format(tostring(device)), 2) end
   return memory_stats_of(d)
 end
+--- Sets the peak counters of memory_stats() to the current values.
 function fsdp.reset_peak_memory_stats() C.fsdp_memory_reset_peaks() end
 
 -- the timeline trace (src/core/trace.c): Chrome/Perfetto trace-event JSON, one file per rank
 -- (path itself on one rank, else path.rank<R>.json); FSDP_TRACE=path records a whole run
 fsdp.trace = {
+  --- Starts recording a trace to path.
+  -- @function fsdp.trace.start
+  -- @param path a file path
   start = function(path)
     fsdp._path(path, "fsdp.trace.start", "path")
     fsdp._check(C.fsdp_trace_start(path))
   end,
+  --- Stops recording and writes the trace.
+  -- @function fsdp.trace.stop
   stop = function() fsdp._check(C.fsdp_trace_stop()) end,
+  --- Whether a trace is recording.
+  -- @function fsdp.trace.enabled
   enabled = function() return C.fsdp_trace_enabled() ~= 0 end,
 }
 

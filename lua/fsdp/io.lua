@@ -1,4 +1,4 @@
--- fsdp.save / fsdp.load: safetensors checkpoints (the file format of Hugging Face's `safetensors`).
+--- fsdp.save / fsdp.load: safetensors checkpoints (the file format of Hugging Face's `safetensors`).
 --
 --   fsdp.save("ckpt.safetensors", model:state_dict(), {epoch = "3"})  -- metadata is optional
 --   local tensors, metadata = fsdp.load("ckpt.safetensors")            -- name -> tensor, key -> string
@@ -23,6 +23,7 @@
 -- fsdp.load reads back and removes from the metadata it returns. A flat table of tensors is
 -- written exactly as before (no reserved key). fsdp.load returns every tensor of a file: one the
 -- tree does not place (another tool added it) comes back at the top under its own name.
+-- @module fsdp.io
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local json = require "fsdp.json"
@@ -121,7 +122,7 @@ local function is_flat(tensors)
   return true
 end
 
--- fsdp.save(path, {name = tensor, ...} or a nested table [, {key = "value", ...}])
+--- fsdp.save(path, {name = tensor, ...} or a nested table [, {key = "value", ...}])
 function M.save(path, tensors, metadata)
   fsdp._path(path, "fsdp.save", "path")
   if type(tensors) ~= "table" or fsdp.is_tensor(tensors) then
@@ -213,7 +214,7 @@ local function build_tree(tree, tensors)
   return out
 end
 
--- fsdp.load(path[, {lazy = true}]) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
+--- fsdp.load(path[, {lazy = true}]) -> {name = tensor, ...} (or the nested table saved), {key = "value", ...}
 -- The tensors are file-backed (lazy, the default): each reads its values from the file when first
 -- used, and as the source of a copy_ only the elements copied -- so model:load_state_dict(fsdp.load(p))
 -- on a wrapped model reads each rank's pieces and no more (PyTorch's mmap=True / safetensors'

@@ -1,4 +1,4 @@
--- fsdp.progress: a progress line for loops (tqdm's idea). Rank 0 alone prints.
+--- fsdp.progress: a progress line for loops (tqdm's idea). Rank 0 alone prints.
 --
 --   local bar = fsdp.progress(#loader, {desc = "epoch 1", unit = "batch"})
 --   for xb, yb in loader() do ...; bar:update(1, {loss = l}) end
@@ -11,6 +11,7 @@
 -- Options: desc, unit ("it"), tty (force true/false), file (anything with :write and :flush;
 -- io.stdout), clock (seconds; for tests), mininterval (0.25), every (0.1, the fraction between
 -- plain lines), disable (true: print nothing).
+-- @module fsdp.progress
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 
@@ -20,14 +21,14 @@ local monotonic = fsdp.perf_counter
 local M = {}
 M.clock = monotonic  -- seconds, monotonic
 
--- stdout is a terminal: FSDP_STDOUT_TTY (set by bin/fsdprun for its ranks) or isatty(1)
+--- stdout is a terminal: FSDP_STDOUT_TTY (set by bin/fsdprun for its ranks) or isatty(1)
 function M.isatty()
   local env = os.getenv("FSDP_STDOUT_TTY")
   if env and env ~= "" then return env == "1" end
   return ffi.C.isatty(1) == 1
 end
 
--- seconds as m:ss or h:mm:ss
+--- seconds as m:ss or h:mm:ss
 function M.hms(s)
   s = math.max(0, math.floor(s + 0.5))
   if s >= 3600 then return ("%d:%02d:%02d"):format(s / 3600, s / 60 % 60, s % 60) end
@@ -61,6 +62,11 @@ Bar.__index = Bar
 local known = { desc = true, unit = true, tty = true, file = true, clock = true, mininterval = true, every = true,
   disable = true }
 
+--- A new progress bar of total steps (nil: unknown).
+-- @function new
+-- @param total the number of steps, or nil
+-- @param opts options table or nil
+-- @return a bar
 local function new(total, opts)
   if total ~= nil and (type(total) ~= "number" or total < 0 or total ~= total) then
     error(("fsdp.progress: total must be a number >= 0 or nil, got %s"):format(tostring(total)), 3)
@@ -84,7 +90,7 @@ local function new(total, opts)
   return self
 end
 
--- the text of the line now: "desc [=====   ]  42%  42/100 it  12.3 it/s  loss 0.5  ETA 0:05"
+--- the text of the line now: "desc [=====   ]  42%  42/100 it  12.3 it/s  loss 0.5  ETA 0:05"
 function Bar:line()
   local el = self.clock() - self.start
   local parts = {}
@@ -112,7 +118,7 @@ function Bar:_write(s)
   self.file:flush()
 end
 
--- bar:update([n = 1][, postfix]): n more done; postfix a table ({loss = 0.5}) or a string
+--- bar:update([n = 1][, postfix]): n more done; postfix a table ({loss = 0.5}) or a string
 function Bar:update(n, postfix)
   if type(n) == "table" or type(n) == "string" then n, postfix = 1, n end
   n = n or 1
@@ -136,10 +142,14 @@ function Bar:update(n, postfix)
   end
 end
 
+--- Sets the text after the bar.
+-- @param postfix a string or a table {name = number} (keys sorted)
 function Bar:set_postfix(postfix) self.postfix = fmt_postfix(postfix) end
+--- Sets the text before the bar.
+-- @param desc a string
 function Bar:set_description(desc) self.desc = desc end
 
--- bar:close([final]): ends the line; `final` (a string) replaces it, else the line as it stands
+--- bar:close([final]): ends the line; `final` (a string) replaces it, else the line as it stands
 function Bar:close(final)
   if self.closed then return end
   self.closed = true
@@ -148,7 +158,7 @@ function Bar:close(final)
   if self.tty then self:_write("\r" .. text .. "\27[K\n") else self:_write(text .. "\n") end
 end
 
--- bar:wrap(iterable): the iterable's values, one update per step, closed at the end; iterable
+--- bar:wrap(iterable): the iterable's values, one update per step, closed at the end; iterable
 -- is a DataLoader (or anything callable that returns an iterator), an iterator function or a list
 function Bar:wrap(iterable)
   local it
@@ -176,7 +186,7 @@ local function length(x)
   return nil
 end
 
--- fsdp.progress.wrap(iterable, opts): a bar whose total is the iterable's length, wrapped around it
+--- fsdp.progress.wrap(iterable, opts): a bar whose total is the iterable's length, wrapped around it
 function M.wrap(iterable, opts) return new(length(iterable), opts):wrap(iterable) end
 M.new = new
 

@@ -1,8 +1,9 @@
--- Tensor: the metatype of `fsdp_tensor_handle`, the one-field struct that owns a reference to a C
+--- Tensor: the metatype of `fsdp_tensor_handle`, the one-field struct that owns a reference to a C
 -- `fsdp_tensor` (made by fsdp._wrap in lua/fsdp/init.lua; __gc here releases the reference).
 -- Every method is a thin call into libfsdp (no tail calls: write `return (f(...))`, see
 -- tools/tailcalls.lua): dims are converted from Lua's 1-based convention,
 -- results are wrapped, C errors become Lua errors. No numeric loops live here.
+-- @classmod Tensor
 local ffi = require "ffi"
 
 local Tensor = {}
@@ -145,20 +146,29 @@ local function held_ndim(p)
   local n = C.fsdp_tensor_ndim(p)
   return n
 end
+--- The number of dims.
+-- @function Tensor:dim
 function methods.dim(t)
   local n = C.fsdp_param_full_ndim(T(t, "dim"))
   return n
 end
+--- The number of elements.
+-- @function Tensor:numel
 function methods.numel(t)
   local n = tonumber(C.fsdp_param_full_numel(T(t, "numel")))
   return n
 end
+--- The sizes, a list.
+-- @function Tensor:shape
 function methods.shape(t)
   local p = T(t, "shape")
   local s = {}
   for i = 0, C.fsdp_param_full_shape(p, full_shape) - 1 do s[i + 1] = tonumber(full_shape[i]) end
   return s
 end
+--- The sizes (a list), or dim's size.
+-- @param dim a dim or nil
+-- @function Tensor:size
 function methods.size(t, d)
   local p = T(t, "size")
   if d == nil then return (t:shape()) end
@@ -171,15 +181,19 @@ function methods.size(t, d)
   local n = tonumber(full_shape[i])
   return n
 end
--- the tensor as this rank holds it: a sharded FSDP parameter's piece, a 1-D view of elements
+--- the tensor as this rank holds it: a sharded FSDP parameter's piece, a 1-D view of elements
 -- [start, start + length) of its flattened full values (printing the parameter says which); any
 -- other tensor, and a parameter while its unit is gathered, is itself
+-- @function Tensor:to_local
 function methods.to_local(t)
   local p = T(t, "to_local")
   if C.fsdp_param_piece(p, piece_start, piece_len) == 0 then return t end
   local n, arr = fsdp._shape("to_local", fsdp._held_shape(t))
   return (wrap(C.fsdp_view(p, n, arr)))
 end
+--- The strides (a list), or dim's stride.
+-- @param dim a dim or nil
+-- @function Tensor:stride
 function methods.stride(t, d)
   local p = T(t, "stride")
   if d == nil then
@@ -190,17 +204,24 @@ function methods.stride(t, d)
   local n = tonumber(C.fsdp_tensor_stride(p, dim(d, C.fsdp_tensor_ndim(p), "stride")))
   return n
 end
+--- Whether x's elements are in row-major order without gaps.
+-- @function Tensor:is_contiguous
 function methods.is_contiguous(t) return C.fsdp_tensor_is_contiguous(T(t, "is_contiguous")) ~= 0 end
+--- The address of the first element (a number).
+-- @function Tensor:data_ptr
 function methods.data_ptr(t)
   local ptr = C.fsdp_tensor_data(T(t, "data_ptr"))
   return ptr
 end
+--- The in-place modification counter.
+-- @function Tensor:version
 function methods.version(t)
   local v = tonumber(C.fsdp_tensor_version(T(t, "version")))
   return v
 end
 local BOOL = 4  -- FSDP_BOOL
--- a number; true or false for a bool tensor (so `if (x > 0):item()` reads as in Python)
+--- a number; true or false for a bool tensor (so `if (x > 0):item()` reads as in Python)
+-- @function Tensor:item
 function methods.item(t)
   local p = T(t, "item")
   local out = ffi.new("double[1]")
@@ -208,7 +229,8 @@ function methods.item(t)
   if C.fsdp_tensor_dtype(p) == BOOL then return out[0] ~= 0 end
   return out[0]
 end
--- flat Lua array of all elements in row-major order
+--- flat Lua array of all elements in row-major order
+-- @function Tensor:tolist
 function methods.tolist(t)
   local p = T(t, "tolist")
   local n = tonumber(C.fsdp_tensor_numel(p))
@@ -218,8 +240,9 @@ function methods.tolist(t)
   for i = 1, n do r[i] = buf[i - 1] end
   return r
 end
--- nested Lua tables shaped like the tensor (a number for a 0-dim tensor); a bool tensor's values
+--- nested Lua tables shaped like the tensor (a number for a 0-dim tensor); a bool tensor's values
 -- are true and false (tolist keeps them 0 and 1)
+-- @function Tensor:totable
 function methods.totable(t)
   T(t, "totable")
   local flat, shape = t:tolist(), fsdp._held_shape(t)
@@ -237,6 +260,8 @@ function methods.totable(t)
   end
   return (build(1))
 end
+--- A printable rendering of x (what tostring(x) gives).
+-- @function Tensor:tostring
 function methods.tostring(t)
   local p = T(t, "tostring")
   local shape = t:shape()
@@ -264,7 +289,8 @@ function methods.tostring(t)
 end
 
 -- ---- autograd --------------------------------------------------------------------------------------
--- x:backward([grad], [{retain_graph = true}])
+--- x:backward([grad], [{retain_graph = true}])
+-- @function Tensor:backward
 function methods.backward(t, grad, opts)
   local p = T(t, "backward")
   if type(grad) == "table" and not Tensor.is(grad) then opts, grad = grad, nil end
@@ -276,11 +302,19 @@ end
 -- Backward calls back into Lua (tensor hooks, listeners, FSDP's queued callbacks); LuaJIT must
 -- not call such a C function from compiled code, so this one function stays interpreted.
 jit.off(methods.backward)
+--- Calls fn(grad) when x's gradient is computed; a returned tensor replaces it.
+-- @param fn a function
+-- @function Tensor:register_hook
 function methods.register_hook(t, fn)
   T(t, "register_hook")
   return (fsdp.autograd.register_hook(t, fn))
 end
+--- A view of x outside the autograd graph.
+-- @function Tensor:detach
 function methods.detach(t) return (wrap(C.fsdp_detach(T(t, "detach")))) end
+--- Sets requires_grad (default true); returns x.
+-- @param flag a boolean
+-- @function Tensor:requires_grad_
 function methods.requires_grad_(t, flag)
   check(C.fsdp_tensor_set_requires_grad(T(t, "requires_grad_"), flag == false and 0 or 1))
   return t
@@ -317,13 +351,25 @@ local function piece_operand(t, src, fn, arg)
   return (whole:reshape(-1):narrow(1, start + 1, len))
 end
 
+--- Fills x with zeros in place; returns x.
+-- @function Tensor:zero_
 function methods.zero_(t) check(C.fsdp_fill_(T(t, "zero_"), 0)); return t end
+--- Fills x with value in place; returns x.
+-- @param value a number
+-- @function Tensor:fill_
 function methods.fill_(t, v) check(C.fsdp_fill_(T(t, "fill_"), N(v, "fill_", "value"))); return t end
+--- Copies src's values into x in place; returns x.
+-- @param src a tensor of x's shape
+-- @function Tensor:copy_
 function methods.copy_(t, src)
   local p = T(t, "copy_")
   check(C.fsdp_copy_(p, T(piece_operand(t, src, "copy_", "src"), "copy_", "src")))
   return t
 end
+--- x += alpha * other in place; returns x.
+-- @param other a tensor or number
+-- @param alpha a number (default 1)
+-- @function Tensor:add_
 function methods.add_(t, other, alpha)
   local p = T(t, "add_")
   if type(other) == "number" then
@@ -343,12 +389,19 @@ function methods.add_(t, other, alpha)
   end
   return t
 end
+--- x *= value in place; returns x.
+-- @param value a number
+-- @function Tensor:mul_
 function methods.mul_(t, s) check(C.fsdp_mul_scalar_(T(t, "mul_"), N(s, "mul_", "value"))); return t end
 -- (skip, total): where t's values sit in the draw of its whole tensor
 local function draw_span(t, p)
   local start = fsdp._piece(p)
   return start or 0, tonumber(C.fsdp_param_full_numel(p))
 end
+--- Fills x with U(from, to) samples in place.
+-- @param from default 0
+-- @param to default 1
+-- @function Tensor:uniform_
 function methods.uniform_(t, lo, hi)
   local p = T(t, "uniform_")
   local skip, total = draw_span(t, p)
@@ -357,6 +410,10 @@ function methods.uniform_(t, lo, hi)
   check(C.fsdp_uniform_slice_(p, lo, hi, skip, total))
   return t
 end
+--- Fills x with N(mean, std) samples in place.
+-- @param mean default 0
+-- @param std default 1
+-- @function Tensor:normal_
 function methods.normal_(t, mean, std)
   local p = T(t, "normal_")
   local skip, total = draw_span(t, p)
@@ -367,20 +424,52 @@ function methods.normal_(t, mean, std)
 end
 
 -- ---- elementwise ---------------------------------------------------------------------------------------
--- (the operators check `other`; these check self, so x.add(y) names add's self)
+--- x + other (as the operator, with self checked: x.add(y) names add's self).
+-- @function Tensor:add
 function methods.add(a, b) T(a, "add"); return a + b end
+--- x - other (as the operator, with self checked).
+-- @param other a tensor or number
+-- @function Tensor:sub
 function methods.sub(a, b) T(a, "sub"); return a - b end
+--- x * other (as the operator, with self checked).
+-- @param other a tensor or number
+-- @function Tensor:mul
 function methods.mul(a, b) T(a, "mul"); return a * b end
+--- x / other (as the operator, with self checked).
+-- @param other a tensor or number
+-- @function Tensor:div
 function methods.div(a, b) T(a, "div"); return a / b end
+--- x ^ exponent (as the operator, with self checked).
+-- @param exponent a number or tensor
+-- @function Tensor:pow
 function methods.pow(a, p) T(a, "pow"); return a ^ p end
+--- -x, elementwise.
+-- @function Tensor:neg
 function methods.neg(a) return (wrap(C.fsdp_neg(T(a, "neg")))) end
+--- exp(x), elementwise.
+-- @function Tensor:exp
 function methods.exp(a) return (wrap(C.fsdp_exp(T(a, "exp")))) end
+--- log(x), elementwise.
+-- @function Tensor:log
 function methods.log(a) return (wrap(C.fsdp_log(T(a, "log")))) end
+--- sqrt(x), elementwise.
+-- @function Tensor:sqrt
 function methods.sqrt(a) return (wrap(C.fsdp_sqrt(T(a, "sqrt")))) end
+--- |x|, elementwise.
+-- @function Tensor:abs
 function methods.abs(a) return (wrap(C.fsdp_abs(T(a, "abs")))) end
+--- tanh(x), elementwise.
+-- @function Tensor:tanh
 function methods.tanh(a) return (wrap(C.fsdp_tanh(T(a, "tanh")))) end
+--- 1 / (1 + exp(-x)), elementwise.
+-- @function Tensor:sigmoid
 function methods.sigmoid(a) return (wrap(C.fsdp_sigmoid(T(a, "sigmoid")))) end
+--- max(x, 0), elementwise.
+-- @function Tensor:relu
 function methods.relu(a) return (wrap(C.fsdp_relu(T(a, "relu")))) end
+--- GELU, elementwise.
+-- @param approximate "none" (default) or "tanh"
+-- @function Tensor:gelu
 function methods.gelu(a, approximate) return (wrap(C.fsdp_gelu(T(a, "gelu"), approximate == "tanh" and 1 or 0))) end
 -- comparisons: bool tensors, no gradient. A number b is a 0-dim tensor of a's dtype when that is a
 -- float dtype (PyTorch compares in it), else float32 (x:lt(0.5) on int64 x compares with 0.5)
@@ -396,6 +485,30 @@ local function comparison(name, cfn)
     return (wrap(C[cfn](p, T(b, name, "other", TN))))
   end
 end
+--- x == other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:eq
+-- @param other a tensor or a number
+
+--- x ~= other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:ne
+-- @param other a tensor or a number
+
+--- x < other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:lt
+-- @param other a tensor or a number
+
+--- x <= other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:le
+-- @param other a tensor or a number
+
+--- x > other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:gt
+-- @param other a tensor or a number
+
+--- x >= other, elementwise: a bool tensor, no gradient.
+-- @function Tensor:ge
+-- @param other a tensor or a number
+
 comparison("eq", "fsdp_eq")
 comparison("ne", "fsdp_ne")
 comparison("lt", "fsdp_lt")
@@ -414,18 +527,27 @@ local function dims_arg(t, d, fn)
   for i = 1, #list do arr[i - 1] = dim(list[i], nd, fn) end
   return #list, arr
 end
+--- The sum, over all or along dim.
+-- @param dim a dim or a list of dims
+-- @param keepdim a boolean
+-- @function Tensor:sum
 function methods.sum(t, d, keepdim)
   local p = T(t, "sum")
   local n, arr = dims_arg(t, d, "sum")
   return (wrap(C.fsdp_sum(p, n, arr, keepdim and 1 or 0)))
 end
+--- The mean, over all or along dim.
+-- @param dim a dim or a list of dims
+-- @param keepdim a boolean
+-- @function Tensor:mean
 function methods.mean(t, d, keepdim)
   local p = T(t, "mean")
   local n, arr = dims_arg(t, d, "mean")
   return (wrap(C.fsdp_mean(p, n, arr, keepdim and 1 or 0)))
 end
--- x:max() -> 0-dim max; x:max(dim[, keepdim]) -> values, indices. Index VALUES are 0-based as in
+--- x:max() -> 0-dim max; x:max(dim[, keepdim]) -> values, indices. Index VALUES are 0-based as in
 -- PyTorch (they feed index_select, embedding and cross_entropy); dims are 1-based.
+-- @function Tensor:max
 function methods.max(t, d, keepdim)
   local p = T(t, "max")
   if d == nil then return (wrap(C.fsdp_max_all(p))) end
@@ -433,7 +555,8 @@ function methods.max(t, d, keepdim)
   local v = wrap(C.fsdp_max(p, dim(d, held_ndim(p), "max"), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
--- x:min() -> 0-dim min; x:min(dim[, keepdim]) -> values, indices (0-based), as x:max
+--- x:min() -> 0-dim min; x:min(dim[, keepdim]) -> values, indices (0-based), as x:max
+-- @function Tensor:min
 function methods.min(t, d, keepdim)
   local p = T(t, "min")
   if d == nil then return (wrap(C.fsdp_min_all(p))) end
@@ -441,6 +564,10 @@ function methods.min(t, d, keepdim)
   local v = wrap(C.fsdp_min(p, dim(d, held_ndim(p), "min"), keepdim and 1 or 0, idx))
   return v, wrap(idx[0])
 end
+--- The index of the largest element (int64, 0-based), over all or along dim.
+-- @param dim a dim or nil
+-- @param keepdim a boolean
+-- @function Tensor:argmax
 function methods.argmax(t, d, keepdim)
   local p = T(t, "argmax")
   if d == nil then return (t:reshape(-1):argmax(1)) end
@@ -448,49 +575,83 @@ function methods.argmax(t, d, keepdim)
 end
 
 -- ---- linear algebra -----------------------------------------------------------------------------------------
+--- Matrix product, with PyTorch's rules for 1-D and batched operands.
+-- @param other a tensor
+-- @function Tensor:matmul
 function methods.matmul(a, b) return (wrap(C.fsdp_matmul(T(a, "matmul"), T(b, "matmul", "other")))) end
+--- Batched matrix product: (B, n, k) x (B, k, m) -> (B, n, m).
+-- @param other a tensor
+-- @function Tensor:bmm
 function methods.bmm(a, b) return (wrap(C.fsdp_bmm(T(a, "bmm"), T(b, "bmm", "other")))) end
 
 -- ---- views and shape ----------------------------------------------------------------------------------------
+--- A view with the shape given (-1 inferred); x must be viewable so.
+-- @param ... sizes or a list
+-- @function Tensor:view
 function methods.view(t, ...)
   local p = T(t, "view")
   local n, arr = shape_of("view", ...)
   return (wrap(C.fsdp_view(p, n, arr)))
 end
+--- x with the shape given: a view when possible, else a copy (-1 inferred).
+-- @param ... sizes or a list
+-- @function Tensor:reshape
 function methods.reshape(t, ...)
   local p = T(t, "reshape")
   local n, arr = shape_of("reshape", ...)
   return (wrap(C.fsdp_reshape(p, n, arr)))
 end
+--- x:view(other:shape()).
+-- @param other a tensor
+-- @function Tensor:view_as
 function methods.view_as(t, other)
   T(t, "view_as")
   T(other, "view_as", "other")
   return (t:view(fsdp._held_shape(other)))
 end
+--- A view with size-1 dims broadcast to the shape given (-1 keeps a size).
+-- @param ... sizes or a list
+-- @function Tensor:expand
 function methods.expand(t, ...)
   local p = T(t, "expand")
   local n, arr = shape_of("expand", ...)
   return (wrap(C.fsdp_expand(p, n, arr)))
 end
+--- x:expand(other:shape()).
+-- @param other a tensor
+-- @function Tensor:expand_as
 function methods.expand_as(t, other)
   T(t, "expand_as")
   T(other, "expand_as", "other")
   return (t:expand(fsdp._held_shape(other)))
 end
+--- A view (or copy) with dims start_dim..end_dim merged (defaults 1 and -1).
+-- @param start_dim a dim
+-- @param end_dim a dim
+-- @function Tensor:flatten
 function methods.flatten(t, s, e)
   local p = T(t, "flatten")
   local nd = held_ndim(p)
   return (wrap(C.fsdp_flatten(p, dim(s or 1, nd, "flatten"), dim(e or -1, nd, "flatten"))))
 end
+--- A view with dims dim0 and dim1 swapped.
+-- @param dim0 a dim
+-- @param dim1 a dim
+-- @function Tensor:transpose
 function methods.transpose(t, a, b)
   local p = T(t, "transpose")
   local nd = held_ndim(p)
   return (wrap(C.fsdp_transpose(p, dim(a, nd, "transpose"), dim(b, nd, "transpose"))))
 end
+--- The transpose of a 2-D tensor (a view).
+-- @function Tensor:t
 function methods.t(t)
   if held_ndim(T(t, "t")) < 2 then return t end
   return (t:transpose(1, 2))
 end
+--- A view with the dims reordered (1-based).
+-- @param ... the dims, or a list
+-- @function Tensor:permute
 function methods.permute(t, ...)
   local p = T(t, "permute")
   local list, n
@@ -500,14 +661,18 @@ function methods.permute(t, ...)
   for i = 1, n do arr[i - 1] = dim(list[i], n, "permute") end
   return (wrap(C.fsdp_permute(p, #list, arr)))
 end
+--- A view with a size-1 dim inserted at dim.
+-- @param dim a dim
+-- @function Tensor:unsqueeze
 function methods.unsqueeze(t, d)
   local p = T(t, "unsqueeze")
   -- a new dim can go anywhere in 1..ndim+1 (or -1 for the end)
   local nd = held_ndim(p) + 1
   return (wrap(C.fsdp_unsqueeze(p, Tensor._dim_in(d, nd, "unsqueeze", nd - 1))))
 end
--- x:squeeze() drops every size-1 dim; x:squeeze(d) or x:squeeze{d1, d2} the given ones (a dim of
+--- x:squeeze() drops every size-1 dim; x:squeeze(d) or x:squeeze{d1, d2} the given ones (a dim of
 -- another size stays, as in PyTorch)
+-- @function Tensor:squeeze
 function methods.squeeze(t, d)
   local p = T(t, "squeeze")
   local nd = held_ndim(p)
@@ -529,20 +694,30 @@ function methods.squeeze(t, d)
   if r == t then r = wrap(C.fsdp_squeeze(p, list[1])) end  -- no listed dim has size 1: a view all the same
   return r
 end
+--- x itself when contiguous, else a contiguous copy.
+-- @function Tensor:contiguous
 function methods.contiguous(t) return (wrap(C.fsdp_contiguous(T(t, "contiguous")))) end
+--- A copy with its own storage (gradients flow back to x).
+-- @function Tensor:clone
 function methods.clone(t) return (wrap(C.fsdp_clone(T(t, "clone")))) end
--- x:narrow(dim, start, length) with a 1-based start (Torch7)
+--- x:narrow(dim, start, length) with a 1-based start (Torch7)
+-- @function Tensor:narrow
 function methods.narrow(t, d, start, len)
   local p = T(t, "narrow")
   start, len = fsdp._i(start, "narrow", "start"), fsdp._i(len, "narrow", "length", nil, 0)
   return (wrap(C.fsdp_narrow(p, dim(d, held_ndim(p), "narrow"), start - 1, len)))
 end
+--- The slices of x along dim at index's positions (int64, 0-based).
+-- @param dim a dim
+-- @param index a 1-D int64 tensor
+-- @function Tensor:index_select
 function methods.index_select(t, d, index)
   local p = T(t, "index_select")
   return (wrap(C.fsdp_index_select(p, dim(d, held_ndim(p), "index_select"), T(index, "index_select", "index"))))
 end
--- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
+--- x:to(dtype), x:to(device) or x:to{device = "cpu", dtype = "bfloat16"}; a device move returns x
 -- itself when x is already there (as PyTorch does)
+-- @function Tensor:to
 function methods.to(t, what)
   T(t, "to")
   local device, dtype
@@ -563,19 +738,39 @@ function methods.to(t, what)
   if dtype ~= nil then t = wrap(C.fsdp_to_dtype(t.p, dtype_of(dtype, "to"))) end
   return t
 end
+--- x on the CPU (x itself when there).
+-- @function Tensor:cpu
 function methods.cpu(t) T(t, "cpu"); return (t:to("cpu")) end
+--- x on the GPU (x itself when there).
+-- @function Tensor:cuda
 function methods.cuda(t) T(t, "cuda"); return (fsdp._to_device(t, "cuda")) end
+--- A float32 copy (x itself when it is one).
+-- @function Tensor:float
 function methods.float(t) T(t, "float"); return (t:to("float32")) end
+--- An int64 copy (x itself when it is one).
+-- @function Tensor:long
 function methods.long(t) T(t, "long"); return (t:to("int64")) end
+--- A bfloat16 copy (x itself when it is one).
+-- @function Tensor:bfloat16
 function methods.bfloat16(t) T(t, "bfloat16"); return (t:to("bfloat16")) end
+--- A float16 copy (x itself when it is one).
+-- @function Tensor:half
 function methods.half(t) T(t, "half"); return (t:to("float16")) end
+--- A bool copy (x itself when it is one).
+-- @function Tensor:bool
 function methods.bool(t) T(t, "bool"); return (t:to("bool")) end
 
 -- ---- nn shortcuts --------------------------------------------------------------------------------------------
+--- F.softmax(x, dim).
+-- @param dim a dim
+-- @function Tensor:softmax
 function methods.softmax(t, d)
   local p = T(t, "softmax")
   return (wrap(C.fsdp_softmax(p, dim(d, held_ndim(p), "softmax"))))
 end
+--- F.log_softmax(x, dim).
+-- @param dim a dim
+-- @function Tensor:log_softmax
 function methods.log_softmax(t, d)
   local p = T(t, "log_softmax")
   return (wrap(C.fsdp_log_softmax(p, dim(d, held_ndim(p), "log_softmax"))))
@@ -593,21 +788,30 @@ local function scalar_like(v, other)
   return (wrap(C.fsdp_full(0, nil, v, C.fsdp_tensor_dtype(other.p), C.fsdp_tensor_device(other.p))))
 end
 
--- fsdp.where(cond, x, y): x where cond (a bool tensor) holds, else y; x, y tensors or numbers
+--- fsdp.where(cond, x, y): x where cond (a bool tensor) holds, else y; x, y tensors or numbers
 function functions.where(cond, x, y)
   local c = T(cond, "where", "condition", "a bool tensor")
   if type(x) == "number" then x = scalar_like(x, y) end
   if type(y) == "number" then y = scalar_like(y, x) end
   return (wrap(C.fsdp_where(c, T(x, "where", "input", TN), T(y, "where", "other", TN))))
 end
+--- fsdp.where(condition, x, other).
+-- @param condition a bool tensor
+-- @param other a tensor or number
+-- @function Tensor:where
 function methods.where(t, cond, other) T(t, "where"); return (functions.where(cond, t, other)) end
 
+--- A copy of x with value where mask (a bool tensor) holds.
+-- @param mask a bool tensor
+-- @param value a number
+-- @function Tensor:masked_fill
 function methods.masked_fill(t, mask, value)
   local p = T(t, "masked_fill")
   return (wrap(C.fsdp_masked_fill(p, T(mask, "masked_fill", "mask", "a bool tensor"), N(value, "masked_fill", "value"))))
 end
 
--- x:clamp(min, max) or x:clamp{min = , max = }; either bound may be nil (not both)
+--- x:clamp(min, max) or x:clamp{min = , max = }; either bound may be nil (not both)
+-- @function Tensor:clamp
 function methods.clamp(t, lo, hi)
   local p = T(t, "clamp")
   if type(lo) == "table" then lo, hi = lo.min, lo.max end
@@ -629,9 +833,30 @@ local function minmax(name, cfn)
   end
   methods[name] = function(a, b) T(a, name); return (functions[name](a, b)) end
 end
+--- The elementwise minimum of a and b, broadcasting.
+-- @function fsdp.minimum
+-- @param a a tensor or a number
+-- @param b a tensor or a number
+
+--- The elementwise maximum of a and b, broadcasting.
+-- @function fsdp.maximum
+-- @param a a tensor or a number
+-- @param b a tensor or a number
+
+--- fsdp.minimum(x, other).
+-- @function Tensor:minimum
+-- @param other a tensor or a number
+
+--- fsdp.maximum(x, other).
+-- @function Tensor:maximum
+-- @param other a tensor or a number
+
 minmax("minimum", "fsdp_minimum")
 minmax("maximum", "fsdp_maximum")
 
+--- Cumulative sum along dim.
+-- @param dim a dim
+-- @function Tensor:cumsum
 function methods.cumsum(t, d)
   local p = T(t, "cumsum")
   local nd = held_ndim(p)
@@ -647,6 +872,24 @@ local function triangle(name, cfn)
   end
   functions[name] = function(t, k) T(t, name, "input"); return (methods[name](t, k)) end
 end
+--- The lower triangle of x's last two dims (the rest zero).
+-- @function fsdp.tril
+-- @param x a tensor
+-- @param k the diagonal (0: the main one, > 0 above it)
+
+--- The upper triangle of x's last two dims (the rest zero).
+-- @function fsdp.triu
+-- @param x a tensor
+-- @param k the diagonal (0: the main one, > 0 above it)
+
+--- fsdp.tril(x, k).
+-- @function Tensor:tril
+-- @param k the diagonal (default 0)
+
+--- fsdp.triu(x, k).
+-- @function Tensor:triu
+-- @param k the diagonal (default 0)
+
 triangle("tril", "fsdp_tril")
 triangle("triu", "fsdp_triu")
 
@@ -678,6 +921,10 @@ local function select_at(fn, t, d0, i, shown, level)
   return (wrap(C.fsdp_squeeze(n.p, d0)))
 end
 
+--- The slice at index along dim, that dim removed (a view).
+-- @param dim a dim
+-- @param index 1-based
+-- @function Tensor:select
 function methods.select(t, d, i)
   local p = T(t, "select")
   local nd = held_ndim(p)
@@ -760,8 +1007,9 @@ local function bool_opt(v, fn, arg, default)
   if type(v) ~= "boolean" then fsdp._arg_error(fn, arg, "a boolean", v, 3) end
   return v
 end
--- x:topk(k, {dim = -1, largest = true, sorted = true}) or x:topk(k, dim, largest, sorted) ->
+--- x:topk(k, {dim = -1, largest = true, sorted = true}) or x:topk(k, dim, largest, sorted) ->
 -- values, indices (int64, 0-based); the result is always sorted (sorted = false allows any order)
+-- @function Tensor:topk
 function methods.topk(t, k, d, largest, sorted)
   local p = T(t, "topk")
   if type(k) ~= "number" or k ~= math.floor(k) then fsdp._arg_error("topk", "k", "an integer", k, 2) end
@@ -780,34 +1028,46 @@ local function sort_args(t, d, descending, fn)
   descending = bool_opt(descending, fn, "descending", false)
   return p, dim_in(d or -1, held_ndim(p), fn), descending and 1 or 0
 end
+--- Sorted values and their indices (int64, 0-based) along dim.
+-- @param dim a dim (default -1) or options
+-- @param descending a boolean
+-- @function Tensor:sort
 function methods.sort(t, d, descending)
   local p, cd, desc = sort_args(t, d, descending, "sort")
   local idx = ffi.new("fsdp_tensor*[1]")
   local v = wrap(C.fsdp_sort(p, cd, desc, idx))
   return v, wrap(idx[0])
 end
+--- The indices (int64, 0-based) that sort x along dim.
+-- @param dim a dim (default -1) or options
+-- @param descending a boolean
+-- @function Tensor:argsort
 function methods.argsort(t, d, descending)
   local p, cd, desc = sort_args(t, d, descending, "argsort")
   return (wrap(C.fsdp_argsort(p, cd, desc)))
 end
--- x:gather(dim, index): out[i][j] = x[i][index[i][j]] for dim 2 (torch.gather)
+--- x:gather(dim, index): out[i][j] = x[i][index[i][j]] for dim 2 (torch.gather)
+-- @function Tensor:gather
 function methods.gather(t, d, index)
   local p = T(t, "gather")
   return (wrap(C.fsdp_gather(p, dim_in(d, held_ndim(p), "gather"), T(index, "gather", "index"))))
 end
--- x:scatter_add(dim, index, src): a copy of x with src[i][j] added at x[i][index[i][j]] for dim 2
+--- x:scatter_add(dim, index, src): a copy of x with src[i][j] added at x[i][index[i][j]] for dim 2
+-- @function Tensor:scatter_add
 function methods.scatter_add(t, d, index, src)
   local p = T(t, "scatter_add")
   local cd = dim_in(d, held_ndim(p), "scatter_add")
   return (wrap(C.fsdp_scatter_add(p, cd, T(index, "scatter_add", "index"), T(src, "scatter_add", "src"))))
 end
--- probs:multinomial(n, {replacement = false}) (fsdp.multinomial)
+--- probs:multinomial(n, {replacement = false}) (fsdp.multinomial)
+-- @function Tensor:multinomial
 function methods.multinomial(t, n, opts)
   T(t, "multinomial")
   return (fsdp.multinomial(t, n, opts))
 end
--- x:split(size, dim) (pieces of size, the last one smaller) or x:split({s1, s2, ...}, dim): a list of
+--- x:split(size, dim) (pieces of size, the last one smaller) or x:split({s1, s2, ...}, dim): a list of
 -- views (narrow), each with its gradient path; dim defaults to 1
+-- @function Tensor:split
 function methods.split(t, size, d)
   local p = T(t, "split")
   local cd = dim_in(d or 1, held_ndim(p), "split")
@@ -837,7 +1097,8 @@ function methods.split(t, size, d)
   until start > len
   return out
 end
--- x:chunk(n, dim): at most n views of ceil(size / n) along dim (torch.chunk), the last one smaller
+--- x:chunk(n, dim): at most n views of ceil(size / n) along dim (torch.chunk), the last one smaller
+-- @function Tensor:chunk
 function methods.chunk(t, n, d)
   local p = T(t, "chunk")
   fsdp._i(n, "chunk", "chunks", nil, 1)
@@ -901,8 +1162,10 @@ local function tiled(t, reps)
   end
   return t
 end
--- `repeat` is a Lua keyword: x:repeat(2, 3) does not parse. x:tile(2, 3) (torch.tile: fewer counts than
+--- `repeat` is a Lua keyword: x:repeat(2, 3) does not parse. x:tile(2, 3) (torch.tile: fewer counts than
 -- dims repeat the last dims) or x["repeat"](x, 2, 3) (torch.Tensor.repeat: at least one count a dim)
+-- @function Tensor:repeat
+-- @param ... the counts, one per dim (or a list)
 methods["repeat"] = function(t, ...)
   local p = T(t, "repeat")
   local reps = reps_of("repeat", ...)
@@ -912,6 +1175,9 @@ methods["repeat"] = function(t, ...)
   end
   return (tiled(t, reps))
 end
+--- x repeated along each dim (PyTorch's tile).
+-- @param ... the repeats, or a list
+-- @function Tensor:tile
 function methods.tile(t, ...)
   local p = T(t, "tile")
   local reps = reps_of("tile", ...)

@@ -1,4 +1,4 @@
--- fsdp.wrap and friends: turning modules into FSDP units, and the utilities around them.
+--- fsdp.wrap and friends: turning modules into FSDP units, and the utilities around them.
 --
 -- A unit is a module passed to fsdp.wrap. It owns the parameters in its subtree that no nested
 -- unit owns; the C core (src/dist/shard.c, src/dist/sched.c) shards them and runs the gather / reshard /
@@ -7,6 +7,7 @@
 -- no_sync, summon_full_params (as Module methods), full state dicts (a state-dict provider of
 -- nn.Module), gradient clipping and auto_wrap. nn.Module itself knows nothing of FSDP.
 -- Wrapping never changes a module's class, children or parameter names.
+-- @module fsdp.wrap
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local Module = require "fsdp.nn.module"
@@ -260,7 +261,7 @@ local function set_path(u, path)
   check(C.fsdp_unit_set_path(u.c, path == "" and "<root>" or path))
 end
 
--- fsdp.wrap(module[, opts]) -> module (the same table, now an FSDP unit)
+--- fsdp.wrap(module[, opts]) -> module (the same table, now an FSDP unit)
 --   opts: sharding = "full" | "grad_op" | "none", reshard_after_forward = bool,
 --         mixed_precision = {param = "bf16", reduce = "fp32"}, sync_module_states = true,
 --         forward_prefetch = false, backward_prefetch = true,
@@ -352,7 +353,7 @@ function W.wrap(module, opts)
   return module
 end
 
--- fsdp.auto_wrap(module, {min_params = N, ...wrap opts}): wraps, innermost first, every submodule
+--- fsdp.auto_wrap(module, {min_params = N, ...wrap opts}): wraps, innermost first, every submodule
 -- whose not-yet-wrapped parameters number at least min_params, then the root.
 function W.auto_wrap(module, opts)
   check_module("fsdp.auto_wrap", module, opts)
@@ -463,7 +464,7 @@ function W.param_names(p)
   return name, ffi.string(C.fsdp_param_unit_path(p.p))
 end
 
--- {path = state name} for the units of m's subtree
+--- {path = state name} for the units of m's subtree
 function W.unit_states(m)
   check_module("fsdp.unit_states", m)
   local r = {}
@@ -471,7 +472,7 @@ function W.unit_states(m)
   return r
 end
 
--- true when every unit is idle and no gathered buffer is held beyond its policy
+--- true when every unit is idle and no gathered buffer is held beyond its policy
 function W.all_idle() return C.fsdp_units_all_idle() ~= 0 end
 
 local function root_unit(m, what)
@@ -624,6 +625,9 @@ local function module_extras(e, m, world)
   end
 end
 
+--- A table of the model's modules, shapes and parameter counts (a string).
+-- @param model a Module
+-- @param opts options table or nil
 function W.summary(model, opts)
   if type(model) ~= "table" or not rawget(model, "_modules") then
     error("fsdp.summary: expected an nn.Module, got " .. type(model), 2)
@@ -794,6 +798,11 @@ local function grads_of(fn, params)
   return grads
 end
 
+--- Scales the gradients so their total norm is at most max_norm (over every rank); returns the norm before.
+-- @param model a model or a list of parameters
+-- @param max_norm a number
+-- @param norm_type 2 (default) or math.huge
+-- @param opts options table or nil
 function W.clip_grad_norm(model, max_norm, norm_type, opts)
   local fn = "clip_grad_norm"
   local params
@@ -847,7 +856,7 @@ function W.clip_grad_norm(model, max_norm, norm_type, opts)
   return total
 end
 
--- fsdp.clip_grad_value(model or params, clip_value[, {foreach = ignored}]): every gradient element
+--- fsdp.clip_grad_value(model or params, clip_value[, {foreach = ignored}]): every gradient element
 -- clamped to [-clip_value, clip_value] in place (torch.nn.utils.clip_grad_value_); elementwise, so
 -- each rank clamps its pieces
 function W.clip_grad_value(model, clip_value, opts)
@@ -892,7 +901,7 @@ Module._state_dict_providers[#Module._state_dict_providers + 1] = {
   -- model:apply(fn) after wrapping sees and writes whole parameters, as PyTorch FSDP's apply does
   with_full_params = function(m, fn) return W.summon_full_params(m, fn, { writeback = true }) end,
 }
--- fsdp.reset_parameters(model): every module's reset_parameters() (children before their parent, as
+--- fsdp.reset_parameters(model): every module's reset_parameters() (children before their parent, as
 -- constructors run them), the loop PyTorch users write after to_empty. A module that holds
 -- parameters of its own and has no reset_parameters is an error naming it. On a wrapped model it
 -- runs with whole parameters (summon_full_params), so each layer's init reads as it does eagerly.
@@ -928,7 +937,12 @@ function W.reset_parameters(model)
   return model
 end
 
+--- Runs fn with gradient reduction off (accumulation), as PyTorch FSDP's no_sync.
+-- @param fn a function
 function Module:no_sync(fn) return W.no_sync(self, fn) end
+--- Runs fn with this wrapped model's full parameters gathered (PyTorch FSDP's summon_full_params).
+-- @param fn a function
+-- @param opts options table or nil
 function Module:summon_full_params(fn, opts) return W.summon_full_params(self, fn, opts) end
 
 return W

@@ -1,4 +1,4 @@
--- fsdp.data: datasets, samplers and the DataLoader, with torch.utils.data's names and semantics
+--- fsdp.data: datasets, samplers and the DataLoader, with torch.utils.data's names and semantics
 -- (indices are 1-based positions, Lua-style, like narrow's start).
 --
 --   local data = fsdp.data
@@ -18,6 +18,7 @@
 -- Permutations come from the project's RNG (fsdp.randperm) seeded with seed + epoch, as PyTorch's
 -- samplers seed their generator; the global RNG stream is saved and restored around the draw, so
 -- iterating a loader leaves fsdp.manual_seed's stream (initialisation, dropout) untouched.
+-- @module fsdp.data
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 
@@ -67,19 +68,25 @@ end
 -- ---- datasets --------------------------------------------------------------------------------------
 local Dataset = class("Dataset")
 M.Dataset = Dataset
+--- Dataset(): the base class; a data set defines len() and get(i).
+-- @function Dataset
 function Dataset:__init() end
--- Dataset:extend("Name") -> a subclass; Name(...) calls its __init
+--- Dataset:extend("Name") -> a subclass; Name(...) calls its __init
 function Dataset.extend(parent, name)
   local cls = class(name, parent)
   cls.extend = Dataset.extend
   return cls
 end
+--- The number of samples; a Dataset defines it.
 function Dataset:len() error(("%s: a Dataset defines len() (the number of samples)"):format(self.__name), 2) end
+--- Sample i (1-based); a Dataset defines it.
 function Dataset:get() error(("%s: a Dataset defines get(i) (sample i, 1-based)"):format(self.__name), 2) end
 
 -- TensorDataset(x, y, ...): sample i is {x[i], y[i], ...} (rows along the first dim)
 local TensorDataset = Dataset:extend("TensorDataset")
 M.TensorDataset = TensorDataset
+--- TensorDataset(t1, t2, ...): sample i is {t1[i], t2[i], ...} (all tensors have the same dim-1 size).
+-- @function TensorDataset
 function TensorDataset:__init(...)
   local n = select("#", ...)
   if n == 0 then error("TensorDataset: expected at least one tensor", 3) end
@@ -95,7 +102,10 @@ function TensorDataset:__init(...)
     self.tensors[i] = t
   end
 end
+--- The number of samples (the tensors' dim-1 size).
 function TensorDataset:len() return (self.tensors[1]:size(1)) end
+--- Sample i (1-based): a list of one row of each tensor.
+-- @param i the index
 function TensorDataset:get(i)
   local n = self:len()
   if not is_int(i) or i < 1 or i > n then
@@ -124,7 +134,7 @@ function TensorDataset:_batch(first, len, ix)
 end
 
 -- ---- permutations ------------------------------------------------------------------------------------
--- a Lua list of 1..n in the order of fsdp.randperm(n) after fsdp.manual_seed(seed); the global
+--- a Lua list of 1..n in the order of fsdp.randperm(n) after fsdp.manual_seed(seed); the global
 -- RNG stream is left as it was
 function M.randperm(n, seed)
   if not is_int(n) or n < 0 then error(("fsdp.data.randperm: n must be an integer >= 0, got %s"):format(tostring(n)), 2) end
@@ -146,6 +156,9 @@ end
 -- position from load_state_dict; a subclass defines _order() -> the list of one epoch's indices.
 local Sampler = class("Sampler")
 M.Sampler = Sampler
+--- Sampler:extend("Name") -> a subclass.
+-- @param parent the class
+-- @param name the class's name
 function Sampler.extend(parent, name)
   local cls = class(name, parent)
   cls.extend = Sampler.extend
@@ -154,7 +167,10 @@ end
 function Sampler:_base_init()
   self.epoch, self.pos, self._resume = 0, 0, nil
 end
+--- The number of indices per epoch.
 function Sampler:len() return #self:_order() end
+--- Sets the epoch (a shuffling sampler's order depends on it).
+-- @param epoch an integer
 function Sampler:set_epoch(epoch)
   if not is_int(epoch) then error(("%s:set_epoch: epoch must be an integer, got %s"):format(self.__name, tostring(epoch)), 2) end
   -- a resumed position stays for the epoch it was saved in
@@ -162,7 +178,7 @@ function Sampler:set_epoch(epoch)
   if epoch ~= self.epoch then self.pos = 0 end
   self.epoch = epoch
 end
--- the indices of the current epoch, and the position to start at (0 unless resuming)
+--- the indices of the current epoch, and the position to start at (0 unless resuming)
 function Sampler:indices() return self:_order() end
 function Sampler:_start()
   local r = self._resume
@@ -173,7 +189,10 @@ end
 -- called by the loader (or iter) as samples go out / when an epoch's pass ends
 function Sampler:_advance(n) self.pos = self.pos + n end
 function Sampler:_finished() end
+--- The sampler's position: {epoch =, pos =}.
 function Sampler:state_dict() return { epoch = self.epoch, pos = self.pos } end
+--- Restores the position state_dict() returned.
+-- @param sd the state table
 function Sampler:load_state_dict(sd)
   if type(sd) ~= "table" or not is_int(sd.epoch) or not is_int(sd.pos) or sd.pos < 0 then
     error(("%s:load_state_dict: expected {epoch = int, pos = int >= 0}, got %s"):format(self.__name,
@@ -182,7 +201,7 @@ function Sampler:load_state_dict(sd)
   self.epoch, self.pos = sd.epoch, sd.pos
   self._resume = { epoch = sd.epoch, pos = sd.pos }
 end
--- for i in sampler:iter(): the remaining indices of the epoch, one at a time
+--- for i in sampler:iter(): the remaining indices of the epoch, one at a time
 function Sampler:iter()
   local idx = self:indices()
   local k = self:_start()
@@ -198,10 +217,13 @@ end
 -- SequentialSampler(dataset): 1, 2, ..., len
 local SequentialSampler = Sampler:extend("SequentialSampler")
 M.SequentialSampler = SequentialSampler
+--- SequentialSampler(dataset): the indices 1..n in order.
+-- @function SequentialSampler
 function SequentialSampler:__init(dataset)
   self.n = len_of(dataset, "SequentialSampler")
   self:_base_init()
 end
+--- The number of indices per epoch.
 function SequentialSampler:len() return self.n end
 function SequentialSampler:_order()
   local out = {}
@@ -216,6 +238,8 @@ end
 local RandomSampler = Sampler:extend("RandomSampler")
 M.RandomSampler = RandomSampler
 local function default_seed() return (fsdp.randint(0, 2 ^ 31 - 1, { 1 }):item()) end
+--- RandomSampler(dataset[, {seed = 0}]): the indices in a random order, a new one each epoch.
+-- @function RandomSampler
 function RandomSampler:__init(dataset, opts)
   opts = check_opts("RandomSampler", opts, { seed = true })
   self.n = len_of(dataset, "RandomSampler")
@@ -225,6 +249,7 @@ function RandomSampler:__init(dataset, opts)
   self.seed = opts.seed or default_seed()
   self:_base_init()
 end
+--- The number of indices per epoch.
 function RandomSampler:len() return self.n end
 function RandomSampler:_order() return M.randperm(self.n, self.seed + self.epoch) end
 function RandomSampler:_finished() self.epoch, self.pos = self.epoch + 1, 0 end  -- (a drop_last tail too)
@@ -236,6 +261,8 @@ function RandomSampler:_finished() self.epoch, self.pos = self.epoch + 1, 0 end 
 -- num_replicas-th index from position r + 1: distinct samples, the same count on every rank.
 local DistributedSampler = Sampler:extend("DistributedSampler")
 M.DistributedSampler = DistributedSampler
+--- DistributedSampler(dataset[, {num_replicas, rank, shuffle = true, seed = 0, drop_last = false}]): this rank's share of the indices.
+-- @function DistributedSampler
 function DistributedSampler:__init(dataset, opts)
   opts = check_opts("DistributedSampler", opts, { num_replicas = true, rank = true, shuffle = true, seed = true, drop_last = true })
   self.n = len_of(dataset, "DistributedSampler")
@@ -262,6 +289,7 @@ function DistributedSampler:__init(dataset, opts)
   self.total_size = self.num_samples * N
   self:_base_init()
 end
+--- The number of indices this rank gets per epoch.
 function DistributedSampler:len() return self.num_samples end
 function DistributedSampler:_order()
   local n, total = self.n, self.total_size
@@ -291,7 +319,7 @@ local function is_list(t)
   return n > 0 and n == #t
 end
 
--- default_collate(samples): tensors stacked along a new first dim, numbers into a tensor (int64
+--- default_collate(samples): tensors stacked along a new first dim, numbers into a tensor (int64
 -- when all are integers, else float32), strings and booleans kept in a list, lists and string-keyed
 -- tables collated field by field (as torch.utils.data.default_collate)
 function M.default_collate(samples)
@@ -341,7 +369,7 @@ Loader.__index = Loader
 local loader_opts = { batch_size = true, shuffle = true, drop_last = true, sampler = true, collate_fn = true,
   seed = true, num_workers = true, pin_memory = true }
 
--- DataLoader(dataset, {batch_size = 1, shuffle = false, drop_last = false, sampler = nil,
+--- DataLoader(dataset, {batch_size = 1, shuffle = false, drop_last = false, sampler = nil,
 -- collate_fn = default_collate, seed = nil}); num_workers and pin_memory are accepted and do
 -- nothing (samples load in the calling process; tensors move with :to(device)).
 -- `#loader` and loader:len() count the batches; `for ... in loader() do` (or loader:iter())

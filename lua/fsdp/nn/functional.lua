@@ -1,10 +1,11 @@
--- fsdp.nn.functional (also fsdp.F): PyTorch's torch.nn.functional, each a thin call into a C op.
+--- fsdp.nn.functional (also fsdp.F): PyTorch's torch.nn.functional, each a thin call into a C op.
 --
 -- Arguments follow PyTorch: positional ones in PyTorch's order, keyword ones in a trailing
 -- options table that may name any of them (fsdp.args): F.conv2d(x, w, b, {stride = 2, padding = 1}) ==
 -- F.conv2d(x, w, b, 2, 1) == F.conv2d(x, w, {bias = b, stride = 2, padding = 1}).
 -- Dimensions are 1-based (negative from the end); class-index VALUES (targets, embedding
 -- indices, padding_idx, ignore_index) are 0-based like PyTorch's, since they are data.
+-- @module fsdp.nn.functional
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -44,7 +45,7 @@ local function check_reduction(op, o)
 end
 
 -- ---- linear and convolution ------------------------------------------------------------------------
--- x (*, in), w (out, in), b (out) or nil
+--- x (*, in), w (out, in), b (out) or nil
 function F.linear(x, w, ...)
   local b = args_of("linear", { { "bias", optional = true } }, ...).bias
   return (wrap(C.fsdp_linear(T(x, "linear", "input"), T(w, "linear", "weight"), P(b, "linear", "bias"))))
@@ -74,7 +75,7 @@ local function conv_padding(o, w)
   return p or 0
 end
 
--- F.conv2d(x, w, b, stride, padding, dilation, groups) or F.conv2d(x, w, b, {stride =, ...})
+--- F.conv2d(x, w, b, stride, padding, dilation, groups) or F.conv2d(x, w, b, {stride =, ...})
 -- x (N, C, H, W), w (O, C/groups, kh, kw), b (O) or nil
 function F.conv2d(x, w, ...)
   local o = args_of("conv2d", { { "bias", optional = true }, { "stride", 1 }, { "padding", 0 },
@@ -90,7 +91,7 @@ function F.conv2d(x, w, ...)
   return (wrap(C.fsdp_conv2d(px, pw, pb, stride, padding, dilation, groups)))
 end
 
--- F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation) (PyTorch's order) or
+--- F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation) (PyTorch's order) or
 -- any of them by name: F.conv_transpose2d(x, w, {bias =, stride =, padding =, output_padding =, ...})
 -- x (N, Cin, H, W), w (Cin, Cout/groups, kh, kw), b (Cout) or nil
 function F.conv_transpose2d(x, w, ...)
@@ -110,10 +111,16 @@ function F.conv_transpose2d(x, w, ...)
 end
 
 -- ---- activations --------------------------------------------------------------------------------------
+--- max(x, 0), elementwise.
+-- @param x a tensor
 function F.relu(x) return (wrap(C.fsdp_relu(T(x, "relu", "input")))) end
+--- tanh(x), elementwise.
+-- @param x a tensor
 function F.tanh(x) return (wrap(C.fsdp_tanh(T(x, "tanh", "input")))) end
+--- 1 / (1 + exp(-x)), elementwise.
+-- @param x a tensor
 function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(T(x, "sigmoid", "input")))) end
--- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
+--- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
 function F.gelu(x, ...)
   local px = T(x, "gelu", "input")
   local approx = args_of("gelu", { { "approximate", "none" } }, ...).approximate
@@ -122,12 +129,15 @@ function F.gelu(x, ...)
   end
   return (wrap(C.fsdp_gelu(px, approx == "tanh" and 1 or 0)))
 end
--- F.softmax(x, dim) or F.softmax(x, {dim =}) (PyTorch's _stacklevel and dtype are not taken)
+--- F.softmax(x, dim) or F.softmax(x, {dim =}) (PyTorch's _stacklevel and dtype are not taken)
 function F.softmax(x, ...)
   local d = args_of("softmax", { { "dim", optional = true } }, ...).dim
   local px = T(x, "softmax", "input")
   return (wrap(C.fsdp_softmax(px, dim(d, x:dim(), "softmax"))))
 end
+--- log(softmax(x)) along dim (1-based), computed stably.
+-- @param x a tensor
+-- @param ... dim or {dim =}
 function F.log_softmax(x, ...)
   local d = args_of("log_softmax", { { "dim", optional = true } }, ...).dim
   local px = T(x, "log_softmax", "input")
@@ -145,17 +155,29 @@ local loss_spec = {
   mse_loss = { { "size_average", optional = true }, { "reduce", optional = true }, { "reduction", "mean" } },
 }
 F._loss_spec = loss_spec
+--- Cross entropy of logits (N, C) and class targets (N, int64, 0-based), mean reduction.
+-- @param logits (N, C)
+-- @param target (N) int64 class indices
+-- @param ... options {weight, ignore_index, reduction, label_smoothing}
 function F.cross_entropy(logits, target, ...)
   local o = args_of("cross_entropy", loss_spec.cross_entropy, ...)
   check_reduction("cross_entropy", o)
   local ignore = o.ignore_index or -100
   return (wrap(C.fsdp_cross_entropy(T(logits, "cross_entropy", "input"), T(target, "cross_entropy", "target"), ignore, o.label_smoothing or 0)))
 end
+--- Negative log likelihood of log-probabilities (N, C) and class targets (N, int64, 0-based).
+-- @param logp (N, C)
+-- @param target (N) int64 class indices
+-- @param ... options {weight, ignore_index, reduction}
 function F.nll_loss(logp, target, ...)
   local o = args_of("nll_loss", loss_spec.nll_loss, ...)
   check_reduction("nll_loss", o)
   return (wrap(C.fsdp_nll_loss(T(logp, "nll_loss", "input"), T(target, "nll_loss", "target"), o.ignore_index or -100)))
 end
+--- Mean squared error of a and b.
+-- @param a a tensor
+-- @param b a tensor of a's shape
+-- @param ... options {reduction}
 function F.mse_loss(a, b, ...)
   check_reduction("mse_loss", args_of("mse_loss", loss_spec.mse_loss, ...))
   return (wrap(C.fsdp_mse_loss(T(a, "mse_loss", "input"), T(b, "mse_loss", "target"))))
@@ -179,7 +201,7 @@ local function normalized_ndim(op, x, normalized_shape)
   return k
 end
 
--- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
+--- F.layer_norm(x, normalized_shape, w, b, eps): normalizes over the trailing dims given by
 -- normalized_shape (an int or a table), w and b of that shape or nil
 function F.layer_norm(x, ...)
   local o = args_of("layer_norm", { { "normalized_shape", optional = true, list = true },
@@ -205,15 +227,18 @@ local function batch_norm(op, cfn, x, ...)
   return (wrap(cfn(px, P(o.running_mean, op, "running_mean"), P(o.running_var, op, "running_var"),
     P(o.weight, op, "weight"), P(o.bias, op, "bias"), o.training and 1 or 0, momentum, o.eps or 1e-5)))
 end
+--- Batch normalization: F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps) (PyTorch's arguments).
+-- @param x the input (N, C, ...)
+-- @param ... PyTorch's other arguments
 function F.batch_norm(x, ...) return (batch_norm("batch_norm", C.fsdp_batch_norm, x, ...)) end
--- the same with the global batch's statistics in training: the per-channel sums are all-reduced
+--- the same with the global batch's statistics in training: the per-channel sums are all-reduced
 -- over every rank (in forward and in backward), as torch.nn.SyncBatchNorm; one rank: batch_norm
 function F.sync_batch_norm(x, ...)
   fsdp.world_size()  -- the communicator exists before the op asks it
   return (batch_norm("sync_batch_norm", C.fsdp_sync_batch_norm, x, ...))
 end
 
--- F.group_norm(x, num_groups, weight, bias, eps = 1e-5): x (N, C, ...), C divisible by num_groups
+--- F.group_norm(x, num_groups, weight, bias, eps = 1e-5): x (N, C, ...), C divisible by num_groups
 function F.group_norm(x, ...)
   local o = args_of("group_norm", { { "num_groups" }, { "weight", optional = true }, { "bias", optional = true },
     { "eps", 1e-5, check = "num>=0" } }, ...)
@@ -229,7 +254,7 @@ end
 -- PyTorch's default RMSNorm eps: torch.finfo(x.dtype).eps
 local finfo_eps = { float32 = 1.1920928955078125e-07, bfloat16 = 0.0078125, float16 = 0.0009765625 }
 F._finfo_eps = finfo_eps
--- F.rms_norm(x, normalized_shape, weight, eps = finfo(x.dtype).eps): x / sqrt(mean(x^2) + eps) * weight
+--- F.rms_norm(x, normalized_shape, weight, eps = finfo(x.dtype).eps): x / sqrt(mean(x^2) + eps) * weight
 -- over the trailing dims given by normalized_shape (an int or a table)
 function F.rms_norm(x, ...)
   local o = args_of("rms_norm", { { "normalized_shape", list = true }, { "weight", optional = true },
@@ -240,7 +265,7 @@ function F.rms_norm(x, ...)
   return (wrap(C.fsdp_rms_norm(px, k, pw, o.eps or finfo_eps[x.dtype] or finfo_eps.float32)))
 end
 
--- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
+--- F.embedding(idx, weight[, padding_idx | {padding_idx =}]): rows of weight (V, D) at the int64
 -- indices idx (any shape) -> (idx..., D). The padding row gets no gradient.
 function F.embedding(idx, weight, ...)
   local pi, pw = T(idx, "embedding", "input"), T(weight, "embedding", "weight")
@@ -261,7 +286,7 @@ function F.embedding(idx, weight, ...)
   return (wrap(C.fsdp_embedding(pw, pi, pad)))
 end
 
--- F.dropout(x, p = 0.5, training = true, inplace = false) (inplace: accepted, see nn.ReLU)
+--- F.dropout(x, p = 0.5, training = true, inplace = false) (inplace: accepted, see nn.ReLU)
 function F.dropout(x, ...)
   local px = T(x, "dropout", "input")
   local o = args_of("dropout", { { "p", 0.5 }, { "training", true }, { "inplace", false } }, ...)
@@ -271,7 +296,7 @@ function F.dropout(x, ...)
   return (wrap(C.fsdp_dropout(px, p, training == false and 0 or 1)))
 end
 
--- F.dropout2d(x, p = 0.5, training = true): whole channels of x (N, C, H, W) or (C, H, W) zeroed
+--- F.dropout2d(x, p = 0.5, training = true): whole channels of x (N, C, H, W) or (C, H, W) zeroed
 -- with probability p, the others scaled by 1 / (1 - p); the mask comes from fsdp's seeded RNG
 function F.dropout2d(x, ...)
   local px = T(x, "dropout2d", "input")
@@ -284,7 +309,7 @@ function F.dropout2d(x, ...)
 end
 
 -- ---- pooling and shape ------------------------------------------------------------------------------------
--- F.max_pool2d(x, kernel_size, stride = kernel_size, padding = 0, dilation = 1, ceil_mode = false)
+--- F.max_pool2d(x, kernel_size, stride = kernel_size, padding = 0, dilation = 1, ceil_mode = false)
 function F.max_pool2d(x, ...)
   local px = T(x, "max_pool2d", "input")
   local o = args_of("max_pool2d", { { "kernel_size", optional = true, list = true }, { "stride", optional = true },
@@ -298,7 +323,7 @@ function F.max_pool2d(x, ...)
   return (wrap(C.fsdp_max_pool2d(px, k, s, p, d, o.ceil_mode and 1 or 0)))
 end
 
--- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
+--- F.avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
 --              count_include_pad = true)
 function F.avg_pool2d(x, ...)
   local px = T(x, "avg_pool2d", "input")
@@ -312,7 +337,7 @@ function F.avg_pool2d(x, ...)
   return (wrap(C.fsdp_avg_pool2d(px, k, s, p, o.ceil_mode and 1 or 0, o.count_include_pad == false and 0 or 1)))
 end
 
--- output_size: an int or {h, w}
+--- output_size: an int or {h, w}
 function F.adaptive_avg_pool2d(x, ...)
   local output_size = args_of("adaptive_avg_pool2d", { { "output_size", optional = true, list = true } }, ...).output_size
   local px = T(x, "adaptive_avg_pool2d", "input")
@@ -320,7 +345,7 @@ function F.adaptive_avg_pool2d(x, ...)
   return (wrap(C.fsdp_adaptive_avg_pool2d(px, hw[1], hw[2])))
 end
 
--- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
+--- torch.flatten defaults: start_dim = 1, end_dim = -1 (Lua dims)
 function F.flatten(x, ...)
   local o = args_of("flatten", { { "start_dim", 1 }, { "end_dim", -1 } }, ...)
   local start_dim, end_dim = o.start_dim, o.end_dim
@@ -330,7 +355,7 @@ function F.flatten(x, ...)
 end
 
 -- ---- attention --------------------------------------------------------------------------------------------
--- F.scaled_dot_product_attention(q, k, v[, {attn_mask =, is_causal = (or causal =), dropout_p =, scale =}])
+--- F.scaled_dot_product_attention(q, k, v[, {attn_mask =, is_causal = (or causal =), dropout_p =, scale =}])
 -- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv); attn_mask: an additive float mask broadcastable
 -- to (Tq, Tk). Positional (q, k, v, attn_mask, dropout_p, is_causal, scale) works as in PyTorch.
 -- q, k, v are read in place when their last dim is dense (heads cut from one projection with

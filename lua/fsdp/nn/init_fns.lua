@@ -1,5 +1,6 @@
--- fsdp.nn.init: weight initialization helpers (torch.nn.init). Each fills a tensor in place
+--- fsdp.nn.init: weight initialization helpers (torch.nn.init). Each fills a tensor in place
 -- without recording autograd and returns it.
+-- @module fsdp.nn.init
 local fsdp = require "fsdp"
 
 local init = {}
@@ -23,6 +24,9 @@ function init._calculate_fan_in_and_fan_out(t, fn)
   return s[2] * field, s[1] * field
 end
 
+--- PyTorch's recommended gain for a nonlinearity.
+-- @param nonlinearity "relu", "tanh", "leaky_relu", ...
+-- @param param leaky_relu's slope or nil
 function init.calculate_gain(nonlinearity, param)
   if type(nonlinearity) ~= "string" then fsdp._arg_error("init.calculate_gain", "nonlinearity", "a name", nonlinearity, 2) end
   param = fsdp._f(param, "init.calculate_gain", "param", 0.01)
@@ -37,23 +41,35 @@ function init.calculate_gain(nonlinearity, param)
   error(("init.calculate_gain: unsupported nonlinearity %q"):format(tostring(nonlinearity)), 2)
 end
 
--- (each checks its tensor first, so an error names init's function, not the method it calls)
+--- (each checks its tensor first, so an error names init's function, not the method it calls)
 function init.uniform_(t, a, b)
   tensor_arg(t, "init.uniform_")
   a, b = fsdp._f(a, "init.uniform_", "a", 0), fsdp._f(b, "init.uniform_", "b", 1)
   return no_grad(function() return t:uniform_(a, b) end)
 end
+--- Fills t with N(mean, std) samples in place.
+-- @param t a tensor
+-- @param mean default 0
+-- @param std default 1
 function init.normal_(t, mean, std)
   tensor_arg(t, "init.normal_")
   mean, std = fsdp._f(mean, "init.normal_", "mean", 0), fsdp._f(std, "init.normal_", "std", 1)
   return no_grad(function() return t:normal_(mean, std) end)
 end
+--- Fills t with v in place; returns t.
+-- @param t a tensor
+-- @param v a number
+-- @param fn the name errors give (internal; nil)
 function init.constant_(t, v, fn)
   tensor_arg(t, fn or "init.constant_")
   v = fsdp._n(v, fn or "init.constant_", "val")
   return no_grad(function() return t:fill_(v) end)
 end
+--- Fills t with zeros in place.
+-- @param t a tensor
 function init.zeros_(t) return init.constant_(t, 0, "init.zeros_") end
+--- Fills t with ones in place.
+-- @param t a tensor
 function init.ones_(t) return init.constant_(t, 1, "init.ones_") end
 
 local function fan(t, mode)
@@ -75,23 +91,35 @@ local function kaiming_opts(fn, t, opts)
   fsdp._f(o.a, fn, "a", 0)
   return o
 end
+--- He uniform init in place.
+-- @param t a tensor
+-- @param opts {a = 0, mode = "fan_in", nonlinearity = "leaky_relu"} or a (a number)
 function init.kaiming_uniform_(t, opts)
   local o = kaiming_opts("init.kaiming_uniform_", t, opts)
   local gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0)
   local bound = math.sqrt(3) * gain / math.sqrt(fan(t, o.mode))
   return init.uniform_(t, -bound, bound)
 end
+--- He normal init in place.
+-- @param t a tensor
+-- @param opts {a = 0, mode = "fan_in", nonlinearity = "leaky_relu"} or a (a number)
 function init.kaiming_normal_(t, opts)
   local o = kaiming_opts("init.kaiming_normal_", t, opts)
   local gain = init.calculate_gain(o.nonlinearity or "leaky_relu", o.a or 0)
   return init.normal_(t, 0, gain / math.sqrt(fan(t, o.mode)))
 end
+--- Glorot uniform init in place.
+-- @param t a tensor
+-- @param gain default 1
 function init.xavier_uniform_(t, gain)
   local fan_in, fan_out = init._calculate_fan_in_and_fan_out(t, "init.xavier_uniform_")
   gain = fsdp._f(gain, "init.xavier_uniform_", "gain", 1)
   local bound = (gain or 1) * math.sqrt(6 / (fan_in + fan_out))
   return init.uniform_(t, -bound, bound)
 end
+--- Glorot normal init in place.
+-- @param t a tensor
+-- @param gain default 1
 function init.xavier_normal_(t, gain)
   local fan_in, fan_out = init._calculate_fan_in_and_fan_out(t, "init.xavier_normal_")
   gain = fsdp._f(gain, "init.xavier_normal_", "gain", 1)

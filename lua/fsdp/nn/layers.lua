@@ -1,6 +1,7 @@
--- The standard layers: PyTorch's positional constructor arguments, keyword options in a trailing
+--- The standard layers: PyTorch's positional constructor arguments, keyword options in a trailing
 -- table that may name the positional ones too (fsdp.args: nn.Linear({in_features = 4, out_features
 -- = 8})), PyTorch's default initialization, PyTorch's parameter names and shapes.
+-- @module fsdp.nn
 local fsdp = require "fsdp"
 local Module = require "fsdp.nn.module"
 local F = require "fsdp.nn.functional"
@@ -51,6 +52,8 @@ end
 -- nn.Linear(in_features, out_features[, {bias = true}]): weight (out, in), bias (out)
 local Linear = Module:extend("Linear")
 L.Linear = Linear
+--- nn.Linear(in_features, out_features[, {bias = true}]): y = x W^T + b, weight (out, in), bias (out).
+-- @function Linear
 function Linear:__init(...)
   local o = args_of("Linear", { { "in_features" }, { "out_features" }, { "bias", true } }, ...)
   local in_features, out_features = o.in_features, o.out_features
@@ -97,6 +100,8 @@ end
 -- {h, w}; padding may also be "valid" or "same". weight (cout, cin/groups, kh, kw), bias (cout)
 local Conv2d = Module:extend("Conv2d")
 L.Conv2d = Conv2d
+--- nn.Conv2d(in_channels, out_channels, kernel_size[, {stride, padding, dilation, groups, bias}]): a 2-D convolution, weight (out, in/groups, kh, kw).
+-- @function Conv2d
 function Conv2d:__init(...)
   local o = args_of("Conv2d", { { "in_channels" }, { "out_channels" }, { "kernel_size", list = true }, { "stride", 1 },
     { "padding", 0 }, { "dilation", 1 }, { "groups", 1 }, { "bias", true }, { "padding_mode", "zeros" } }, ...)
@@ -153,6 +158,8 @@ Conv2d.reset_parameters = conv_reset_parameters
 local ConvTranspose2d = Module:extend("ConvTranspose2d")
 ConvTranspose2d.reset_parameters = conv_reset_parameters
 L.ConvTranspose2d = ConvTranspose2d
+--- nn.ConvTranspose2d(in_channels, out_channels, kernel_size[, {stride, padding, output_padding, groups, bias, dilation}]): a transposed 2-D convolution, weight (in, out/groups, kh, kw).
+-- @function ConvTranspose2d
 function ConvTranspose2d:__init(...)
   local cls = "ConvTranspose2d"
   local o = args_of(cls, { { "in_channels" }, { "out_channels" }, { "kernel_size", list = true }, { "stride", 1 },
@@ -244,6 +251,19 @@ local function simple(name, fn, spec)
   L[name] = cls
   return cls
 end
+--- nn.ReLU([inplace]): max(x, 0).
+-- @function ReLU
+-- @param inplace accepted, changes nothing
+
+--- nn.Tanh(): tanh(x).
+-- @function Tanh
+
+--- nn.Sigmoid(): 1 / (1 + exp(-x)).
+-- @function Sigmoid
+
+--- nn.Identity(...): returns its input; any arguments, unused (as PyTorch's).
+-- @function Identity
+
 simple("ReLU", F.relu, { { "inplace", false } })
 simple("Tanh", F.tanh, {})
 simple("Sigmoid", F.sigmoid, {})
@@ -252,6 +272,8 @@ simple("Identity", function(x) return x end)
 
 local GELU = Module:extend("GELU")
 L.GELU = GELU
+--- nn.GELU([approximate]): the GELU activation, approximate "none" (default) or "tanh".
+-- @function GELU
 function GELU:__init(...)
   local o = args_of("GELU", { { "approximate", "none" } }, ...)
   self.approximate = o.approximate
@@ -261,6 +283,14 @@ function GELU:__init(...)
 end
 function GELU:forward(x) return (F.gelu(x, self.approximate)) end
 function GELU:extra_repr() return ("approximate='%s'"):format(self.approximate) end
+
+--- nn.Softmax(dim): F.softmax along dim (1-based).
+-- @function Softmax
+-- @param dim a dim
+
+--- nn.LogSoftmax(dim): F.log_softmax along dim (1-based).
+-- @function LogSoftmax
+-- @param dim a dim
 
 -- nn.Softmax(dim), nn.LogSoftmax(dim): dim is 1-based
 for _, name in ipairs { "Softmax", "LogSoftmax" } do
@@ -283,12 +313,22 @@ end
 -- nn.Flatten({start_dim = 2, end_dim = -1}) (Lua dims: PyTorch's default start_dim=1 is Lua's 2)
 local Flatten = Module:extend("Flatten")
 L.Flatten = Flatten
+--- nn.Flatten([{start_dim = 2, end_dim = -1}]): flattens dims start_dim..end_dim (1-based).
+-- @function Flatten
 function Flatten:__init(...)
   local o = args_of("Flatten", { { "start_dim", optional = true }, { "end_dim", optional = true } }, ...)
   self.start_dim, self.end_dim = o.start_dim or 2, o.end_dim or -1
 end
 function Flatten:forward(x) return (F.flatten(x, self.start_dim, self.end_dim)) end
 function Flatten:extra_repr() return ("start_dim=%d, end_dim=%d"):format(self.start_dim, self.end_dim) end
+
+--- nn.Dropout([p = 0.5[, inplace]]): zeroes elements with probability p in training mode, scales the others by 1 / (1 - p).
+-- @function Dropout
+-- @param p a probability
+
+--- nn.Dropout2d([p = 0.5[, inplace]]): zeroes whole channels with probability p in training mode.
+-- @function Dropout2d
+-- @param p a probability
 
 -- nn.Dropout(p = 0.5) and nn.Dropout2d(p = 0.5) (whole channels of (N, C, H, W) or (C, H, W)):
 -- active in training mode only; one constructor (PyTorch's _DropoutNd)
@@ -321,6 +361,8 @@ function Dropout2d:forward(x) return (F.dropout2d(x, self.p, self.training)) end
 -- nn.MaxPool2d(kernel_size[, stride = kernel_size, padding = 0, dilation = 1, return_indices, ceil_mode])
 local MaxPool2d = Module:extend("MaxPool2d")
 L.MaxPool2d = MaxPool2d
+--- nn.MaxPool2d(kernel_size[, stride[, padding]]): 2-D max pooling (options as F.max_pool2d).
+-- @function MaxPool2d
 function MaxPool2d:__init(...)
   local o = args_of("MaxPool2d", { { "kernel_size", list = true }, { "stride", optional = true },
     { "padding", optional = true }, { "dilation", optional = true }, { "return_indices", false }, { "ceil_mode", false } }, ...)
@@ -342,6 +384,8 @@ end
 -- nn.AvgPool2d(kernel_size[, stride = kernel_size, padding = 0, ceil_mode = false, count_include_pad = true])
 local AvgPool2d = Module:extend("AvgPool2d")
 L.AvgPool2d = AvgPool2d
+--- nn.AvgPool2d(kernel_size[, stride[, padding]]): 2-D average pooling (options as F.avg_pool2d).
+-- @function AvgPool2d
 function AvgPool2d:__init(...)
   local o = args_of("AvgPool2d", { { "kernel_size", list = true }, { "stride", optional = true }, { "padding", optional = true },
     { "ceil_mode", false }, { "count_include_pad", true }, { "divisor_override", optional = true } }, ...)
@@ -362,6 +406,8 @@ end
 -- nn.AdaptiveAvgPool2d(output_size): an int or {h, w}
 local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
 L.AdaptiveAvgPool2d = AdaptiveAvgPool2d
+--- nn.AdaptiveAvgPool2d(output_size): average pooling to a fixed output size (an int or {h, w}).
+-- @function AdaptiveAvgPool2d
 function AdaptiveAvgPool2d:__init(...)
   local output_size = args_of("AdaptiveAvgPool2d", { { "output_size", list = true } }, ...).output_size
   self.output_size = check_size("AdaptiveAvgPool2d", "output_size", output_size)
@@ -373,6 +419,8 @@ function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. size_str(self.o
 -- nn.LayerNorm(normalized_shape[, {eps = 1e-5, elementwise_affine = true, bias = true}])
 local LayerNorm = Module:extend("LayerNorm")
 L.LayerNorm = LayerNorm
+--- nn.LayerNorm(normalized_shape[, {eps = 1e-5, elementwise_affine = true, bias = true}]): layer normalization over the trailing dims.
+-- @function LayerNorm
 function LayerNorm:__init(...)
   local o = args_of("LayerNorm", { { "normalized_shape", list = true }, { "eps", 1e-5 }, { "elementwise_affine", true },
     { "bias", true } }, ...)
@@ -413,6 +461,8 @@ local norm_spec = { { "num_features" }, { "eps", 1e-5 }, { "momentum", 0.1 }, { 
   { "track_running_stats", true } }
 local BatchNorm = Module:extend("_BatchNorm")
 L._BatchNorm = BatchNorm
+--- nn._BatchNorm(num_features[, options]): the batch-norm base class (options as BatchNorm1d's).
+-- @function _BatchNorm
 function BatchNorm:__init(...)
   local cls = self.__name
   local o = args_of(cls, norm_spec, ...)
@@ -497,6 +547,19 @@ function BatchNorm:extra_repr()
   return ("%d, eps=%s, momentum=%s, affine=%s, track_running_stats=%s"):format(self.num_features, tostring(self.eps),
     self.momentum == nil and "None" or tostring(self.momentum), pybool(self.affine), pybool(self.track_running_stats))
 end
+
+--- nn.BatchNorm1d(num_features[, {eps = 1e-5, momentum = 0.1, affine = true, track_running_stats = true}]): batch norm of (N, C) or (N, C, L).
+-- @function BatchNorm1d
+-- @param num_features C
+
+--- nn.BatchNorm2d(num_features[, options as BatchNorm1d's]): batch norm of (N, C, H, W).
+-- @function BatchNorm2d
+-- @param num_features C
+
+--- nn.SyncBatchNorm(num_features[, options as BatchNorm1d's]): batch norm over the global batch (every rank's).
+-- @function SyncBatchNorm
+-- @param num_features C
+
 local BatchNorm1d = BatchNorm:extend("BatchNorm1d")
 L.BatchNorm1d = BatchNorm1d
 BatchNorm1d._dims = { 2, 3 }
@@ -545,6 +608,8 @@ end
 -- nn.GroupNorm(num_groups, num_channels[, {eps = 1e-5, affine = true}]): weight (C) = 1, bias (C) = 0
 local GroupNorm = Module:extend("GroupNorm")
 L.GroupNorm = GroupNorm
+--- nn.GroupNorm(num_groups, num_channels[, {eps = 1e-5, affine = true}]): group normalization.
+-- @function GroupNorm
 function GroupNorm:__init(...)
   local o = args_of("GroupNorm", { { "num_groups" }, { "num_channels" }, { "eps", 1e-5 }, { "affine", true } }, ...)
   local num_groups, num_channels = o.num_groups, o.num_channels
@@ -573,6 +638,8 @@ end
 -- eps nil means torch.finfo(input dtype).eps, as PyTorch
 local RMSNorm = Module:extend("RMSNorm")
 L.RMSNorm = RMSNorm
+--- nn.RMSNorm(normalized_shape[, {eps, elementwise_affine = true}]): RMS normalization over the trailing dims.
+-- @function RMSNorm
 function RMSNorm:__init(...)
   local o = args_of("RMSNorm", { { "normalized_shape", list = true }, { "eps", optional = true },
     { "elementwise_affine", true } }, ...)
@@ -601,6 +668,8 @@ end
 -- padding row (0-based, negative from the end) zeroed and excluded from gradients
 local Embedding = Module:extend("Embedding")
 L.Embedding = Embedding
+--- nn.Embedding(num_embeddings, embedding_dim[, {padding_idx}]): a lookup table, weight (num_embeddings, embedding_dim).
+-- @function Embedding
 function Embedding:__init(...)
   local o = args_of("Embedding", { { "num_embeddings" }, { "embedding_dim" }, { "padding_idx", optional = true } }, ...)
   local num_embeddings, embedding_dim = o.num_embeddings, o.embedding_dim
@@ -645,6 +714,8 @@ end
 -- nn.CrossEntropyLoss({ignore_index = -100, label_smoothing = 0}); loss(logits, target)
 local CrossEntropyLoss = Module:extend("CrossEntropyLoss")
 L.CrossEntropyLoss = CrossEntropyLoss
+--- nn.CrossEntropyLoss([options]): F.cross_entropy as a module (options as F.cross_entropy's).
+-- @function CrossEntropyLoss
 function CrossEntropyLoss:__init(...)
   local opts = args_of("CrossEntropyLoss", F._loss_spec.cross_entropy, ...)
   if opts.reduction ~= "mean" then
@@ -662,6 +733,8 @@ end
 
 local NLLLoss = Module:extend("NLLLoss")
 L.NLLLoss = NLLLoss
+--- nn.NLLLoss([options]): F.nll_loss as a module.
+-- @function NLLLoss
 function NLLLoss:__init(...)
   local opts = args_of("NLLLoss", F._loss_spec.nll_loss, ...)
   if opts.weight ~= nil then error("NLLLoss: class weights are not supported", 2) end
@@ -677,6 +750,8 @@ function NLLLoss:forward(logp, target) return (F.nll_loss(logp, target, { ignore
 
 local MSELoss = Module:extend("MSELoss")
 L.MSELoss = MSELoss
+--- nn.MSELoss([options]): F.mse_loss as a module (mean squared error).
+-- @function MSELoss
 function MSELoss:__init(...)
   local opts = args_of("MSELoss", F._loss_spec.mse_loss, ...)
   if opts.size_average ~= nil or opts.reduce ~= nil then
@@ -709,6 +784,8 @@ end
 -- feeds each child's output to the next
 local Sequential = Module:extend("Sequential")
 L.Sequential = Sequential
+--- nn.Sequential(m1, m2, ...): runs its children in order; they are named "0", "1", ... as in PyTorch.
+-- @function Sequential
 function Sequential:__init(...)
   local mods, n = module_list("Sequential", ...)
   for i = 1, n do self:add_module(tostring(i - 1), mods[i]) end
@@ -725,6 +802,8 @@ end
 -- nn.ModuleList(list): holds children "0", "1", ... (no forward)
 local ModuleList = Module:extend("ModuleList")
 L.ModuleList = ModuleList
+--- nn.ModuleList([modules]): children kept in a list, named "0", "1", ... as in PyTorch.
+-- @function ModuleList
 function ModuleList:__init(...)
   local mods, n = module_list("ModuleList", ...)
   for i = 1, n do self:add_module(tostring(i - 1), mods[i]) end
@@ -856,6 +935,8 @@ local function dict_entries(modules)
   return r
 end
 
+--- nn.ModuleDict([modules]): named children, from a table name -> module.
+-- @function ModuleDict
 function ModuleDict:__init(modules) self:update(modules) end
 function ModuleDict:update(modules)
   for _, e in ipairs(dict_entries(modules)) do self:add_module(e[1], e[2]) end

@@ -1,4 +1,4 @@
--- nn.Module: the base class of every layer and model (Torch7 idioms, PyTorch names).
+--- nn.Module: the base class of every layer and model (Torch7 idioms, PyTorch names).
 --
 --   local Block = nn.Module:extend("Block")   -- a class; Block(...) makes an instance, calls __init
 --   function Block:__init(cin, cout)
@@ -13,6 +13,7 @@
 -- __newindex: a parameter stays a parameter when it is replaced or frozen, a child can be
 -- swapped. Names and traversal order are PyTorch's, so state_dict keys match a PyTorch model of
 -- the same structure.
+-- @classmod nn.Module
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -29,6 +30,9 @@ Module.__is_class = true
 Module._structure_version = 0
 local function structure_changed() Module._structure_version = Module._structure_version + 1 end
 
+--- Whether x is a module (an instance of nn.Module or a subclass).
+-- @function is_module
+-- @param x any value
 local function is_module(x)
   return type(x) == "table" and rawget(x, "_modules") ~= nil
 end
@@ -62,7 +66,7 @@ local function is_parameter(t)
   return C.fsdp_tensor_mem_category(t.p) == C.FSDP_MEM_PARAMS
 end
 
--- nn.Parameter(t[, requires_grad = true]): t as a parameter, as in PyTorch: `self.w =
+--- nn.Parameter(t[, requires_grad = true]): t as a parameter, as in PyTorch: `self.w =
 -- nn.Parameter(t)` registers it, trainable or frozen (requires_grad = false)
 function Module.Parameter(t, requires_grad)
   assert(is_tensor(t), "nn.Parameter: expected a tensor")
@@ -123,7 +127,7 @@ local function instance_newindex(self, k, v)
   end
 end
 
--- Class:extend("Name") -> a subclass. Calling the class makes an instance and runs __init.
+--- Class:extend("Name") -> a subclass. Calling the class makes an instance and runs __init.
 function Module.extend(parent, name)
   assert(type(name) == "string", "Module:extend(name): the class needs a name")
   local cls = {}
@@ -142,6 +146,9 @@ function Module.extend(parent, name)
   })
 end
 
+--- Makes an instance of class cls and runs its __init (calling the class does this).
+-- @param cls the class
+-- @param ... the constructor's arguments
 function Module.new(cls, ...)
   local self = {
     _parameters = ordered(), _buffers = ordered(), _modules = ordered(),
@@ -154,10 +161,10 @@ end
 
 function Module:__init() end
 
--- is_module(x) also as a method: nn.Module.is(x)
+--- is_module(x) also as a method: nn.Module.is(x)
 function Module.is(x) return is_module(x) end
 
--- m:isinstance(nn.Linear) (PyTorch's isinstance(m, nn.Linear)): whether m's class is cls or was
+--- m:isinstance(nn.Linear) (PyTorch's isinstance(m, nn.Linear)): whether m's class is cls or was
 -- made from it by extend; cls may be a list of classes ({nn.Linear, nn.Conv2d}: any of them).
 -- nn.Module.isinstance(x, cls) answers false for a non-module x.
 function Module.isinstance(x, cls)
@@ -179,6 +186,7 @@ function Module.isinstance(x, cls)
   return false
 end
 
+--- The computation; every layer or model class defines it (calling the module calls forward).
 function Module:forward()
   error(("%s: forward() is not implemented"):format(self.__name), 2)
 end
@@ -190,6 +198,9 @@ local function check_name(fn, name)
     fsdp._arg_error(fn, "name", "a non-empty string without '.'", name, 3)
   end
 end
+--- Registers tensor t as parameter name (nil: a declared, absent parameter).
+-- @param name a string
+-- @param t a tensor or nil
 function Module:register_parameter(name, t)
   check_name("register_parameter", name)
   if t ~= nil then
@@ -202,7 +213,7 @@ function Module:register_parameter(name, t)
   return t
 end
 
--- buffers are state that is not trained (running stats, masks); persistent ones go into state_dict
+--- buffers are state that is not trained (running stats, masks); persistent ones go into state_dict
 function Module:register_buffer(name, t, persistent)
   check_name("register_buffer", name)
   if t ~= nil and not is_tensor(t) then fsdp._arg_error("register_buffer", "tensor", "a tensor or nil", t, 2) end
@@ -217,6 +228,10 @@ function Module:register_buffer(name, t, persistent)
   return t
 end
 
+--- Registers child module m under name (PyTorch's add_module).
+-- @param name a string
+-- @param m a Module
+-- @param fn the name errors give (internal: register_module passes its own; nil)
 function Module:add_module(name, m, fn)
   check_name(fn or "add_module", name)
   if not is_module(m) then fsdp._arg_error(fn or "add_module", "module", "a Module", m, 2) end
@@ -225,6 +240,9 @@ function Module:add_module(name, m, fn)
   structure_changed()
   return m
 end
+--- Same as add_module.
+-- @param name a string
+-- @param m a Module
 function Module:register_module(name, m) return self:add_module(name, m, "register_module") end
 
 -- ---- traversal ---------------------------------------------------------------------------------------
@@ -249,15 +267,19 @@ local function collect_modules(self, prefix, seen, out)
   return out
 end
 
+--- An iterator of name, module pairs over every module, self (named prefix or "") first.
+-- @param prefix the name's prefix
 function Module:named_modules(prefix)
   if prefix ~= nil and type(prefix) ~= "string" then fsdp._arg_error("named_modules", "prefix", "a string", prefix, 2) end
   return list_iter(collect_modules(self, prefix or "", {}, {}))
 end
+--- Every module, a list, self first.
 function Module:modules()
   local r = {}
   for _, m in self:named_modules() do r[#r + 1] = m end
   return r
 end
+--- An iterator of name, child pairs over the direct children.
 function Module:named_children()
   local out = {}
   for _, name in ipairs(self._modules.names) do
@@ -266,6 +288,7 @@ function Module:named_children()
   end
   return list_iter(out)
 end
+--- The direct children, a list in registration order.
 function Module:children()
   local r = {}
   for _, m in self:named_children() do r[#r + 1] = m end
@@ -295,18 +318,24 @@ local function collect_tensors(self, kind, recurse, skip_non_persistent, fn)
   return out
 end
 
--- for name, p in model:named_parameters() do ... end  (PyTorch names: "0.conv.weight")
+--- for name, p in model:named_parameters() do ... end  (PyTorch names: "0.conv.weight")
 function Module:named_parameters(recurse)
   return list_iter(collect_tensors(self, "_parameters", recurse, nil, "named_parameters"))
 end
+--- The parameters, a list in registration order.
+-- @param recurse false: this module's only
 function Module:parameters(recurse)
   local r = {}
   for _, e in ipairs(collect_tensors(self, "_parameters", recurse)) do r[#r + 1] = e[2] end
   return r
 end
+--- An iterator of name, buffer pairs (PyTorch's dotted names).
+-- @param recurse false: this module's only
 function Module:named_buffers(recurse)
   return list_iter(collect_tensors(self, "_buffers", recurse, nil, "named_buffers"))
 end
+--- The buffers, a list in registration order.
+-- @param recurse false: this module's only
 function Module:buffers(recurse)
   local r = {}
   for _, e in ipairs(collect_tensors(self, "_buffers", recurse)) do r[#r + 1] = e[2] end
@@ -320,6 +349,8 @@ local function plain_apply(m, fn)
   for _, c in ipairs(m:children()) do plain_apply(c, fn) end
   fn(m)
 end
+--- Calls fn(m) on every submodule (children first) and on self; returns self.
+-- @param fn a function
 function Module:apply(fn)
   fsdp._fn(fn, "Module:apply", "fn")
   local p = provider_for(self)
@@ -328,7 +359,7 @@ function Module:apply(fn)
   return self
 end
 
--- model:to_empty{device = "cpu"}: every parameter and buffer built on meta (fsdp.meta) gets storage on
+--- model:to_empty{device = "cpu"}: every parameter and buffer built on meta (fsdp.meta) gets storage on
 -- device in place (identity kept), filled with what its recorded initialisation gives -- the values
 -- the same construction gives eagerly with the same seed -- where PyTorch leaves them
 -- uninitialised; fsdp.reset_parameters(model) draws afresh if wanted. Tensors with values stay as
@@ -347,7 +378,7 @@ function Module:to_empty(opts)
   return self
 end
 
--- model:to(device) moves every parameter and buffer to the device in place and returns model: the
+--- model:to(device) moves every parameter and buffer to the device in place and returns model: the
 -- tensors keep their identity, so optimizers and FSDP units built on them stay valid ("cuda" where
 -- fsdp.cuda.is_available(), else the error says why not).
 -- model:to(dtype) ("bfloat16", "float32", "float16"), or model:to{device = ..., dtype = ...}, also
@@ -375,19 +406,26 @@ function Module:to(what)
   end
   return self
 end
+--- Moves parameters and buffers to the CPU (self:to("cpu")).
 function Module:cpu() return self:to("cpu") end
+--- Casts the floating-point parameters and buffers to float32 (self:to("float32")).
 function Module:float() return self:to("float32") end
+--- Casts the floating-point parameters and buffers to bfloat16 (self:to("bfloat16")).
 function Module:bfloat16() return self:to("bfloat16") end
+--- Casts the floating-point parameters and buffers to float16 (self:to("float16")).
 function Module:half() return self:to("float16") end
 
+--- Training mode on (mode true or nil) or off, for self and every submodule; returns self.
+-- @param mode a boolean
 function Module:train(mode)
   mode = fsdp._b(mode, "train", "mode", true)
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
   return self
 end
+--- Evaluation mode: self:train(false).
 function Module:eval() return self:train(false) end
 
--- drops every parameter's gradient (PyTorch's set_to_none default); zero_grad(false) zeroes them
+--- drops every parameter's gradient (PyTorch's set_to_none default); zero_grad(false) zeroes them
 function Module:zero_grad(set_to_none)
   fsdp._b(set_to_none, "zero_grad", "set_to_none")
   for _, p in ipairs(self:parameters()) do
@@ -400,13 +438,15 @@ function Module:zero_grad(set_to_none)
   end
 end
 
+--- Sets requires_grad on every parameter; returns self.
+-- @param flag a boolean (default true)
 function Module:requires_grad_(flag)
   fsdp._b(flag, "requires_grad_", "requires_grad")
   for _, p in ipairs(self:parameters()) do p.requires_grad = flag ~= false end
   return self
 end
 
--- total number of parameter elements (handy in examples)
+--- total number of parameter elements (handy in examples)
 function Module:num_parameters()
   local n = 0
   for _, p in ipairs(self:parameters()) do n = n + p:numel() end
@@ -429,6 +469,8 @@ function provider_for(m)
   end
 end
 
+--- A table of name -> tensor, parameters and buffers by PyTorch's names (full tensors for a wrapped model).
+-- @param opts options table or nil
 function Module:state_dict(opts)
   if opts ~= nil and type(opts) ~= "table" then fsdp._arg_error("state_dict", "options", "a table or nil", opts, 2) end
   local p = provider_for(self)
@@ -462,7 +504,7 @@ local function quoted(list)
   return table.concat(q, ", ")
 end
 
--- load_state_dict(sd[, strict = true]) copies every entry into the matching parameter/buffer
+--- load_state_dict(sd[, strict = true]) copies every entry into the matching parameter/buffer
 -- under no_grad. Nothing is copied unless all checks pass. strict: missing or unexpected keys are
 -- an error; otherwise they are returned as {missing_keys = {...}, unexpected_keys = {...}}.
 -- Shape mismatches are always an error.
@@ -541,10 +583,10 @@ local function add_hook(list, fn, what)
     end,
   }
 end
--- fn(module, args) runs before forward; args is the list of inputs. Returning a table replaces
+--- fn(module, args) runs before forward; args is the list of inputs. Returning a table replaces
 -- the inputs, returning a tensor (or any other single value) replaces them with that one value.
 function Module:register_forward_pre_hook(fn) return add_hook(self._forward_pre_hooks, fn, "register_forward_pre_hook") end
--- fn(module, args, output) runs after forward; returning a value replaces the output
+--- fn(module, args, output) runs after forward; returning a value replaces the output
 function Module:register_forward_hook(fn) return add_hook(self._forward_hooks, fn, "register_forward_hook") end
 
 -- ---- calling: hooks around forward, and the module path on errors ------------------------------------
@@ -649,7 +691,7 @@ function Module:__call(...)
 end
 
 -- ---- printing ------------------------------------------------------------------------------------------
--- layers override extra_repr() to describe their configuration
+--- layers override extra_repr() to describe their configuration
 function Module:extra_repr() return "" end
 
 function Module:__tostring()

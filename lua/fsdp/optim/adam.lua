@@ -1,4 +1,4 @@
--- optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false,
+--- optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false,
 --                     maximize = false})                              -- torch.optim.Adam
 -- optim.AdamW(params, {... weight_decay = 1e-2})                      -- torch.optim.AdamW
 --   g = maximize ? -grad : grad;  Adam: g = g + weight_decay * p;  AdamW: p = p * (1 - lr * weight_decay)
@@ -6,6 +6,7 @@
 --   amsgrad: max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq), used in place of exp_avg_sq below
 --   p = p - lr / (1 - beta1^t) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^t) + eps)
 -- State per parameter: step (a number), exp_avg, exp_avg_sq[, max_exp_avg_sq] (OPTIM memory category).
+-- @module fsdp.optim.adam
 local fsdp = require "fsdp"
 local Optimizer = require("fsdp.optim").Optimizer
 local C = fsdp.C
@@ -36,6 +37,8 @@ end
 local Adam = Optimizer:extend("Adam")
 Adam.decoupled = false
 
+--- Adam(params[, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad, maximize}]): the Adam optimizer.
+-- @function Adam
 function Adam:__init(params, ...)
   Optimizer.__init(self, params, defaults(self.__name, self.decoupled and 1e-2 or 0, ...))
 end
@@ -50,6 +53,11 @@ function Adam:_update(g, p, grad, st)
   st.step, st.exp_avg, st.exp_avg_sq = step, m, v
   if vmax ~= nil then st.max_exp_avg_sq = vmax end
 end
+
+--- AdamW(params[, {lr = 1e-3, betas, eps, weight_decay = 1e-2, amsgrad, maximize}]): Adam with decoupled weight decay.
+-- @function AdamW
+-- @param params a list of parameters or param groups
+-- @param opts options table or number (lr)
 
 local AdamW = Adam:extend("AdamW")
 AdamW.decoupled = true

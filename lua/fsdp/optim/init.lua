@@ -1,4 +1,4 @@
--- fsdp.optim: optimizers with torch.optim's names, defaults, formulas and state_dict layout.
+--- fsdp.optim: optimizers with torch.optim's names, defaults, formulas and state_dict layout.
 --
 --   local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})  -- or (params, 0.1, {momentum = 0.9})
 --   local opt = optim.AdamW({{params = decay, weight_decay = 0.1}, {params = no_decay, weight_decay = 0}},
@@ -9,6 +9,7 @@
 -- to update one parameter, through a fused C kernel (fsdp_sgd_step, fsdp_adam_step) that runs
 -- one pass over the parameter, its gradient and its state. Optimizer state lives in the OPTIM
 -- memory category (fsdp.memory_stats().optimizer).
+-- @module fsdp.optim
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local C = fsdp.C
@@ -34,7 +35,7 @@ Optimizer.__index = Optimizer
 Optimizer.__name = "Optimizer"
 optim.Optimizer = Optimizer
 
--- Optimizer:extend("Name") -> a subclass; Name(params, opts) calls __init
+--- Optimizer:extend("Name") -> a subclass; Name(params, opts) calls __init
 function Optimizer.extend(parent, name)
   local cls = setmetatable({}, {
     __index = parent,
@@ -91,7 +92,7 @@ function optim._options(name, ...)
   return opts
 end
 
--- params: a list of tensors, or a list of param groups {params = {...}, lr = ..., ...}
+--- params: a list of tensors, or a list of param groups {params = {...}, lr = ..., ...}
 -- defaults: the optimizer's hyperparameters (filled into every group that lacks them)
 function Optimizer:__init(params, defaults)
   self.defaults = defaults
@@ -108,6 +109,8 @@ function Optimizer:__init(params, defaults)
   for _, g in ipairs(groups) do self:add_param_group(g) end
 end
 
+--- Adds a param group {params = {...}, lr = ..., ...}; options it leaves out take the optimizer's defaults.
+-- @param group the group table
 function Optimizer:add_param_group(group)
   if type(group) ~= "table" or is_tensor(group) then
     error(self.__name .. ": a param group must be a table {params = {...}, ...}", 2)
@@ -144,7 +147,7 @@ function Optimizer:add_param_group(group)
   self.param_groups[#self.param_groups + 1] = g
 end
 
--- drops the gradients (PyTorch's set_to_none default); zero_grad(false) zeroes them instead
+--- drops the gradients (PyTorch's set_to_none default); zero_grad(false) zeroes them instead
 function Optimizer:zero_grad(set_to_none)
   for _, g in ipairs(self.param_groups) do
     for _, p in ipairs(g.params) do
@@ -174,7 +177,7 @@ function Optimizer:_check_reduced()
   end
 end
 
--- step([closure]): updates every parameter that has a gradient, under no_grad. The closure (which
+--- step([closure]): updates every parameter that has a gradient, under no_grad. The closure (which
 -- re-evaluates the model and returns the loss) runs first, with grad enabled; its result is returned.
 function Optimizer:step(closure)
   local loss
@@ -203,11 +206,11 @@ function Optimizer:step(closure)
   return loss
 end
 
--- the state table of a parameter (nil before its first step)
+--- the state table of a parameter (nil before its first step)
 function Optimizer:state_of(p) return self.state[tensor_key(p)] end
 
 -- ---- state_dict (torch.optim layout) ---------------------------------------------------------------
--- { state = {[0] = {step = 3, exp_avg = t, ...}, ...},
+--- { state = {[0] = {step = 3, exp_avg = t, ...}, ...},
 --   param_groups = {{lr = ..., ..., params = {0, 1, ...}}, ...} }
 -- Parameters are numbered from 0 across groups in order, as in PyTorch. State tensors are aliases.
 function Optimizer:state_dict()
@@ -234,7 +237,7 @@ end
 -- state tensors are shaped like what the parameter holds (a sharded parameter: its piece)
 local function shape_str(t) return "(" .. table.concat(fsdp._held_shape(t), ", ") .. ")" end
 
--- Copies a state_dict into this optimizer: hyperparameters per group, and per-parameter state
+--- Copies a state_dict into this optimizer: hyperparameters per group, and per-parameter state
 -- (tensors are copied into new OPTIM-category tensors; the dict stays independent). Checks
 -- everything before changing anything.
 function Optimizer:load_state_dict(sd)

@@ -1,4 +1,4 @@
--- fsdp.optim.lr_scheduler: torch.optim.lr_scheduler's schedulers, with its names, formulas (the same
+--- fsdp.optim.lr_scheduler: torch.optim.lr_scheduler's schedulers, with its names, formulas (the same
 -- arithmetic, so the same numbers: tests/optim_sched_spec.lua against PyTorch's) and state dicts.
 --
 --   local sched = fsdp.optim.lr_scheduler
@@ -13,6 +13,7 @@
 -- ReduceLROnPlateau (step(metric)). Each writes the learning rate of every parameter group of its
 -- optimizer; a group's first learning rate is kept as its initial_lr. Construction performs the
 -- first step (epoch 0), as PyTorch's does.
+-- @module fsdp.optim.lr_scheduler
 local fsdp = require "fsdp"
 
 local S = {}
@@ -66,7 +67,7 @@ function LRScheduler:_initial_step()
   self:step()
 end
 
--- step(): the next epoch (or step); the learning rates it computes go into the groups
+--- step(): the next epoch (or step); the learning rates it computes go into the groups
 function LRScheduler:step(epoch)
   if epoch ~= nil and (type(epoch) ~= "number" or epoch ~= math.floor(epoch) or epoch < 0 or epoch >= 2 ^ 53) then
     error(("%s:step: epoch must be an integer >= 0 (or nil), got %s"):format(self.__name, tostring(epoch)), 2)
@@ -85,6 +86,7 @@ function LRScheduler:step(epoch)
   for i, g in ipairs(self.optimizer.param_groups) do self._last_lr[i] = g.lr end
 end
 
+--- The learning rates the last step set, one per param group.
 function LRScheduler:get_last_lr()
   local r = {}
   for i, v in ipairs(self._last_lr) do r[i] = v end
@@ -97,7 +99,7 @@ local function copy(v)
   for k, x in pairs(v) do r[k] = copy(x) end
   return r
 end
--- state_dict(): every field but the optimizer and functions, as plain numbers and tables
+--- state_dict(): every field but the optimizer and functions, as plain numbers and tables
 function LRScheduler:state_dict()
   local sd = {}
   for k, v in pairs(self) do
@@ -105,6 +107,8 @@ function LRScheduler:state_dict()
   end
   return sd
 end
+--- Restores the state state_dict() returned.
+-- @param sd the state table
 function LRScheduler:load_state_dict(sd)
   if type(sd) ~= "table" then error(("%s:load_state_dict: expected a table, got %s"):format(self.__name, type(sd)), 2) end
   for k, v in pairs(sd) do
@@ -126,6 +130,8 @@ end
 -- ---- LambdaLR(optimizer, lr_lambda): lr = initial_lr * lr_lambda(epoch) (one function, or one per group)
 local LambdaLR = class("LambdaLR", LRScheduler)
 S.LambdaLR = LambdaLR
+--- LambdaLR(optimizer, lr_lambda): lr = initial_lr * lr_lambda(epoch) (one function, or one per group).
+-- @function LambdaLR
 function LambdaLR.new(opt, ...)
   check_optimizer("LambdaLR", opt)
   local a = args("LambdaLR", { { "lr_lambda" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
@@ -145,6 +151,7 @@ function LambdaLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function LambdaLR:get_lr()
   local r = {}
   for i, base in ipairs(self.base_lrs) do
@@ -161,6 +168,8 @@ end
 -- ---- StepLR(optimizer, step_size, gamma = 0.1): lr *= gamma every step_size epochs
 local StepLR = class("StepLR", LRScheduler)
 S.StepLR = StepLR
+--- StepLR(optimizer, step_size[, gamma = 0.1]): lr *= gamma every step_size epochs.
+-- @function StepLR
 function StepLR.new(opt, ...)
   check_optimizer("StepLR", opt)
   local a = args("StepLR", { { "step_size", check = "int>0" }, { "gamma", 0.1, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
@@ -168,6 +177,7 @@ function StepLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function StepLR:get_lr()
   if self.last_epoch == 0 or self.last_epoch % self.step_size ~= 0 then return group_lrs(self) end
   return scaled(self, self.gamma)
@@ -181,6 +191,8 @@ end
 -- ---- MultiStepLR(optimizer, milestones, gamma = 0.1): lr *= gamma at each milestone epoch
 local MultiStepLR = class("MultiStepLR", LRScheduler)
 S.MultiStepLR = MultiStepLR
+--- MultiStepLR(optimizer, milestones[, gamma = 0.1]): lr *= gamma at each milestone epoch.
+-- @function MultiStepLR
 function MultiStepLR.new(opt, ...)
   check_optimizer("MultiStepLR", opt)
   local a = args("MultiStepLR", { { "milestones", list = true, check = "int>=0" }, { "gamma", 0.1, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
@@ -191,6 +203,7 @@ function MultiStepLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function MultiStepLR:get_lr()
   local c = self.milestones[self.last_epoch]
   if not c then return group_lrs(self) end
@@ -203,7 +216,7 @@ function MultiStepLR:_get_closed_form_lr()
   for i, base in ipairs(self.base_lrs) do r[i] = base * self.gamma ^ passed end
   return r
 end
--- (milestones are a map epoch -> count; JSON keys must be strings, so the state dict lists them)
+--- (milestones are a map epoch -> count; JSON keys must be strings, so the state dict lists them)
 function MultiStepLR:state_dict()
   local sd = LRScheduler.state_dict(self)
   local list = {}
@@ -212,6 +225,8 @@ function MultiStepLR:state_dict()
   sd.milestones = list
   return sd
 end
+--- Restores the state state_dict() returned.
+-- @param sd the state table
 function MultiStepLR:load_state_dict(sd)
   LRScheduler.load_state_dict(self, sd)
   local count = {}
@@ -222,6 +237,8 @@ end
 -- ---- ExponentialLR(optimizer, gamma): lr *= gamma every epoch
 local ExponentialLR = class("ExponentialLR", LRScheduler)
 S.ExponentialLR = ExponentialLR
+--- ExponentialLR(optimizer, gamma): lr *= gamma every epoch.
+-- @function ExponentialLR
 function ExponentialLR.new(opt, ...)
   check_optimizer("ExponentialLR", opt)
   local a = args("ExponentialLR", { { "gamma", check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
@@ -229,6 +246,7 @@ function ExponentialLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function ExponentialLR:get_lr()
   if self.last_epoch == 0 then return group_lrs(self) end
   return scaled(self, self.gamma)
@@ -242,6 +260,8 @@ end
 -- ---- CosineAnnealingLR(optimizer, T_max, eta_min = 0): half a cosine from initial_lr to eta_min
 local CosineAnnealingLR = class("CosineAnnealingLR", LRScheduler)
 S.CosineAnnealingLR = CosineAnnealingLR
+--- CosineAnnealingLR(optimizer, T_max[, eta_min = 0]): half a cosine from initial_lr to eta_min over T_max epochs.
+-- @function CosineAnnealingLR
 function CosineAnnealingLR.new(opt, ...)
   check_optimizer("CosineAnnealingLR", opt)
   local a = args("CosineAnnealingLR", { { "T_max", check = "int>0" }, { "eta_min", 0, check = "num" }, { "last_epoch", -1, check = "int>=-1" } }, ...)
@@ -249,6 +269,7 @@ function CosineAnnealingLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function CosineAnnealingLR:get_lr()
   local e, T, m, pi, r = self.last_epoch, self.T_max, self.eta_min, math.pi, {}
   if e == 0 then return group_lrs(self) end
@@ -275,6 +296,8 @@ end
 -- ---- LinearLR(optimizer, start_factor = 1/3, end_factor = 1, total_iters = 5): linear warmup or decay
 local LinearLR = class("LinearLR", LRScheduler)
 S.LinearLR = LinearLR
+--- LinearLR(optimizer[, start_factor = 1/3[, end_factor = 1[, total_iters = 5]]]): linear warmup or decay of the factor.
+-- @function LinearLR
 function LinearLR.new(opt, ...)
   check_optimizer("LinearLR", opt)
   local a = args("LinearLR", { { "start_factor", 1.0 / 3, check = "(0,1]" }, { "end_factor", 1.0, check = "[0,1]" },
@@ -285,6 +308,7 @@ function LinearLR.new(opt, ...)
   init_base(self, opt, a.last_epoch)
   return self
 end
+--- The learning rates of the current epoch, one per param group.
 function LinearLR:get_lr()
   local e, s, f, n = self.last_epoch, self.start_factor, self.end_factor, self.total_iters
   if e == 0 then return scaled(self, s) end
@@ -314,6 +338,8 @@ local function per_group(cls, name, v, n)
   for i = 1, n do r[i] = v end
   return r
 end
+--- OneCycleLR(optimizer, max_lr, total_steps | {epochs, steps_per_epoch}, ...): the 1cycle policy.
+-- @function OneCycleLR
 function OneCycleLR.new(opt, ...)
   check_optimizer("OneCycleLR", opt)
   local a = args("OneCycleLR", { { "max_lr", list = true, check = "num>0" },
@@ -380,6 +406,7 @@ local function anneal(strategy, start, stop, pct)
   if strategy == "cos" then return stop + (start - stop) / 2.0 * (math.cos(math.pi * pct) + 1) end
   return (stop - start) * pct + start
 end
+--- The learning rates of the current step, one per param group.
 function OneCycleLR:get_lr()
   local step = self.last_epoch
   if step > self.total_steps then
@@ -409,6 +436,8 @@ end
 -- ---- SequentialLR(optimizer, schedulers, milestones): one scheduler after another (warmup, then decay)
 local SequentialLR = class("SequentialLR", LRScheduler)
 S.SequentialLR = SequentialLR
+--- SequentialLR(optimizer, schedulers, milestones): one scheduler after another (warmup, then decay).
+-- @function SequentialLR
 function SequentialLR.new(opt, ...)
   check_optimizer("SequentialLR", opt)
   local a = args("SequentialLR", { { "schedulers", list = true }, { "milestones", list = true, check = "int>0" },
@@ -440,6 +469,7 @@ function SequentialLR.new(opt, ...)
   self._last_lr = scheds[1]:get_last_lr()
   return self
 end
+--- One epoch: steps the scheduler of the current milestone interval.
 function SequentialLR:step()
   self.last_epoch = self.last_epoch + 1
   local idx = 0  -- bisect_right(milestones, last_epoch)
@@ -448,12 +478,15 @@ function SequentialLR:step()
   if idx > 0 and self._milestones[idx] == self.last_epoch then s:step(0) else s:step() end
   self._last_lr = s:get_last_lr()
 end
+--- The scheduler's state, its schedulers' included (a plain table).
 function SequentialLR:state_dict()
   local sd = LRScheduler.state_dict(self)
   sd._schedulers = {}
   for i, s in ipairs(self._schedulers) do sd._schedulers[i] = s:state_dict() end
   return sd
 end
+--- Restores the state state_dict() returned, its schedulers' too.
+-- @param sd the state table
 function SequentialLR:load_state_dict(sd)
   LRScheduler.load_state_dict(self, sd)
   for i, s in ipairs(sd._schedulers or {}) do self._schedulers[i]:load_state_dict(s) end
@@ -464,6 +497,8 @@ end
 local ReduceLROnPlateau = class("ReduceLROnPlateau", LRScheduler)
 S.ReduceLROnPlateau = ReduceLROnPlateau
 local INF = math.huge
+--- ReduceLROnPlateau(optimizer[, {mode = "min", factor = 0.1, patience = 10, ...}]): lowers lr when a metric stops improving.
+-- @function ReduceLROnPlateau
 function ReduceLROnPlateau.new(opt, ...)
   check_optimizer("ReduceLROnPlateau", opt)
   local a = args("ReduceLROnPlateau", { { "mode", "min" }, { "factor", 0.1, check = "[0,1)" },
@@ -482,12 +517,17 @@ function ReduceLROnPlateau.new(opt, ...)
   self._last_lr = group_lrs(self)
   return self
 end
+--- Whether metric x is better than best (by mode and threshold).
+-- @param x a metric
+-- @param best the best metric so far
 function ReduceLROnPlateau:is_better(x, best)
   if self.mode == "min" and self.threshold_mode == "rel" then return x < best * (1 - self.threshold) end
   if self.mode == "min" then return x < best - self.threshold end
   if self.threshold_mode == "rel" then return x > best * (self.threshold + 1) end
   return x > best + self.threshold
 end
+--- One epoch's end: lowers lr by factor after patience epochs without improvement.
+-- @param metric the epoch's metric (a number)
 function ReduceLROnPlateau:step(metric)
   local x = fsdp.is_tensor(metric) and metric:item() or metric
   if type(x) ~= "number" then error(("ReduceLROnPlateau:step: expected the metric (a number), got %s"):format(type(metric)), 2) end
@@ -510,7 +550,7 @@ function ReduceLROnPlateau:step(metric)
   end
   self._last_lr = group_lrs(self)
 end
--- (infinities do not travel as JSON numbers: best is saved as "inf" / "-inf" until a metric came)
+--- (infinities do not travel as JSON numbers: best is saved as "inf" / "-inf" until a metric came)
 function ReduceLROnPlateau:state_dict()
   local sd = LRScheduler.state_dict(self)
   for _, k in ipairs { "best", "mode_worse" } do
@@ -518,6 +558,8 @@ function ReduceLROnPlateau:state_dict()
   end
   return sd
 end
+--- Restores the state state_dict() returned.
+-- @param sd the state table
 function ReduceLROnPlateau:load_state_dict(sd)
   LRScheduler.load_state_dict(self, sd)
   for _, k in ipairs { "best", "mode_worse" } do

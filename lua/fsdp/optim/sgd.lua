@@ -1,10 +1,11 @@
--- optim.SGD(params, {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
+--- optim.SGD(params, {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
 --                    maximize = false})  -- torch.optim.SGD
 --   g = (maximize ? -grad : grad) + weight_decay * p
 --   momentum != 0:  buf = g on the first step, else momentum * buf + (1 - dampening) * g
 --                   g = nesterov ? g + momentum * buf : buf
 --   p = p - lr * g
 -- State per parameter: momentum_buffer (when momentum != 0), in the OPTIM memory category.
+-- @module fsdp.optim.sgd
 local fsdp = require "fsdp"
 local Optimizer = require("fsdp.optim").Optimizer
 local C = fsdp.C
@@ -15,7 +16,7 @@ local function check_hparam(ok, fmt, ...)
   if not ok then error(fmt:format(...), 4) end
 end
 
--- the options may also come by position: torch.optim.SGD(params, 0.1[, momentum, ...]) (optim._options)
+--- the options may also come by position: torch.optim.SGD(params, 0.1[, momentum, ...]) (optim._options)
 function SGD:__init(params, ...)
   local opts = require("fsdp.optim")._options("SGD", ...)
   local d = {
