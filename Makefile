@@ -45,7 +45,7 @@ EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 
 # BUILD: where objects and C tests go (make memcheck builds its own copy in build-memcheck)
 BUILD ?= build
-# src/ is layered (README, "Layout"; make layers checks it): core, backend/cpu, ops, dist, io
+# src/ is layered (docs/layout.md; make layers checks it): core, backend/cpu, ops, dist, io
 SRCS := $(filter-out src/dist/comm_mpi.c src/dist/comm_nccl.c,$(wildcard src/*/*.c src/*/*/*.c))
 OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
 HDRS := $(wildcard src/*.h src/*/*.h src/*/*/*.h)
@@ -312,7 +312,7 @@ bench-deps:
 	fi
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
-# shard, and against PyTorch DDP over gloo). See bench/README.md, "FSDP benchmarks".
+# shard, and against PyTorch DDP over gloo). See bench/README.md, "make bench-fsdp".
 bench-fsdp: all
 	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_memory.lua --device cuda --gc 1 && \
 	  $(LUAJIT) bench/fsdp_speed.lua

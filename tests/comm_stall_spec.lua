@@ -1,7 +1,7 @@
 -- A rank that stalls (SIGSTOP) at any point of a collective: before the ranks agree, right after
 -- submitting, right after agreeing (in the data movement of each kind), between collectives and
 -- at a random moment sent from outside. Every other rank must fail within FSDP_COMM_TIMEOUT plus
--- the stated margin (README, FSDP_COMM_TIMEOUT: 0.5 s; SLACK below is the scheduling of the
+-- the stated margin (docs/environment.md, FSDP_COMM_TIMEOUT: 0.5 s; SLACK below is the scheduling of the
 -- ranks and of this measurement on a loaded machine), measured from the moment the victim
 -- stopped, naming the collective, the tag and the missing rank; and after it sends SIGCONT to
 -- the stalled rank its next collective must fail with the same first error. Trials run as 2- and

@@ -1,5 +1,5 @@
 -- Models built without storage (fsdp.meta) and materialised as shards, against one process building
--- the same model eagerly (README, "Models larger than one rank"): tests/scripts/meta_init.lua checks
+-- the same model eagerly (docs/fsdp.md, "Models larger than one rank"): tests/scripts/meta_init.lua checks
 -- bit-identical sharded initialisation for every layer type with parameters under several wrap
 -- plans and shardings, the memory bound with exact counters, rank-0 materialisation, full
 -- checkpoints loaded piecewise and the errors, at 1-4 ranks; and a sharded checkpoint saved at 2

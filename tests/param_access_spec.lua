@@ -1,5 +1,5 @@
 -- A sharded parameter outside forward and backward acts on the whole parameter or refuses with an
--- error that says why -- never silently on this rank's piece (README, "A sharded parameter outside
+-- error that says why -- never silently on this rank's piece (docs/fsdp.md, "A sharded parameter outside
 -- forward and backward"): tests/scripts/param_access.lua checks each operation family against one
 -- process at 1, 2 and 3 ranks (3: uneven pieces).
 -- Rerun one world size by hand:  bin/fsdprun -n 3 tests/scripts/param_access.lua

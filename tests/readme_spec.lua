@@ -1,13 +1,13 @@
--- The README cannot drift: every command in one of its ```sh blocks is run, either here or by
--- .ci/run. A block whose commands all appear as lines of .ci/run (make demo, make test, the
--- benchmarks, the guardrails) is CI's; any other block runs here, as one bash script from the
--- checkout, and must exit 0. So that nothing outside a temporary directory is touched, the
--- script sees HOME, /tmp and /usr/local replaced by directories of its own.
+-- The documents cannot drift: every command in one of the ```sh blocks of README.md and of
+-- docs/*.md is run, either here or by .ci/run. A block whose commands all appear as lines of
+-- .ci/run (make demo, make test, the benchmarks, the guardrails) is CI's; any other block runs
+-- here, as one bash script from the checkout, and must exit 0. So that nothing outside a temporary
+-- directory is touched, the script sees HOME, /tmp and /usr/local replaced by directories of its own.
 local H = require "helpers"
 
 local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
 
--- the README's sh blocks: { first_line = n, commands = { "make demo", ... } }, comments dropped
+-- a document's sh blocks: { first_line = n, commands = { "make demo", ... } }, comments dropped
 local function sh_blocks(text)
   local blocks, cur, n = {}, nil, 0
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
@@ -26,7 +26,7 @@ local function sh_blocks(text)
 end
 
 -- each line of .ci/run, and each one's command before its first VAR=value argument: `make demo-gpt
--- GPT_STOP_AT=300 ...` (a short form CI runs) counts as the README's `make demo-gpt`
+-- GPT_STOP_AT=300 ...` (a short form CI runs) counts as the documents' `make demo-gpt`
 local function ci_lines()
   local set = {}
   for line in H.read_file(H.root .. "/.ci/run"):gmatch("[^\n]+") do
@@ -56,39 +56,56 @@ local function run_block(block, tmp)
   return H.sh(("bash %q"):format(script), nil, 600)
 end
 
-describe("README.md", function()
-  local blocks = sh_blocks(H.read_file(H.root .. "/README.md"))
-  local ci = ci_lines()
+-- README.md, then docs/*.md in name order (paths relative to the checkout)
+local function documents()
+  local docs = { "README.md" }
+  local p = assert(io.popen(("ls %q/docs/*.md 2>/dev/null"):format(H.root)))
+  for path in p:read("*a"):gmatch("[^\n]+") do docs[#docs + 1] = path:sub(#H.root + 2) end
+  p:close()
+  return docs
+end
 
-  it("has sh blocks, each either CI's or this spec's", function()
-    assert.is_true(#blocks >= 5, "expected the README's sh blocks, found " .. #blocks)
-    for _, b in ipairs(blocks) do
-      local in_ci = 0
-      for _, cmd in ipairs(b.commands) do if ci[cmd] then in_ci = in_ci + 1 end end
-      assert(in_ci == 0 or in_ci == #b.commands, ("README.md:%d: the block mixes commands .ci/run runs with "
-        .. "commands it does not (%s); split it"):format(b.first_line, table.concat(b.commands, "; ")))
-    end
-  end)
+local ci = ci_lines()
 
-  it("names the two commands, and .ci/run runs them", function()
+describe("the documents' commands", function()
+  it("README.md has sh blocks, and .ci/run runs the two commands", function()
+    local n = #sh_blocks(H.read_file(H.root .. "/README.md"))
+    assert.is_true(n >= 5, "expected the README's sh blocks, found " .. n)
     assert.is_true(ci["make test"] and ci["make demo"], ".ci/run must run `make test` and `make demo`")
   end)
 
-  for _, b in ipairs(blocks) do
-    local all_ci = #b.commands > 0
-    for _, cmd in ipairs(b.commands) do all_ci = all_ci and ci[cmd] == true end
-    if not all_ci then
-      it(("runs the block at README.md:%d (%s)"):format(b.first_line, table.concat(b.commands, "; ")), function()
-        local tmp = H.mkdtemp("fsdp_readme")
-        local rc, out = run_block(b, tmp)
-        os.execute(("rm -rf %q"):format(tmp))
-        assert.are.equal(0, rc, ("README.md:%d failed:\n%s"):format(b.first_line, out))
-        -- make install into a prefix LuaJIT does not search prints the lines that make it search there
-        if table.concat(b.commands, "\n"):find("make install PREFIX=", 1, true) then
-          assert.truthy(out:find('export LUA_PATH="' .. tmp .. '/prefix/share/lua/5.1/?.lua', 1, true), out)
-          assert.truthy(out:find('export LUA_CPATH="' .. tmp .. '/prefix/lib/lua/5.1/?.so', 1, true), out)
-        end
-      end)
+  it("finds docs/*.md", function()
+    assert.is_true(#documents() > 1, "expected docs/*.md beside README.md")
+  end)
+
+  for _, doc in ipairs(documents()) do
+    local blocks = sh_blocks(H.read_file(H.root .. "/" .. doc))
+
+    it(doc .. ": each sh block is either CI's or this spec's", function()
+      for _, b in ipairs(blocks) do
+        local in_ci = 0
+        for _, cmd in ipairs(b.commands) do if ci[cmd] then in_ci = in_ci + 1 end end
+        assert(in_ci == 0 or in_ci == #b.commands, ("%s:%d: the block mixes commands .ci/run runs with "
+          .. "commands it does not (%s); split it"):format(doc, b.first_line, table.concat(b.commands, "; ")))
+      end
+    end)
+
+    for _, b in ipairs(blocks) do
+      local all_ci = #b.commands > 0
+      for _, cmd in ipairs(b.commands) do all_ci = all_ci and ci[cmd] == true end
+      if not all_ci then
+        it(("runs the block at %s:%d (%s)"):format(doc, b.first_line, table.concat(b.commands, "; ")), function()
+          local tmp = H.mkdtemp("fsdp_readme")
+          local rc, out = run_block(b, tmp)
+          os.execute(("rm -rf %q"):format(tmp))
+          assert.are.equal(0, rc, ("%s:%d failed:\n%s"):format(doc, b.first_line, out))
+          -- make install into a prefix LuaJIT does not search prints the lines that make it search there
+          if table.concat(b.commands, "\n"):find("make install PREFIX=", 1, true) then
+            assert.truthy(out:find('export LUA_PATH="' .. tmp .. '/prefix/share/lua/5.1/?.lua', 1, true), out)
+            assert.truthy(out:find('export LUA_CPATH="' .. tmp .. '/prefix/lib/lua/5.1/?.so', 1, true), out)
+          end
+        end)
+      end
     end
   end
 end)

@@ -216,7 +216,7 @@ local arg_error = fsdp._arg_error
 
 -- A sharded FSDP parameter outside its unit's forward and backward holds only this rank's piece
 -- of its values (elements [start, start + length) of the flattened whole), while it answers its
--- full shape. Nothing may then act on the piece as if it were the parameter (README, "A sharded
+-- full shape. Nothing may then act on the piece as if it were the parameter (docs/fsdp.md, "A sharded
 -- parameter outside forward and backward"): as self it may only be the argument of the methods
 -- below, which act on the whole parameter (metadata) or change it elementwise, each rank its own
 -- piece (tensor.lua); anything else -- reading values, indexing, views, arithmetic, an op's input --

@@ -9,7 +9,7 @@
  * never waited for forever), `data` carries the payloads.
  *
  * Every rank that waits for a stopped one fails within timeout_s + WAIT_MARGIN_S of the start of
- * its wait (README, FSDP_COMM_TIMEOUT). Rank 0 decides the agreement at its deadline; a rank
+ * its wait (docs/environment.md). Rank 0 decides the agreement at its deadline; a rank
  * r != 0 waits for that verdict timeout_s + WAIT_MARGIN_S, and longer only after a note from rank
  * 0 (sent once rank 0 has waited NOTE_AFTER_S with r's record in hand: it is running, waiting for
  * others, and decides within timeout_s of the note), so a late rank 0 is not blamed for a missing

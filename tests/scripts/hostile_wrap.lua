@@ -1,4 +1,4 @@
--- Changing a model after fsdp.wrap (issue 39, item 8; README, "fsdp.wrap"): a unit's parameters
+-- Changing a model after fsdp.wrap (issue 39, item 8; docs/fsdp.md, "Units"): a unit's parameters
 -- are sharded once, when it is wrapped, so adding, replacing or removing a parameter or a
 -- submodule anywhere in a wrapped model must be refused at the next forward, naming what changed
 -- and the unit -- never trained silently unsharded and unreduced (each rank then ended with its

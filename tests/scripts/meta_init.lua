@@ -1,5 +1,5 @@
 -- Models built without storage (fsdp.meta) and materialised as shards, against one process building
--- the same model eagerly with the same seed (README, "Models larger than one rank"):
+-- the same model eagerly with the same seed (docs/fsdp.md, "Models larger than one rank"):
 --   sharded init    every layer type with parameters, under several wrap plans and shardings, ties,
 --                   frozen parameters, bf16 parameters, a strided init, a copy from a real tensor:
 --                   the full parameters and buffers bit for bit the eager ones, and the RNG stream

@@ -1,4 +1,4 @@
--- A sharded parameter outside forward and backward (README, "A sharded parameter outside forward and
+-- A sharded parameter outside forward and backward (docs/fsdp.md, "A sharded parameter outside forward and
 -- backward"), family by family, against one process on the unwrapped model:
 --   metadata        shape, size, dim, numel, #p, dtype answer the full parameter
 --   reads           values, indexing, views, reductions, arithmetic, use as an op's or a collective's

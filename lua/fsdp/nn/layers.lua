@@ -235,7 +235,7 @@ function ConvTranspose2d:extra_repr()
 end
 
 -- ---- activations and other parameter-free layers -----------------------------------------------------------
--- spec: the constructor's arguments (fsdp.args); `inplace` is accepted and changes nothing (README:
+-- spec: the constructor's arguments (fsdp.args); `inplace` is accepted and changes nothing (docs/api.md:
 -- autograd here never needs the memory an in-place activation saves, and the results are the same)
 local function simple(name, fn, spec)
   local cls = Module:extend(name)
