@@ -104,7 +104,7 @@ describe("tools/deps.sh without root on a machine without the packages", functio
 
   it("prints the one apt-get line and exits 1, for each set", function()
     local dir = fake_bin()
-    for _, set in ipairs { "build", "demo", "test", "ci" } do
+    for _, set in ipairs { "build", "demo", "test", "doc", "ci" } do
       local list = io.popen(("bash %q/tools/deps.sh --list %s"):format(H.root, set)):read("*l")
       local rc, out = H.sh(("bash %q/tools/deps.sh %s"):format(H.root, set), ("PATH=%q:$PATH"):format(dir))
       assert.are.equal(1, rc, out)
