@@ -73,7 +73,7 @@ end
 -- (and other ranks) need. They spin briefly first (10000 pauses: ~0.35 ms where a pause is ~140
 -- cycles, as on recent Intel cores; well under 0.1 ms on AMD's short pauses), as the next parallel
 -- region of a step usually follows within that: waking a sleeping thread each time cost 5-8% of the
--- MLP and transformer steps at 2 threads on a Xeon family 6 model 143 (bench/README.md). A user's own
+-- MLP and transformer steps at 2 threads on a Xeon family 6 model 143 (commit 12eb517). A user's own
 -- setting of either wins. libgomp reads them when it loads with libfsdp.so, so set them first.
 ffi.cdef [[ int setenv(const char* name, const char* value, int overwrite); int unsetenv(const char* name); ]]
 ffi.C.setenv("OMP_WAIT_POLICY", "passive", 0)

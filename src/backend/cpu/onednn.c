@@ -7,7 +7,7 @@
  *   blocked  the operands are reordered into the layouts oneDNN's direct JIT kernels want
  *            (channels in blocks of 16 or 8), the pass runs there, the result is reordered back.
  * Blocked kernels run at 85-90% of the FMA peak where plain ones reach 55-70%, but the reorders
- * cost 10-30% of the pass. Measured on a 2-core AMD EPYC (bench/README.md, "Convolution"),
+ * cost 10-30% of the pass. Measured on a 2-core AMD EPYC (commit bd7e651's bench/README.md),
  * blocked wins everywhere except for 1x1 kernels (plain is one GEMM, the reorders are pure loss)
  * and the input gradient of layers with few input channels (the RGB stem: blocked runs 3x slower).
  * conv_layout() is that rule; FSDP_CONV_LAYOUT=plain|blocked forces one, for measurements.
