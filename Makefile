@@ -72,7 +72,7 @@ $(BUILD):
 FFI_SECTION = sed -n '/^\/\/ FFI-BEGIN/,/^\/\/ FFI-END/p' src/fsdp.h
 
 # only the public API (the functions of the FFI section) is exported: a version script made from
-# that section hides every other symbol (tests/cdef_spec.lua compares nm -D with it)
+# that section hides every other symbol (tests/core/cdef_spec.lua compares nm -D with it)
 $(BUILD)/libfsdp.map: src/fsdp.h | $(BUILD)
 	{ echo '{ global:'; $(FFI_SECTION) | sed -E 's/\(\*[A-Za-z0-9_]+\)//g' | grep -oE '\bfsdp_[A-Za-z0-9_]+ *\(' | \
 	  sed -E 's/ *\($$/;/' | sort -u; echo 'local: *; };'; } > $@
@@ -259,7 +259,7 @@ tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 # The CUDA kernels' memcheck and racecheck (.ci/run): the CUDA executor built again with
 # AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then with ThreadSanitizer
 # (build-tsan/), each running its self-test, the cuBLASLt/cuDNN stand-ins' test, the op-case table's
-# device cases and tests/cuda_spec.lua (the optimizer kernels): every kernel. An access past a
+# device cases and tests/backends/cuda_spec.lua (the optimizer kernels): every kernel. An access past a
 # global or shared buffer, undefined behaviour, or two threads of a block (or two blocks) touching
 # one address with a write and no barrier between are errors naming the kernel. The planted races
 # of the self-test must be reported (exit 66). Then the FSDP matrix at world size 4 on the executor
@@ -277,7 +277,7 @@ cuda-emu-check: all
 	  EMU_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" build-asan/libfsdp_cudaemu.so cudaemu
 	$(EMU_ASAN_ENV) build-asan/cudaemu/selftest
 	$(EMU_ASAN_ENV) build-asan/cudaemu/libs_test
-	for spec in "$(EMU_CASES) tests/ops_spec.lua" tests/cuda_spec.lua; do \
+	for spec in "$(EMU_CASES) tests/ops/ops_spec.lua" tests/backends/cuda_spec.lua; do \
 	  $(EMU_ASAN_ENV) LD_PRELOAD=$(ASAN_LIB) FSDP_CUDA_EMU_LIB=build-asan/libfsdp_cudaemu.so $(EMU_RUN) \
 	  $(LUAJIT) $(BUSTED) $$spec || exit 1; done
 	$(MAKE) --no-print-directory EMU_BUILD=build-tsan/cudaemu EMU_LIB=build-tsan/libfsdp_cudaemu.so \
@@ -286,7 +286,7 @@ cuda-emu-check: all
 	$(EMU_TSAN_ENV) build-tsan/cudaemu/libs_test
 	for race in race_shared race_blocks; do $(EMU_TSAN_ENV) build-tsan/cudaemu/selftest $$race >/dev/null 2>&1; \
 	  rc=$$?; [ $$rc = 66 ] || { echo "the planted $$race was not reported (exit $$rc)"; exit 1; }; done
-	for spec in "$(EMU_CASES) tests/ops_spec.lua" tests/cuda_spec.lua; do \
+	for spec in "$(EMU_CASES) tests/ops/ops_spec.lua" tests/backends/cuda_spec.lua; do \
 	  $(EMU_TSAN_ENV) LD_PRELOAD=$(TSAN_LIB) FSDP_CUDA_EMU_LIB=build-tsan/libfsdp_cudaemu.so $(EMU_RUN) \
 	  $(LUAJIT) -e "$(EMU_UNPRELOAD)" $(BUSTED) --ignore-lua $$spec || exit 1; done
 	for plane in host standin; do FSDP_DEVICE_COMM=$$plane FSDP_MATRIX_DEVICE=cuda FSDP_CUDA_EMU=1 \

@@ -7,8 +7,8 @@
 #            oneDNN and busted as .deb files, libfsdp.so and libfsdp_cuda.so built for x86-64-v3) with
 #            Python alone (no dpkg, no package manager); the CUDA libraries come from PyTorch's wheels
 #   load     fsdp.cuda.is_available(), why_not(), the device, the versions
-#   specs    tests/cuda_spec.lua on the real device, then every op case CUDA against the CPU
-#            (tests/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv,
+#   specs    tests/backends/cuda_spec.lua on the real device, then every op case CUDA against the CPU
+#            (tests/ops/ops_spec.lua, "cuda:" cases) with each case's largest errors in ops_report.tsv,
 #            the FSDP matrix on the GPU, and every collective on GPU tensors through NCCL (one rank)
 #   sanitize compute-sanitizer (memcheck) over the CUDA spec, where the machine has it
 #   demo     examples/train.lua --device cuda (make demo's job on one GPU rank), its accuracies
@@ -156,8 +156,8 @@ stage specs 130 '
     echo "$* -> $(grep -c "^ok" "'"$OUT"'/tap.txt") ok, $(grep -c "^not ok" "'"$OUT"'/tap.txt") not ok (exit $rc)"
     cat "'"$OUT"'/tap.txt" >> "'"$OUT"'/specs_tap.txt"; }
   : > "'"$OUT"'/specs_tap.txt"
-  tap tests/cuda_spec.lua
-  FSDP_OP_REPORT="'"$OUT"'/ops_report.tsv" tap --filter="cuda:" tests/ops_spec.lua
+  tap tests/backends/cuda_spec.lua
+  FSDP_OP_REPORT="'"$OUT"'/ops_report.tsv" tap --filter="cuda:" tests/ops/ops_spec.lua
   # the FSDP matrix with the wrapped side on the GPU (one rank: no MPI on this machine)
   FSDP_MATRIX_DEVICE=cuda luajit tests/scripts/fsdp_matrix.lua > "'"$OUT"'/matrix.txt" 2>&1
   echo "fsdp matrix on the GPU: exit $?"; grep -E "^(SUMMARY|FAILED|DETAIL)" "'"$OUT"'/matrix.txt" | head -20
@@ -182,7 +182,7 @@ stage sanitize 30 '
   . "'"$OUT"'/env.sh"; cd "'"$repo"'"
   S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
-  "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/cuda_spec.lua
+  "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/backends/cuda_spec.lua
 '
 
 # ---- demo: the main job on the GPU (one rank), its accuracies against make demo's -------------------------------

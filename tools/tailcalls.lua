@@ -4,7 +4,7 @@
 -- Why: LuaJIT's trace recorder counts every tail call in a trace against its loop-unroll limit
 -- (15) and never resets the count, so a hot loop whose body makes more than 15 of them (each
 -- tensor op used to make one or two) is never compiled. The library writes `return (f(...))`
--- or `local r = f(...); return r` on its hot paths; tests/jit_spec.lua runs this over them.
+-- or `local r = f(...); return r` on its hot paths; tests/core/jit_spec.lua runs this over them.
 local util = require "jit.util"
 local vmdef = require "jit.vmdef"
 

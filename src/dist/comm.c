@@ -376,7 +376,7 @@ static void run_work(fsdp_work* w) {
 }
 
 // the test hook FSDP_COMM_STALL_AT: this rank stops right after agreeing, and says when (epoch
-// seconds, on stderr) so that tests/comm_stall_spec.lua measures the others' detection from it
+// seconds, on stderr) so that tests/fsdp/comm_stall_spec.lua measures the others' detection from it
 static void stall_here(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

@@ -1,7 +1,7 @@
 /*
  * test_comm.c -- the communicator with the "self" backend (one rank): every collective's value,
  * async handles waited out of order, non-contiguous tensors, stats, argument errors, finalize
- * and re-init, calls from a second thread (refused, naming both threads). Multi-rank behaviour is tested by tests/comm_spec.lua through bin/fsdprun.
+ * and re-init, calls from a second thread (refused, naming both threads). Multi-rank behaviour is tested by tests/fsdp/comm_spec.lua through bin/fsdprun.
  * Run under valgrind by `make memcheck`.
  */
 #include <pthread.h>

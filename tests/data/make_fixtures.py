@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the safetensors fixtures used by tests/io_spec.lua and tests/c/test_io.c.
+"""Writes the safetensors fixtures used by tests/io/io_spec.lua and tests/c/test_io.c.
 
     python3 tests/data/make_fixtures.py        (from the repository root)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden reference runs for tests/golden_spec.lua, produced with PyTorch.
+"""Golden reference runs for tests/nn/golden_spec.lua, produced with PyTorch.
 
 Run with Debian's PyTorch (python3-torch, CPU):   /usr/bin/python3 tests/golden/gen.py
 (the `safetensors` package is not needed: the format is written by hand below).

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden values for tests/conv_layers_spec.lua, from torch.nn.functional.
+"""Golden values for tests/nn/conv_layers_spec.lua, from torch.nn.functional.
 
 Run with Debian's PyTorch (python3-torch):   /usr/bin/python3 tests/golden/gen_conv_layers.py
 

@@ -1,4 +1,4 @@
-# Golden index lists of torch.utils.data.DistributedSampler for tests/dataloader_spec.lua.
+# Golden index lists of torch.utils.data.DistributedSampler for tests/nn/dataloader_spec.lua.
 #   /usr/bin/python3 tests/golden/gen_distributed_sampler.py > tests/golden/distributed_sampler.json
 # For each case: the epoch's order torch draws (randperm from a generator seeded with seed + epoch,
 # or 0..n-1 unshuffled) and every rank's list. torch's RNG is not fsdp's, so the spec checks that

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden learning rates for tests/optim_sched_spec.lua, from torch.optim.lr_scheduler.
+"""Golden learning rates for tests/nn/optim_sched_spec.lua, from torch.optim.lr_scheduler.
 
 Run with Debian's PyTorch (python3-torch):   /usr/bin/python3 tests/golden/gen_lr_schedulers.py
 

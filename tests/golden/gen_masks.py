@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden values for tests/tensor_index_spec.lua, from PyTorch (Debian's python3-torch, float32).
+"""Golden values for tests/core/tensor_index_spec.lua, from PyTorch (Debian's python3-torch, float32).
 
 Run:   /usr/bin/python3 tests/golden/gen_masks.py
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden values of the normalization layers for tests/norm_spec.lua, produced with PyTorch.
+"""Golden values of the normalization layers for tests/nn/norm_spec.lua, produced with PyTorch.
 
 Run with Debian's PyTorch (python3-torch 1.13, CPU):   /usr/bin/python3 tests/golden/gen_norm.py
 Writes tests/golden/norm.safetensors (float32 and int64 tensors, names below):

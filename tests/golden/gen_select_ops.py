@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden values for tests/select_ops_spec.lua: torch.sort (stable), torch.topk, torch.gather and
+"""Golden values for tests/ops/select_ops_spec.lua: torch.sort (stable), torch.topk, torch.gather and
 torch.Tensor.scatter_add on inputs with many ties (values in steps of 0.5); topk also on distinct values.
 
 Run with Debian's PyTorch (python3-torch):   /usr/bin/python3 tests/golden/gen_select_ops.py

@@ -1,4 +1,4 @@
--- The model, optimizer and data of the sharded-checkpoint tests (tests/checkpoint_spec.lua,
+-- The model, optimizer and data of the sharded-checkpoint tests (tests/fsdp/checkpoint_spec.lua,
 -- tests/scripts/ckpt_train.lua): nested units (one owning no parameters of its own), a NO_SHARD
 -- unit, a frozen parameter, sizes that leave padded and empty pieces at 2 and 4 ranks, AdamW with
 -- two parameter groups. The global batch is drawn from the shared RNG on every rank.

@@ -1,4 +1,4 @@
--- Multi-rank phases of tests/checkpoint_spec.lua (run by bin/fsdprun -n N):
+-- Multi-rank phases of tests/fsdp/checkpoint_spec.lua (run by bin/fsdprun -n N):
 --   first  DIR OUT      train 3 steps, save_sharded, record the gathered state, train 3 more
 --                       (also an unwrapped reference on the global batch); rank 0 writes OUT/first.lua
 --   resume DIR OUT TAG  fresh model (other seed), load_sharded, train 3 steps; OUT/resume_TAG.lua

@@ -1,4 +1,4 @@
--- One trial of a stalled rank (tests/comm_stall_spec.lua runs it through comm_stall.sh).
+-- One trial of a stalled rank (tests/fsdp/comm_stall_spec.lua runs it through comm_stall.sh).
 --   comm_stall.lua DIR VICTIM MODE STEP [LATE0]
 -- Every rank writes its pid to DIR/pid<rank>, then runs rounds of an async all_reduce, then
 -- all_gather, reduce_scatter, all_reduce and broadcast of 1 M floats (tags "s<step>-<kind>"). The

@@ -1,5 +1,5 @@
 -- Every collective's values on every rank, against closed forms (rank r contributes r+1+i).
--- Run by tests/comm_spec.lua as `luajit comm_values.lua` (self backend) and `fsdprun -n 2|4`.
+-- Run by tests/fsdp/comm_spec.lua as `luajit comm_values.lua` (self backend) and `fsdprun -n 2|4`.
 -- Prints "rank R/N ok" at the end; any failed check raises (non-zero exit).
 local fsdp = require "fsdp"
 local ffi = require "ffi"

@@ -1,4 +1,4 @@
--- tests/dataloader_spec.lua: a DistributedSampler (num_replicas and rank from the communicator)
+-- tests/nn/dataloader_spec.lua: a DistributedSampler (num_replicas and rank from the communicator)
 -- under a DataLoader on every rank; each rank writes the sample ids of its batches for 2 epochs
 -- to DIR/rank<R>.json, and shows an fsdp.progress line (rank 0 alone prints).
 --   bin/fsdprun -n 2 tests/scripts/dataloader_ranks.lua DIR

@@ -1,4 +1,4 @@
--- Child process of tests/hostile_spec.lua: every public function of fsdp, fsdp.nn (layers, init,
+-- Child process of tests/hostile/hostile_spec.lua: every public function of fsdp, fsdp.nn (layers, init,
 -- Module methods), fsdp.F, fsdp.optim (optimizers, schedulers), fsdp.data, the tensor methods and
 -- the file and checkpoint functions, called with bad values for each argument in turn: nil, wrong
 -- types, NaN and infinities, fractional, negative and huge integers, lists with holes, strings

@@ -1,4 +1,4 @@
--- tests/hybrid_spec.lua at 4 ranks: a second hybrid group size is refused; one training step of a
+-- tests/fsdp/hybrid_spec.lua at 4 ranks: a second hybrid group size is refused; one training step of a
 -- model with two hybrid units (shard groups of 2) issues the collectives fsdp.summary predicts
 local fsdp = require "fsdp"
 local nn, F = fsdp.nn, fsdp.nn.functional

@@ -1,4 +1,4 @@
--- Prints what tests/launch_spec.lua checks fsdprun's output with. Modes (arg[1]):
+-- Prints what tests/tools/launch_spec.lua checks fsdprun's output with. Modes (arg[1]):
 --   lines N       N lines per rank, each written in three pieces ("L <rank> <i> " .. 60 x's)
 --   fail          every rank raises the same error
 --   exit R CODE   rank R exits with CODE at once, before MPI starts; the others wait in fsdp.init

@@ -1,4 +1,4 @@
--- fsdp.multinomial draws the same samples on every rank for the same seed (tests/select_ops_spec.lua
+-- fsdp.multinomial draws the same samples on every rank for the same seed (tests/ops/select_ops_spec.lua
 -- runs this under bin/fsdprun -n 2): each rank seeds 19, draws with and without replacement from
 -- 2-D probabilities, and prints "multinomial rank R: <samples>" for the spec to compare; the ranks
 -- also compare the samples themselves through an all-reduce of their sum and of their square sum.

@@ -1,5 +1,5 @@
 -- Two training steps of a model with two FSDP units under the timeline trace (FSDP_TRACE=path set
--- by tests/trace_spec.lua), then a validation forward under no_grad. Prints one line,
+-- by tests/core/trace_spec.lua), then a validation forward under no_grad. Prints one line,
 -- "rank R collectives N", N every collective counted by fsdp.comm_stats (what the trace's
 -- communication track must hold).
 local fsdp = require "fsdp"

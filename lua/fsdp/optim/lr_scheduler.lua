@@ -1,5 +1,5 @@
 --- fsdp.optim.lr_scheduler: torch.optim.lr_scheduler's schedulers, with its names, formulas (the same
--- arithmetic, so the same numbers: tests/optim_sched_spec.lua against PyTorch's) and state dicts.
+-- arithmetic, so the same numbers: tests/nn/optim_sched_spec.lua against PyTorch's) and state dicts.
 --
 --   local sched = fsdp.optim.lr_scheduler
 --   local s = sched.StepLR(opt, 30, {gamma = 0.1})      -- positional as in PyTorch, or keywords:

@@ -92,7 +92,7 @@ static int conv_layout(const fsdp_conv_geom* g, int pass) {
 // Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3: 3x3, stride 1, float32, AVX-512), for layers of 16+
 // channels in and out (it takes the RGB stem too, but runs it 2-3x slower than direct):
 // 2.0-2.6x the direct kernels' speed on the 3x3 layers of the bench models (2-core AMD EPYC), with
-// rounding a few times the direct kernels' (tests/conv_paths_spec.lua bounds it). Tried first
+// rounding a few times the direct kernels' (tests/backends/conv_paths_spec.lua bounds it). Tried first
 // wherever oneDNN has it, unless FSDP_CONV_ALGO=direct; a geometry oneDNN refuses runs direct.
 static int winograd_allowed(void) {
   const char* s = getenv("FSDP_CONV_ALGO");

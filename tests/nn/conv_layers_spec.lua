@@ -3,7 +3,7 @@
 -- Forward and gradients against PyTorch (tests/golden/conv_layers.json, written by
 -- tests/golden/gen_conv_layers.py), state_dict keys and shapes, initialization bounds, the padding
 -- row's gradient, Dropout2d's channel pattern, and the errors for bad arguments. The ops' finite
--- difference checks are op cases (tests/op_cases.lua), the convolution paths tests/conv_paths_spec.lua.
+-- difference checks are op cases (tests/ops/op_cases.lua), the convolution paths tests/backends/conv_paths_spec.lua.
 local fsdp = require "fsdp"
 local H = require "helpers"
 local json = require "fsdp.json"

@@ -5,8 +5,7 @@ local ffi = require "ffi"
 local fsdp = require "fsdp"
 local H = require "helpers"
 
-local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local DATA = here .. "/data/"
+local DATA = H.root .. "/tests/data/"
 
 local tmpdir = os.tmpname()
 os.remove(tmpdir)

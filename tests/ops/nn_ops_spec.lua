@@ -1,6 +1,6 @@
 -- Neural-network ops (src/ops_nn.c): softmax, log_softmax, cross_entropy, nll_loss, mse_loss,
 -- layer_norm, embedding, dropout, scaled_dot_product_attention: what the op-case table
--- (tests/op_cases.lua, run by ops_spec.lua, which calls them through fsdp.nn.functional) does not
+-- (tests/ops/op_cases.lua, run by ops_spec.lua, which calls them through fsdp.nn.functional) does not
 -- cover: -inf logits, exact gradients (ignored targets, padding rows, frozen parameters), the
 -- parallel backward paths on large inputs, random dropout, node names, memory, and bad input as
 -- Lua errors. The ops are called through the C API (fsdp.C) here.

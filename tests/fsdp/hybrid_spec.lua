@@ -1,6 +1,6 @@
 -- Hybrid sharding's options and errors (its training against one process is in the FSDP matrix,
 -- tests/scripts/fsdp_matrix.lua's sharding=hybrid cases at 1, 2 and 4 ranks; checkpoints across
--- hybrid and full sharding in tests/checkpoint_spec.lua).
+-- hybrid and full sharding in tests/fsdp/checkpoint_spec.lua).
 local fsdp = require "fsdp"
 local nn = fsdp.nn
 local H = require "helpers"

@@ -4,7 +4,7 @@
 -- paths (moves between devices, factories, Module:to, autograd across a move, memory counters)
 -- run on the test double of a GPU (backend/testdev): the CPU's kernels on memory the host cannot
 -- touch, so a path that reads device memory on the host faults instead of passing by luck.
--- tests/ops_spec.lua runs the whole op-case table on it. On a machine with a GPU the first group
+-- tests/ops/ops_spec.lua runs the whole op-case table on it. On a machine with a GPU the first group
 -- checks the real device instead, and the test double is not installed.
 local fsdp = require "fsdp"
 local ffi = require "ffi"
@@ -14,7 +14,7 @@ local C = fsdp.C
 local has_driver = pcall(ffi.load, "libcuda.so.1")
 local has_nvcc = os.execute("command -v nvcc >/dev/null 2>&1") == 0
 -- FSDP_CUDA_EMU=1: the CUDA executor (tests/cudaemu, the CUDA backend's own kernels on the CPU)
--- is the device, as a GPU would be (tests/cudaemu_spec.lua runs this spec so)
+-- is the device, as a GPU would be (tests/backends/cudaemu_spec.lua runs this spec so)
 local emu = os.getenv("FSDP_CUDA_EMU") == "1"
 
 describe("fsdp.cuda without a GPU", function()

@@ -1,13 +1,13 @@
--- conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d: what the op-case table (tests/op_cases.lua,
+-- conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d: what the op-case table (tests/ops/op_cases.lua,
 -- run by ops_spec.lua) does not cover: which inputs get gradients, the image-parallel path on a
 -- larger batch with its exact backward, max pooling's gradient routing, and bad input.
 package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 local F = fsdp.nn.functional
 
--- the naive direct convolution of tests/op_refs.lua on tensors; returns the flat output
+-- the naive direct convolution of tests/ops/op_refs.lua on tensors; returns the flat output
 local function ref_conv2d(x, w, b, o)
   return R.conv2d(o, R.from_tensor(x), R.from_tensor(w), R.from_tensor(b)).data
 end

@@ -28,8 +28,8 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
   end)
 
   it("passes the op-case table, the convolution paths and Winograd", function()
-    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/ops_spec.lua tests/conv_paths_spec.lua " ..
-      "tests/winograd_spec.lua"):format(sh_quote(H.root))), "FSDP_CPU_ISA=sse2 OMP_NUM_THREADS=1", 600)
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/ops/ops_spec.lua tests/backends/conv_paths_spec.lua " ..
+      "tests/backends/winograd_spec.lua"):format(sh_quote(H.root))), "FSDP_CPU_ISA=sse2 OMP_NUM_THREADS=1", 600)
     assert.equal(0, rc, out:sub(-3000))
     assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))
   end)
@@ -78,7 +78,7 @@ describe("the AVX2 cap (FSDP_CPU_ISA=avx2)", function()
 
   it("passes the fast paths: attention's 6x16 tiles, the 4x24 kernel, our Winograd at 2 threads", function()
     if not has_avx then return end
-    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/fast_paths_spec.lua"):format(sh_quote(H.root))),
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted tests/backends/fast_paths_spec.lua"):format(sh_quote(H.root))),
       "FSDP_CPU_ISA=avx2 OMP_NUM_THREADS=1", 300)
     assert.equal(0, rc, out:sub(-3000))
     assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))

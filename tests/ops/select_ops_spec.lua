@@ -1,4 +1,4 @@
--- Selection, sorting, sampling and shape ops beyond what the op-case table (tests/op_cases.lua)
+-- Selection, sorting, sampling and shape ops beyond what the op-case table (tests/ops/op_cases.lua)
 -- expresses: sort/topk/gather/scatter_add against PyTorch on inputs full of ties
 -- (tests/golden/gen_select_ops.py), NaN order, where topk's gradient goes; multinomial's
 -- distribution (chi-square bounds over many draws, with and without replacement), its determinism

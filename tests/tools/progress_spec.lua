@@ -1,6 +1,6 @@
 -- fsdp.progress: plain lines when stdout is not a terminal, a live line redrawn with "\r" on one
 -- (forced with {tty = true}, or FSDP_STDOUT_TTY=1 as bin/fsdprun passes it), a fake clock for the
--- exact text, wrap() around a DataLoader. Rank 0 alone printing: tests/dataloader_spec.lua's 2-rank run.
+-- exact text, wrap() around a DataLoader. Rank 0 alone printing: tests/nn/dataloader_spec.lua's 2-rank run.
 local fsdp = require "fsdp"
 local H = require "helpers"
 

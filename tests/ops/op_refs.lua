@@ -1,4 +1,4 @@
--- Naive references for the op-case table (tests/op_cases.lua): plain Lua loops over flat
+-- Naive references for the op-case table (tests/ops/op_cases.lua): plain Lua loops over flat
 -- row-major arrays, written from the PyTorch definitions and sharing no code with the library.
 --
 -- An array is { shape = {...}, data = {...}, dtype = "float32" }: data holds numel(shape) Lua

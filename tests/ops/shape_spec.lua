@@ -1,4 +1,4 @@
--- Views and shape ops: what the op-case table (tests/op_cases.lua, run by ops_spec.lua) does not
+-- Views and shape ops: what the op-case table (tests/ops/op_cases.lua, run by ops_spec.lua) does not
 -- cover: storage sharing, strides, writes through views, gradients of overlapping slices, and
 -- errors naming the op and shapes.
 local fsdp = require "fsdp"

@@ -3,7 +3,7 @@
 -- and the running statistics after several training steps; train/eval, state_dict names, the
 -- conversion to SyncBatchNorm, bfloat16 inputs and bad arguments. The op-level cases (forward
 -- against plain-Lua references, backward against finite differences, every backend) are in
--- tests/op_cases.lua; SyncBatchNorm over several ranks is in tests/scripts/fsdp_matrix.lua.
+-- tests/ops/op_cases.lua; SyncBatchNorm over several ranks is in tests/scripts/fsdp_matrix.lua.
 local fsdp = require "fsdp"
 local H = require "helpers"
 local nn, F = fsdp.nn, fsdp.nn.functional

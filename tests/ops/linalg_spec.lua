@@ -1,4 +1,4 @@
--- matmul (torch.matmul semantics), bmm and linear: what the op-case table (tests/op_cases.lua,
+-- matmul (torch.matmul semantics), bmm and linear: what the op-case table (tests/ops/op_cases.lua,
 -- run by ops_spec.lua) does not cover: which inputs get gradients, exact bias gradients, node
 -- names, and bad input.
 package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path

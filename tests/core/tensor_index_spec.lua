@@ -1,4 +1,4 @@
--- The bool dtype, masks and the indexing sugar (issue 19 item 3): what tests/op_cases.lua does not
+-- The bool dtype, masks and the indexing sugar (issue 19 item 3): what tests/ops/op_cases.lua does not
 -- cover by forward/backward cases -- bool values in Lua (totable, item, printing), conversions,
 -- safetensors files PyTorch wrote, PyTorch's gradient rules at ties and clamp bounds (golden values
 -- from tests/golden/gen_masks.py), views and in-place assignment through x[...], and the errors.

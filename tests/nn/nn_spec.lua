@@ -2,7 +2,7 @@
 -- layers against the functional ops and naive references, default init, printing.
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 local nn, F, optim = fsdp.nn, fsdp.nn.functional, fsdp.optim
 local C = fsdp.C
 
@@ -131,7 +131,7 @@ describe("nn.Module registration", function()
     assert.equal(m, m:to { device = "cpu" })
     local after = m:parameters()
     for i = 1, #before do assert.is_true(before[i] == after[i]) end
-    if #fsdp.backends() == 1 then  -- (after tests/cuda_spec.lua "cuda" is the test double of a GPU)
+    if #fsdp.backends() == 1 then  -- (after tests/backends/cuda_spec.lua "cuda" is the test double of a GPU)
       H.assert_error(function() m:to("cuda") end, 'device "cuda" is not available')
     else
       assert.equal(m, m:to("cuda"):to("cpu"))

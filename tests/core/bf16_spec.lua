@@ -4,7 +4,7 @@
 -- computation in float32 on the same (bfloat16) values, rounded once.
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 local F, optim = fsdp.nn.functional, fsdp.optim
 
 local function bf16(values) return fsdp.tensor(values, "bfloat16") end
@@ -176,7 +176,7 @@ describe("bfloat16: GEMMs on two bfloat16 operands", function()
       print(require("ffi").string(require("fsdp").C.fsdp_cpu_bf16_gemm_backend()))']])
     assert.equal(0, rc, out)
     assert.truthy(out:find("upcast to float32 (FSDP_BF16_GEMM)", 1, true), out)
-    rc, out = upcast([[luajit "$(command -v busted)" --filter='%sbf16' tests/ops_spec.lua]])
+    rc, out = upcast([[luajit "$(command -v busted)" --filter='%sbf16' tests/ops/ops_spec.lua]])
     assert.equal(0, rc, out:sub(-3000))
     local ok, failed = out:match("(%d+) successes / (%d+) failures")
     assert.truthy(ok and tonumber(ok) > 1000 and failed == "0", out:sub(-3000))

@@ -110,7 +110,7 @@ describe("fsdprun", function()
   end
 
   -- device tensors through a device data plane: the stand-in communicator (the test double of
-  -- NCCL, on the test double of a GPU; see tests/fsdp_spec.lua); and through the host
+  -- NCCL, on the test double of a GPU; see tests/fsdp/fsdp_spec.lua); and through the host
   for _, c in ipairs { { 2, "standin" }, { 4, "standin" }, { 2, "host" } } do
     it(("computes every collective on cuda tensors on %d ranks through %s"):format(c[1], c[2]), function()
       if not mpi then pending("no mpirun or libfsdp_mpi.so") return end

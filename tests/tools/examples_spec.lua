@@ -8,9 +8,8 @@ local fsdp = require "fsdp"
 local fm = require "fsdp.data.fashion_mnist"
 local H = require "helpers"
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
-local fsdprun = root .. "/bin/fsdprun"
-local train = root .. "/examples/train.lua"
+local fsdprun = H.fsdprun
+local train = H.root .. "/examples/train.lua"
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -226,7 +225,7 @@ end)
 describe("the report examples", function()
   for _, ex in ipairs { "all_wrapped", "frozen_trunk" } do
     it(ex .. ".lua: FSDP on 2 ranks equals the single-process run", function()
-      local out, err, rc = run(("%s -n 2 %s/examples/%s.lua"):format(sh_quote(fsdprun), sh_quote(root), ex))
+      local out, err, rc = run(("%s -n 2 %s/examples/%s.lua"):format(sh_quote(fsdprun), sh_quote(H.root), ex))
       assert.are.equal(0, rc, out .. err)
       assert.is_truthy(out:find("\nOK: FSDP on 2 ranks equals single%-process training"), out)
       -- the per-step table: FSDP loss beside the single-process loss, within float32 rounding

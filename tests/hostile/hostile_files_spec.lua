@@ -4,7 +4,7 @@
 -- function, the file or argument and what is wrong -- never another file, dropped tensors, wrong
 -- numbers, a raw Lua error or a crash -- and the process keeps working after it.
 -- Sharded checkpoints of 2 ranks are written here, in one process: a genuine 1-rank checkpoint's
--- metadata, cut into two rank files (tests/checkpoint_spec.lua runs the real multi-rank saves).
+-- metadata, cut into two rank files (tests/fsdp/checkpoint_spec.lua runs the real multi-rank saves).
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local H = require "helpers"

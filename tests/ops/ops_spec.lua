@@ -1,6 +1,6 @@
--- Four runners over the op-case table (tests/op_cases.lua):
+-- Four runners over the op-case table (tests/ops/op_cases.lua):
 --   1. forward: each case's outputs (shape, dtype, values) against the naive Lua reference of
---      tests/op_refs.lua, and against the case's hand-computed values where it has them; a
+--      tests/ops/op_refs.lua, and against the case's hand-computed values where it has them; a
 --      bfloat16 or float16 output must be the reference rounded once (H.assert_rounded_once);
 --   2. backward: the gradient of sum(out * r), r random, with respect to every float32 input,
 --      against central finite differences (inputs rebuilt from perturbed Lua values);
@@ -13,8 +13,8 @@
 -- with tolist().
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
-local op_table = require "op_cases"
+local R = require "ops.op_refs"
+local op_table = require "ops.op_cases"
 
 local cases = op_table.cases
 

@@ -6,14 +6,14 @@ package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local ffi = require "ffi"
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 local F = fsdp.nn.functional
 
 -- the kernels read FSDP_CONV_ALGO on every call
 local function set_algo(a) H.setenv("FSDP_CONV_ALGO", a) end
 local saved_algo = os.getenv("FSDP_CONV_ALGO")
 
--- the naive direct convolution of tests/op_refs.lua, 3x3, stride 1, padding 1; flat output
+-- the naive direct convolution of tests/ops/op_refs.lua, 3x3, stride 1, padding 1; flat output
 local function ref_conv3x3(x, w, b)
   return R.conv2d({ padding = 1 }, R.from_tensor(x), R.from_tensor(w), R.from_tensor(b)).data
 end

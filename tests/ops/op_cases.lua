@@ -1,7 +1,7 @@
 -- The op-case table: every tensor op the library exposes from Lua, declared once, with the
 -- inputs that exercise it (broadcasting, non-contiguous views, empty tensors, odd sizes, the
--- dtypes an op takes, its options). tests/ops_spec.lua runs every case three ways: forward
--- against the naive reference of tests/op_refs.lua (and hand-computed values where a case has
+-- dtypes an op takes, its options). tests/ops/ops_spec.lua runs every case three ways: forward
+-- against the naive reference of tests/ops/op_refs.lua (and hand-computed values where a case has
 -- them), backward against finite differences, and each backend in fsdp.backends() against the
 -- CPU. This is ggml's test-backend-ops idea: adding an op means adding its row here.
 --
@@ -20,7 +20,7 @@
 --   known_failure a library bug, described: the runners expect the case to fail (and fail
 --                 themselves once it passes, so the mark is removed with the fix)
 local fsdp = require "fsdp"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 local F = fsdp.nn.functional
 
 local M = {}
@@ -1104,7 +1104,7 @@ C { "layer_norm", narrowed(T { 7, 13 }), T { 13 }, T { 13 }, shape = 13 }
 C { "layer_norm", T { 0, 3 }, T { 3 }, T { 3 }, shape = 3 }
 
 -- ---- batch_norm, group_norm, rms_norm -----------------------------------------------------------
--- batch_norm in training (batch statistics; no running stats here: those are tests/norm_spec.lua's)
+-- batch_norm in training (batch statistics; no running stats here: those are tests/nn/norm_spec.lua's)
 -- and in eval (the running statistics as constant inputs)
 local bnx = T { 4, 3, 5, lo = -1, hi = 3 }
 local run_m, run_v = T { 3, const = true }, T({ 3, const = true }, { lo = 0.5, hi = 2 })

@@ -4,15 +4,15 @@
 -- that know a GPU run through it unchanged:
 --   the executor's self-test   the kernel language as a GPU runs it, and every refusal a GPU makes
 --   the stand-ins' test        cuBLASLt and cuDNN against independent references
---   tests/ops_spec.lua         the whole op-case table against the CPU, float32 and bf16, with the
+--   tests/ops/ops_spec.lua         the whole op-case table against the CPU, float32 and bf16, with the
 --                              tolerances a GPU run uses
---   tests/cuda_spec.lua        the device from a user's side, as on a GPU
+--   tests/backends/cuda_spec.lua        the device from a user's side, as on a GPU
 --   the FSDP matrix            the wrapped side on it at world sizes 1 and 2, collectives through the
 --                              host, and at 2 on the stand-in communicator (world size 4: make
 --                              cuda-emu-check, in .ci/run, with the sanitizer runs)
 --   examples/train.lua         --device cuda, the CPU run's losses within 1e-3
 -- and last, every __global__ kernel of src/backend/cuda must have been launched by one of them.
--- Rerun one by hand, e.g.:  FSDP_CUDA_EMU=1 busted tests/ops_spec.lua
+-- Rerun one by hand, e.g.:  FSDP_CUDA_EMU=1 busted tests/ops/ops_spec.lua
 local H = require "helpers"
 
 local LIB = H.root .. "/libfsdp_cudaemu.so"
@@ -60,11 +60,11 @@ describe("the CUDA executor (tests/cudaemu)", function()
   end)
 
   it_emu("runs the whole op-case table through the CUDA kernels, against the CPU", function()
-    print("\n  ops_spec on the CUDA executor: " .. busted("tests/ops_spec.lua"))
+    print("\n  ops_spec on the CUDA executor: " .. busted("tests/ops/ops_spec.lua"))
   end)
 
-  it_emu("is the device of tests/cuda_spec.lua, as a GPU", function()
-    busted("tests/cuda_spec.lua")
+  it_emu("is the device of tests/backends/cuda_spec.lua, as a GPU", function()
+    busted("tests/backends/cuda_spec.lua")
   end)
 
   -- the FSDP matrix with its wrapped side on the executor
@@ -85,7 +85,7 @@ describe("the CUDA executor (tests/cudaemu)", function()
   end)
 
   it_emu("trains examples/train.lua --device cuda on it, the CPU run's losses within 1e-3", function()
-    busted("tests/examples_spec.lua", "--filter=device.cuda")
+    busted("tests/tools/examples_spec.lua", "--filter=device.cuda")
   end)
 
   it_emu("launched every __global__ kernel of src/backend/cuda in the runs above", function()

@@ -1,10 +1,10 @@
 -- Elementwise ops (broadcasting binary, scalar, unary), comparison and reductions: what the
--- op-case table (tests/op_cases.lua, run by ops_spec.lua) does not cover: accuracy over whole
+-- op-case table (tests/ops/op_cases.lua, run by ops_spec.lua) does not cover: accuracy over whole
 -- float ranges and special values, the threaded paths on large inputs, exact gradients at kinks and
 -- ties, autograd bookkeeping, and errors that name the op, shapes and dtypes.
 local fsdp = require "fsdp"
 local H = require "helpers"
-local R = require "op_refs"
+local R = require "ops.op_refs"
 
 -- ---- naive references ---------------------------------------------------------------------------
 local f32 = function(x) return (require "ffi").new("float[1]", x)[0] end

@@ -7,8 +7,6 @@ local json = require "fsdp.json"
 local H = require "helpers"
 local data = fsdp.data
 
-local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-
 -- torch.utils.data.DistributedSampler.__iter__, written as PyTorch writes it: `order` (a list of
 -- the epoch's indices) -> the list of every rank's indices
 local function ref_partition(order, n, N, drop_last)
@@ -43,7 +41,7 @@ local function minus1(list)
   return o
 end
 
-local golden = json.decode(H.read_file(here .. "/golden/distributed_sampler.json"), "golden")
+local golden = json.decode(H.read_file(H.root .. "/tests/golden/distributed_sampler.json"), "golden")
 
 describe("DistributedSampler", function()
   it("the plain-Lua reference reproduces PyTorch's lists", function()

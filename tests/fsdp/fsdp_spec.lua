@@ -11,12 +11,10 @@
 -- launch sabotages the wrapped side (1% larger
 -- learning rate) and expects every float32 case to FAIL: the comparison demonstrably can fail.
 -- Rerun one world size by hand:  bin/fsdprun -n 2 tests/scripts/fsdp_matrix.lua [lua pattern]
-local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local ROOT = here .. "/.."
-local SCRIPT = ROOT .. "/tests/scripts/fsdp_matrix.lua"
-local MIN_CASES = 45
 local fsdp = require "fsdp"
 local H = require "helpers"
+local SCRIPT = H.scripts .. "fsdp_matrix.lua"
+local MIN_CASES = 45
 
 local function have_mpirun()
   return os.execute("command -v mpirun >/dev/null 2>&1") == 0
@@ -26,7 +24,7 @@ end
 -- details={name -> {lines}}, summary=line}
 local function launch(np, env)
   local cmd = ("cd '%s' && %s FSDP_COMM_TIMEOUT=60 timeout 400 bin/fsdprun -n %d '%s' 2>&1; echo \"EXIT=$?\"")
-    :format(ROOT, env or "", np, SCRIPT)
+    :format(H.root, env or "", np, SCRIPT)
   local f = assert(io.popen(cmd))
   local out = H.untag(f:read("*a"))
   f:close()
@@ -128,7 +126,7 @@ describe("FSDP matrix against single-process training", function()
   -- unit weigh more than the whole model and the check could not tell sharded from unsharded)
   it_mpi("holds 1/N of the parameters on the device per rank (world size 4, device counters)", function()
     local cmd = ("cd '%s' && FSDP_COMM_TIMEOUT=60 FSDP_TESTDEV_MIB=256 timeout 200 bin/fsdprun -n 4 bench/fsdp_memory.lua "
-      .. "--child --device cuda --gc 1 2>&1"):format(ROOT)
+      .. "--child --device cuda --gc 1 2>&1"):format(H.root)
     local f = assert(io.popen(cmd))
     local out = f:read("*a")
     f:close()
@@ -150,7 +148,7 @@ describe("FSDP matrix against single-process training", function()
   for _, device in ipairs { "cpu", "cuda" } do
     it_mpi(("keeps params + grads + optimizer within 1.10x of 4S/N + L at world size 4 (%s)"):format(device), function()
       local cmd = ("cd '%s' && FSDP_COMM_TIMEOUT=60 FSDP_TESTDEV_MIB=256 timeout 200 bin/fsdprun -n 4 bench/fsdp_memory.lua "
-        .. "--child --device %s --gc 1 2>&1"):format(ROOT, device)
+        .. "--child --device %s --gc 1 2>&1"):format(H.root, device)
       local f = assert(io.popen(cmd))
       local out = f:read("*a")
       f:close()
