@@ -45,8 +45,8 @@ EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 
 # BUILD: where objects and C tests go (make memcheck builds its own copy in build-memcheck)
 BUILD ?= build
-# src/ is layered (docs/layout.md; make layers checks it): core, backend/cpu, ops, dist, io
-SRCS := $(filter-out src/dist/comm_mpi.c src/dist/comm_nccl.c,$(wildcard src/*/*.c src/*/*/*.c))
+# src/ is layered (docs/layout.md; make layers checks it): core, backend/cpu, ops, parallel, io
+SRCS := $(filter-out src/parallel/comm_mpi.c src/parallel/comm_nccl.c,$(wildcard src/*/*.c src/*/*/*.c))
 OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
 HDRS := $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 LUAJIT ?= luajit
@@ -86,8 +86,8 @@ MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 all: libfsdp_mpi.so
 endif
-libfsdp_mpi.so: src/dist/comm_mpi.c src/dist/comm.h | deps-build
-	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/dist/comm_mpi.c $(LDFLAGS)
+libfsdp_mpi.so: src/parallel/comm_mpi.c src/parallel/comm.h | deps-build
+	$(MPICC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -shared -o $@ src/parallel/comm_mpi.c $(LDFLAGS)
 
 # the CUDA backend: its own library, so libfsdp.so never depends on CUDA (backend/cuda/load.c
 # dlopen()s it once it found a driver and a device); built only where nvcc exists, for sm_80
@@ -164,8 +164,8 @@ NCCL_INC := $(abspath $(dir $(NCCL_H)))/
 NCCL_LIBDIR := $(firstword $(wildcard $(NCCL_INC)../lib64/libnccl.so $(NCCL_INC)../lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so))
 all: libfsdp_nccl.so
 endif
-libfsdp_nccl.so: src/dist/comm_nccl.c src/dist/comm.h | $(BUILD)
-	$(CC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -isystem $(NCCL_INC) -shared -o $@ src/dist/comm_nccl.c \
+libfsdp_nccl.so: src/parallel/comm_nccl.c src/parallel/comm.h | $(BUILD)
+	$(CC) $(OPT) $(BASE_CFLAGS) $(CFLAGS) -isystem $(NCCL_INC) -shared -o $@ src/parallel/comm_nccl.c \
 	  $(if $(NCCL_LIBDIR),-L$(dir $(NCCL_LIBDIR)) -Wl$(COMMA)-rpath$(COMMA)$(dir $(NCCL_LIBDIR))) -lnccl -ldl
 
 # the FFI section as a Lua string, for ffi.cdef
@@ -197,7 +197,7 @@ doc:
 	ldoc --fatalwarnings .
 
 # ---- guardrails (.ci/run runs them after make test) ---------------------------------------------
-# the layers of src/ (core <- backend/cpu, ops <- dist; io): includes and calls that cross them
+# the layers of src/ (core <- backend/cpu, ops <- parallel; io): includes and calls that cross them
 # the wrong way are errors; prints the folder graph (tools/layers.lua; --dot for graphviz)
 layers: $(OBJS)
 	$(LUAJIT) tools/layers.lua $(BUILD)
@@ -208,7 +208,7 @@ lint:
 	  --suppress=missingIncludeSystem -Isrc $(filter -I%,$(BLAS_CFLAGS)) src tests/c bench/comm_bench.c
 	bash tools/check_realloc.sh src tests/c bench
 
-FORMAT_FILES = $(SRCS) src/dist/comm_mpi.c src/dist/comm_nccl.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c) \
+FORMAT_FILES = $(SRCS) src/parallel/comm_mpi.c src/parallel/comm_nccl.c $(CUDA_SRCS) $(HDRS) $(wildcard tests/c/*.c tests/c/*.h bench/*.c) \
                $(wildcard tests/cudaemu/*.cc tests/cudaemu/*.cu tests/cudaemu/*.h tests/cudaemu/include/*.h)
 format:
 	clang-format -i $(FORMAT_FILES)

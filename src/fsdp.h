@@ -373,7 +373,7 @@ fsdp_tensor* fsdp_dropout2d(fsdp_tensor* x, double p, int training);
 fsdp_tensor* fsdp_scaled_dot_product_attention(fsdp_tensor* q, fsdp_tensor* k, fsdp_tensor* v, fsdp_tensor* mask,
                                                int causal, double dropout_p, double scale);
 
-// ---- normalization ops (ops/norm.c; the synchronized batch norm in dist/sync_bn.c) -------------
+// ---- normalization ops (ops/norm.c; the synchronized batch norm in parallel/sync_bn.c) -------------
 // x (N, C, ...): training normalizes with the batch statistics and moves running_mean/var (when
 // given, float32 or x's dtype, (C)) toward them by momentum; eval uses the running statistics.
 // w, b (C) may be NULL. PyTorch's F.batch_norm.
@@ -447,7 +447,7 @@ fsdp_tensor* fsdp_st_get_lazy(fsdp_st_file* f, int i);
 const char* fsdp_st_metadata(const fsdp_st_file* f);  // raw JSON of __metadata__ or ""
 void fsdp_st_close(fsdp_st_file* f);
 
-// ---- communication (dist/comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
+// ---- communication (parallel/comm.c; the mpi backend lives in libfsdp_mpi.so, loaded on demand) ----------
 // Collectives are asynchronous: they are queued to the communication thread, which runs them
 // in issue order while the caller computes. Every rank must issue the same collectives in the
 // same order; before moving data the ranks compare (op, tag, bytes), so a mismatch is an error
@@ -515,7 +515,7 @@ void fsdp_comm_set_timeout(double seconds);
 // reduce-scatter algorithm: 0 = ring of MPI_Sendrecv + vectorized sum (default), 1 = MPI_Reduce_scatter_block
 void fsdp_comm_set_reduce_scatter_algo(int algo);
 
-// ---- FSDP units (dist/shard.c: layout, buffers; dist/sched.c: lifecycle, engine events) ----
+// ---- FSDP units (parallel/shard.c: layout, buffers; parallel/sched.c: lifecycle, engine events) ----
 // A unit owns the parameters of one wrapped module that no nested unit owns. Each parameter is
 // split into world_size equal chunks of its flattened elements (the last ones padded); rank r
 // keeps chunk r. Between steps a parameter tensor IS its local piece (1-D, possibly empty; the

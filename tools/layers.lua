@@ -6,7 +6,7 @@
 --   backend/cuda  the CUDA backend's loader (load.c, in libfsdp.so; the .cu files are libfsdp_cuda.so)
 --   backend/testdev  the test double of a GPU (the CPU's kernels behind a closed arena), tests only
 --   ops           the device-independent op layer; reaches kernels only through core's registry
---   dist          communication and FSDP (comm, shard, sched); installs its hooks into core
+--   parallel      communication and FSDP (comm, shard, sched); installs its hooks into core
 --   io            safetensors
 -- Two kinds of edges are read, neither from a hand-kept list: `#include "..."` lines in the
 -- sources, and calls, from the symbols each object in BUILD_DIR needs (nm: U) against the object
@@ -22,10 +22,10 @@ local allowed = {
   ["backend/cuda"] = { "backend/cuda", "core" },
   ["backend/testdev"] = { "backend/testdev", "core" },
   ["ops"] = { "ops", "core" },
-  ["dist"] = { "dist", "ops", "core" },
+  ["parallel"] = { "parallel", "ops", "core" },
   ["io"] = { "io", "core" },
 }
-local order = { "io", "dist", "ops", "backend/cpu", "backend/cuda", "backend/testdev", "core" }
+local order = { "io", "parallel", "ops", "backend/cpu", "backend/cuda", "backend/testdev", "core" }
 local units = {
   { "src/core/autograd.c", "src/core/tensor.c",
     why = "a tensor owns its autograd hooks (releasing it frees them) and autograd makes tensors" },
@@ -118,7 +118,7 @@ end
 local defined_in, needs = {}, {}
 local objects = 0
 for _, src in ipairs(sources) do
-  if src:match("%.c$") and src ~= "src/dist/comm_mpi.c" and src ~= "src/dist/comm_nccl.c" then
+  if src:match("%.c$") and src ~= "src/parallel/comm_mpi.c" and src ~= "src/parallel/comm_nccl.c" then
     local obj = build .. "/" .. src:gsub("^src/", ""):gsub("%.c$", ".o")
     local f = io.open(obj, "rb")
     if not f then

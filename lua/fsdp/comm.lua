@@ -1,4 +1,4 @@
---- fsdp.comm: process groups and collectives (the Lua face of src/dist/comm.c).
+--- fsdp.comm: process groups and collectives (the Lua face of src/parallel/comm.c).
 --
 --   fsdp.init([backend])            optional: "mpi" under fsdprun/mpirun, else "self" (1 rank)
 --   fsdp.rank(), fsdp.world_size()  0-based rank like PyTorch; world size

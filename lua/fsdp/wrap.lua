@@ -1,7 +1,7 @@
 --- fsdp.wrap and friends: turning modules into FSDP units, and the utilities around them.
 --
 -- A unit is a module passed to fsdp.wrap. It owns the parameters in its subtree that no nested
--- unit owns; the C core (src/dist/shard.c, src/dist/sched.c) shards them and runs the gather / reshard /
+-- unit owns; the C core (src/parallel/shard.c, src/parallel/sched.c) shards them and runs the gather / reshard /
 -- reduce-scatter protocol. This file only finds the parameters, calls the C protocol around the
 -- module's forward (it is the module's forward wrapper, which nn.Module.__call runs), and offers
 -- no_sync, summon_full_params (as Module methods), full state dicts (a state-dict provider of

@@ -7,14 +7,14 @@
  * backend table.
  *
  * The layers of src/ (make layers checks them), top to bottom:
- *   io/, dist/   safetensors; communication and FSDP (comm, shard, sched)
+ *   io/, parallel/   safetensors; communication and FSDP (comm, shard, sched)
  *   ops/         the op layer, device independent: checks shapes/dtypes, allocates outputs,
  *                records an autograd node, calls a kernel through the device's table
  *   backend/cpu/ the CPU's device functions and kernels (raw loops over buffers); a CUDA
  *                backend will sit beside it
  *   core/        this header: errors, memory, RNG, dtypes, storage, tensors, autograd, and the
  *                backend registry with the kernel tables (core/kernels_*.h, one per op family)
- * Each layer calls only down; core calls nothing above it (hooks let dist reach in).
+ * Each layer calls only down; core calls nothing above it (hooks let parallel reach in).
  */
 #ifndef FSDP_CORE_H
 #define FSDP_CORE_H
@@ -90,7 +90,7 @@ typedef struct fsdp_storage {
   void* data;
   int64_t version;  // bumped by in-place writes; autograd checks saved tensors against it
   // the subsystem above core that manages this storage's bytes, or NULL. Its data may be absent
-  // (dist: an FSDP unit's gathered buffer while the unit is resharded); the engine then asks the
+  // (parallel: an FSDP unit's gathered buffer while the unit is resharded); the engine then asks the
   // materialize hook to bring it back before a backward node reads it.
   void* owner;
   _Atomic int saved_refs;  // views of it that graph nodes hold saved for backward
@@ -102,11 +102,11 @@ typedef struct fsdp_storage {
   fsdp_source source;
 } fsdp_storage;
 // the hook that brings back an owned storage's data: 0, or -1 with the error set. One hook for
-// the process, installed by the owner's subsystem (dist/sched.c).
+// the process, installed by the owner's subsystem (parallel/sched.c).
 typedef int (*fsdp_materialize_fn)(void* owner);
 void fsdp_set_materialize_hook(fsdp_materialize_fn fn);
 // the hook told when the last saved view of an owned storage is released (no graph node will read
-// its bytes any more: dist drops a unit's gathered parameters before backward builds its
+// its bytes any more: parallel drops a unit's gathered parameters before backward builds its
 // gradients); 0, or -1 with the error set
 typedef int (*fsdp_unused_fn)(void* owner);
 void fsdp_set_unused_hook(fsdp_unused_fn fn);
@@ -135,7 +135,7 @@ typedef struct fsdp_hook {
 void fsdp_hooks_free(fsdp_hook* h);
 
 struct fsdp_tensor {
-  fsdp_tensor_head head;  // first: Lua reads it through the pointer (fsdp.h); set by dist (shard.c)
+  fsdp_tensor_head head;  // first: Lua reads it through the pointer (fsdp.h); set by parallel (shard.c)
   _Atomic int refcount;   // atomic: a tensor may be released from another thread
   int ndim;
   int dtype;
@@ -151,7 +151,7 @@ struct fsdp_tensor {
   fsdp_hook* hooks;    // leaf hooks (non-leaf hooks live on grad_fn)
   // engine scratch (leaves): contributions still to come in this backward, and whether any came
   int bw_pending, bw_got;
-  // the subsystem above core that owns this tensor as a parameter (dist: its FSDP unit) and the
+  // the subsystem above core that owns this tensor as a parameter (parallel: its FSDP unit) and the
   // parameter's index there; NULL for ordinary tensors. Core never reads them.
   void* owner;
   int owner_index;

@@ -7,7 +7,7 @@
  *                wrote (fsdp_meta_record). Replaying them over any element range gives exactly the
  *                values an eager tensor gets from the same calls: the same kernels run on the same
  *                values, and a draw's element j is fsdp_draw_*(key, j) wherever it is computed. So
- *                a rank materialises its piece of a parameter without the rest (dist/shard.c).
+ *                a rank materialises its piece of a parameter without the rest (parallel/shard.c).
  *   file-backed  made by io/safetensors.c from a file (fsdp.load): its source reads any byte range.
  *                As the source of a copy (load_state_dict into a piece) only the range copied is
  *                read, in chunks; any other first use reads it whole (core's fsdp_check_data).

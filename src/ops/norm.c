@@ -1,6 +1,6 @@
 /*
  * ops/norm.c -- normalization ops with their backward: batch_norm (and, through a reducer, the
- * synchronized batch norm of dist/sync_bn.c), group_norm and rms_norm.
+ * synchronized batch norm of parallel/sync_bn.c), group_norm and rms_norm.
  *
  * Each op checks shapes and dtypes, reads its input as contiguous float32 (ops/ops.h, "float
  * dtypes": bfloat16 inputs take float32 or bfloat16 affine parameters, as layer_norm), runs the

@@ -1,6 +1,6 @@
 /*
  * ops/norm.h -- what the op layer's batch norm offers the layers above it: the op with a reducer,
- * a function that sums a float32 buffer in place over the ranks. dist/sync_bn.c passes one that
+ * a function that sums a float32 buffer in place over the ranks. parallel/sync_bn.c passes one that
  * all-reduces over the communicator, so SyncBatchNorm is the same op with global statistics.
  */
 #ifndef FSDP_OPS_NORM_H

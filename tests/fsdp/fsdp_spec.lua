@@ -107,7 +107,7 @@ describe("FSDP matrix against single-process training", function()
   end)
 
   -- the device data plane's stream/event protocol (what NCCL does on a GPU), on the double: the
-  -- stand-in communicator (src/dist/comm_standin.c, a test double of NCCL) queues each collective
+  -- stand-in communicator (src/parallel/comm_standin.c, a test double of NCCL) queues each collective
   -- on a gather or a reduce stream, delays its start and its result at random, leaves the output
   -- NaN until it is done, and completes out of order across streams and ranks; code that uses a
   -- result before waiting for its event, or frees a buffer still in flight, reads NaN here. (At

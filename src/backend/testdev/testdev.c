@@ -15,7 +15,7 @@
  * It counts those waits (fsdp_testdev_syncs), so a spec can prove a step never waits. Its kernels
  * run on the caller's thread (the compute stream); the streams made by stream_new are threads
  * running their queues in order, with events between them as CUDA's (the stand-in communicator,
- * dist/comm_standin.c, runs the collectives of a device data plane on them).
+ * parallel/comm_standin.c, runs the collectives of a device data plane on them).
  *
  * The arena: FSDP_TESTDEV_MIB (default 1024) of address space, reserved, not committed; first-fit
  * over a sorted free list.

@@ -1,5 +1,5 @@
 /*
- * dist/comm.h -- the communication backend table (internal; not part of the public API).
+ * parallel/comm.h -- the communication backend table (internal; not part of the public API).
  *
  * comm.c owns everything backend independent: the communication thread, the work queue, the
  * collective check (mismatch / timeout messages), stats, argument checks. A backend only moves
@@ -145,7 +145,7 @@ const fsdp_comm_plane* fsdp_comm_standin_plane(void);
 typedef const fsdp_comm_backend* (*fsdp_comm_backend_getter)(void);
 const fsdp_comm_backend* fsdp_comm_mpi_backend(void);
 
-// ---- for the rest of dist (comm.c implements it; backends never see it) -------------------------------
+// ---- for the rest of parallel/ (comm.c implements it; backends never see it) -------------------------------
 // a barrier at which every rank must hold a tensor of t's shape and dtype (fsdp.wrap's check of
 // its parameters when it does not broadcast them); NULL with the error set when it cannot start
 struct fsdp_tensor;

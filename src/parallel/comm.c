@@ -1,5 +1,5 @@
 /*
- * dist/comm.c -- collectives: the communication thread, work handles, the collective check,
+ * parallel/comm.c -- collectives: the communication thread, work handles, the collective check,
  * stats, the built-in "self" backend and the loader of the "mpi" backend (libfsdp_mpi.so).
  *
  * Flow of one collective:
@@ -29,7 +29,7 @@
  */
 #define _GNU_SOURCE  // dladdr, RTLD_NODELETE
 #include "core/core.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -1,10 +1,10 @@
 /*
- * dist/shard.c -- an FSDP unit's buffers: layout of the per-parameter chunks, all-gather with
+ * parallel/shard.c -- an FSDP unit's buffers: layout of the per-parameter chunks, all-gather with
  * copy-out into the full buffers, reshard, gradient copy-in with reduce-scatter, and the two
  * forms a parameter tensor takes (see unit.h for the picture). In its full form a parameter has
  * the dtype its unit gathered in (bfloat16 under mixed precision), in its piece form float32.
  */
-#include "dist/unit.h"
+#include "parallel/unit.h"
 
 static const int64_t ONE = 1;
 // shards and gradient pieces are float32 (the master copy); their element size

@@ -1,5 +1,5 @@
 /*
- * dist/comm_mpi.c -- the "mpi" communication backend, built into its own libfsdp_mpi.so (linked with
+ * parallel/comm_mpi.c -- the "mpi" communication backend, built into its own libfsdp_mpi.so (linked with
  * MPI) so that libfsdp.so never depends on MPI; comm.c dlopen()s it on demand and takes the table
  * returned by fsdp_comm_mpi_backend(). Every function here runs on libfsdp's communication
  * thread, the one thread that calls MPI (so MPI_THREAD_FUNNELED is enough).
@@ -29,7 +29,7 @@
  * the full reduction of chunk r. Algorithm 1 is MPI_Reduce_scatter_block, kept for comparison
  * (bench/comm.lua measures both).
  */
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <mpi.h>
 #include <sched.h>

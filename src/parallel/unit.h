@@ -1,5 +1,5 @@
 /*
- * dist/unit.h -- the FSDP unit, shared by shard.c (layout, buffers, collectives) and sched.c
+ * parallel/unit.h -- the FSDP unit, shared by shard.c (layout, buffers, collectives) and sched.c
  * (lifecycle, engine events). Not part of the public API.
  *
  * Layout of one unit on rank r of W (W = 1 for NO_SHARD):

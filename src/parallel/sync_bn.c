@@ -1,5 +1,5 @@
 /*
- * dist/sync_bn.c -- the synchronized batch norm: ops/norm.c's batch_norm with a reducer that
+ * parallel/sync_bn.c -- the synchronized batch norm: ops/norm.c's batch_norm with a reducer that
  * all-reduces (sums) its per-channel buffers over the communicator, as PyTorch's SyncBatchNorm:
  * in training the forward's [sum x | count] and sum (x - mean)^2 and the backward's
  * [sum dy | sum dy (x - mean)] are summed over the ranks, so every rank normalizes with the global
@@ -9,7 +9,7 @@
  * "sync_batch_norm". With one rank (or no communicator yet) it is batch_norm.
  */
 #include "core/core.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "ops/norm.h"
 
 static int all_reduce_sum(fsdp_tensor* t, void* ctx) {

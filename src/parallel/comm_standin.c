@@ -1,6 +1,6 @@
 /*
- * dist/comm_standin.c -- the stand-in communicator: a TEST DOUBLE of NCCL, a device data plane
- * (dist/comm.h, fsdp_comm_plane) chosen by FSDP_DEVICE_COMM=standin; the tests run it on the test
+ * parallel/comm_standin.c -- the stand-in communicator: a TEST DOUBLE of NCCL, a device data plane
+ * (parallel/comm.h, fsdp_comm_plane) chosen by FSDP_DEVICE_COMM=standin; the tests run it on the test
  * double of a GPU (backend/testdev), whose streams are threads. Users never need it.
  *
  * It keeps NCCL's contract and nothing more, so code that leans on anything else breaks here:
@@ -20,7 +20,7 @@
  * for step 1 of its own collective (the host buffer must hold the input before MPI moves it);
  * that wait is the double's: the real plane never waits for the device.
  */
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include "core/backend.h"
 

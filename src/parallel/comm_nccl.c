@@ -1,5 +1,5 @@
 /*
- * dist/comm_nccl.c -- libfsdp_nccl.so: the NCCL device data plane (dist/comm.h, fsdp_comm_plane).
+ * parallel/comm_nccl.c -- libfsdp_nccl.so: the NCCL device data plane (parallel/comm.h, fsdp_comm_plane).
  * Built by `make` where nccl.h is installed; comm.c dlopen()s it for FSDP_DEVICE_COMM=nccl (or
  * "auto" on GPUs, one per rank). It needs only libnccl.so.2 to load: the driver (libcuda.so.1)
  * is opened at init, so a machine without a GPU can load it and run the bootstrap.
@@ -19,7 +19,7 @@
  * a rank stopped after agreeing, its peers' kernels spin -- aborts both communicators
  * (ncclCommAbort ends the kernels), and the communicator is broken from then on, naming it.
  */
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <cuda.h>
 #include <dlfcn.h>

@@ -1,5 +1,5 @@
 /*
- * dist/sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
+ * parallel/sched.c -- the FSDP unit lifecycle, driven by the Lua wrapper (forward) and by autograd engine
  * events (backward). One training step, for each unit:
  *
  *   pre_forward     gather (or finish a prefetch); parameters take their full form, in the unit's
@@ -23,9 +23,9 @@
  * Collectives are issued in the same order on every rank: forward order, engine order, then
  * unit creation order in the catch-all.
  */
-#include "dist/unit.h"
+#include "parallel/unit.h"
 #include "ops/ops.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 fsdp_unit** fsdp_units;
 int fsdp_n_units;
@@ -38,7 +38,7 @@ static int g_prev_order_n, g_prev_cap;
 static int g_installed;
 static void sched_install(void);
 static int64_t g_finished_pass = -1;
-// where training is, carried by every collective (dist/comm.h: a rank out of step is named there)
+// where training is, carried by every collective (parallel/comm.h: a rank out of step is named there)
 static int64_t g_train_fwd, g_train_bwd;  // training forwards begun (grad enabled), backwards with units done
 static int g_phase;                       // FSDP_PHASE_*
 static void set_phase(int phase) {
