@@ -46,7 +46,7 @@ end)
 local freed_ids = ffi.new("int64_t[64]")
 local freed_pending = C.fsdp_hooks_freed_pending()
 local drop_freed_regions
-function fsdp._hooks_freed()
+local function hooks_freed()
   drop_freed_regions()
   while freed_pending[0] > 0 do
     local n = C.fsdp_hooks_take_freed(freed_ids, 64)
@@ -60,6 +60,8 @@ function fsdp._hooks_freed()
     end
   end
 end
+reg["fsdp.hooks_freed"] = hooks_freed  -- (what every copy's fsdp._hooks_freed calls: fsdp/init.lua)
+fsdp._hooks_freed = hooks_freed
 
 --- t:register_hook(fn): fn(grad) runs when t's gradient is computed; returning a tensor replaces it.
 -- Returns a handle with :remove().

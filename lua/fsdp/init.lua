@@ -191,8 +191,15 @@ function fsdp._release(t)
   if hooks_pending[0] ~= 0 or regions_pending[0] ~= 0 then fsdp._hooks_freed() end
 end
 -- drops the Lua functions of tensor hooks, and the closures of checkpointed regions, that C freed
--- (fsdp/autograd.lua sets it; no hook or region exists before that module loads)
-function fsdp._hooks_freed() end
+-- (fsdp/autograd.lua sets it; no hook or region exists before that module loads). Through the Lua
+-- registry: the tensor type's finalizer is set once per process, by the first copy of this module
+-- (a test runner like busted loads modules afresh per file), and must reach the copy of
+-- fsdp/autograd.lua that holds the hooks
+local registry = debug.getregistry()
+function fsdp._hooks_freed()
+  local drop = registry["fsdp.hooks_freed"]
+  if drop then drop() end
+end
 
 -- ---- argument checks -----------------------------------------------------------------------------
 -- Every tensor argument from Lua reaches C through fsdp._t or fsdp._p, so nil, a number, a
