@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tools/gpu_check.sh: the one prepared GPU run (issue 15 item 7). At most 10 minutes on one H200
-# (each stage under its own timeout), every stage writing its output to $OUT as it goes
-# (default tmp/gpu-check), a one-line verdict per stage in $OUT/summary.txt:
+# tools/gpu_check.sh: the one prepared GPU run (issue 15 item 7). At most 5 minutes on one H100 or H200
+# (each stage under its own timeout), every stage writing its full output to $GPU_CHECK_WORK
+# (/tmp/fsdp-gpu-check), packed after each stage into $OUT/details.tar.gz (default OUT
+# tmp/gpu-check), with a one-line verdict per stage in $OUT/summary.txt -- two files, where the
+# device tool returns at most 8:
 #   env      the GPU, driver, CPU, glibc, PyTorch with its CUDA/cuDNN/NCCL, where its CUDA libraries are
 #   setup    unpacks tmp/gpu-kit (tools/gpu_kit.sh, made on a development machine: LuaJIT, OpenBLAS,
 #            oneDNN and busted as .deb files, libfsdp.so and libfsdp_cuda.so built for x86-64-v3) with
@@ -16,7 +18,9 @@
 #            the 1.3 B configuration under FSDP, and with CPU offload
 #   torch    PyTorch's, eager and FSDP2 (bench/torch_gpt2.py): the targets (tokens/s, MFU, memory),
 #            the same two 1.3 B runs under FSDP2 (CPUOffloadPolicy for the second)
-# The stage limits add up to 560 s; a run with everything working takes far less.
+# The stage limits add up to 300 s, leaving room in a 15-minute lease for the machine's start and a
+# rerun. `bash tools/gpu_check.sh --dry-run` writes each stage's command instead of running it: the
+# stages, the limits and the archive, checked on any machine (tests/tools/gpu_check_spec.lua).
 # The GPU machine has PyTorch but no LuaJIT; nothing here needs a package manager or the network.
 #   OUT=/path bash tools/gpu_check.sh          (the device tool sets OUT)
 set -uo pipefail
@@ -25,28 +29,47 @@ repo="$(pwd)"
 OUT="${OUT:-$repo/tmp/gpu-check}"
 KIT="${GPU_KIT:-$repo/tmp/gpu-kit}"
 ROOT="${GPU_KIT_ROOT:-/tmp/fsdp-gpu-kit}"  # where the .deb files are unpacked
+WORK="${GPU_CHECK_WORK:-/tmp/fsdp-gpu-check}"  # every stage's full output; $OUT gets one archive of it
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
 mkdir -p "$OUT"
+rm -rf "$WORK" && mkdir -p "$WORK"
 : > "$OUT/summary.txt"
 PY="$(command -v python3 || command -v python)"
 t_start=$(date +%s)
 
 say() { echo "[$(date +%T) +$(($(date +%s) - t_start))s] $*" | tee -a "$OUT/summary.txt"; }
+# $OUT holds two files (the device tool returns at most 8): summary.txt and details.tar.gz, the
+# archive of $WORK, packed again after every stage so a run cut short still returns what it did
+pack() {
+  cp "$OUT/summary.txt" "$WORK/summary.txt"
+  tar -czf "$OUT/.details.part" -C "$WORK" . && mv -f "$OUT/.details.part" "$OUT/details.tar.gz"
+}
 # stage NAME LIMIT_SECONDS COMMAND...: runs COMMAND (a bash string) under its limit, output to
-# $OUT/NAME.txt, the verdict and the output's last lines into the summary
+# $WORK/NAME.txt, the verdict and the output's last lines into the summary (--dry-run: the
+# command is written there instead, so the stages, limits and archive are checked on any machine)
+LIMITS=0
 stage() {
   local name=$1 limit=$2 rc t0
   shift 2
+  LIMITS=$((LIMITS + limit))
   say "stage $name (limit ${limit}s)"
   t0=$(date +%s)
-  timeout -k 5 "$limit" bash -c "$*" > "$OUT/$name.txt" 2>&1
-  rc=$?
+  if [ "$DRY" = 1 ]; then
+    printf 'dry run: would run, under %ss:\n%s\n' "$limit" "$*" > "$WORK/$name.txt"
+    rc=0
+  else
+    timeout -k 5 "$limit" bash -c "$*" > "$WORK/$name.txt" 2>&1
+    rc=$?
+  fi
   say "stage $name: exit $rc$([ $rc -eq 124 ] && echo ' (TIMED OUT)') in $(($(date +%s) - t0))s"
-  tail -n 6 "$OUT/$name.txt" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  tail -n 6 "$WORK/$name.txt" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  pack
   return 0
 }
 
 # ---- env ------------------------------------------------------------------------------------------------
-stage env 20 '
+stage env 10 '
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv || true
   nvidia-smi || true
   echo "== host"; uname -a; (ldd --version | head -1) || true; (lscpu | grep -E "Model name|^CPU\(s\)") || true
@@ -73,7 +96,7 @@ PYEOF
 '
 
 # ---- setup: the kit, unpacked with Python -----------------------------------------------------------------
-stage setup 45 '
+stage setup 40 '
   set -e
   [ -d "'"$KIT"'/debs" ] || { echo "no kit at '"$KIT"': run tools/gpu_kit.sh on a development machine and carry tmp/gpu-kit"; exit 1; }
   echo "kit built from $(cat "'"$KIT"'/commit" 2>/dev/null), this tree at $(git -C "'"$repo"'" rev-parse HEAD 2>/dev/null || echo "?")"
@@ -120,17 +143,18 @@ print(\":\".join(seen))")
     echo "export LUA_PATH=\"'"$repo"'/lua/?.lua;'"$repo"'/lua/?/init.lua;'"$ROOT"'/usr/share/lua/5.1/?.lua;'"$ROOT"'/usr/share/lua/5.1/?/init.lua;'"$ROOT"'/fsdp/lua/?.lua;;\""
     echo "export LUA_CPATH=\"$L/lua/5.1/?.so;'"$ROOT"'/fsdp/lib/?.so;;\""
     echo "export OPENBLAS_NUM_THREADS=4 OMP_NUM_THREADS=4"
-  } > "'"$OUT"'/env.sh"
-  cat "'"$OUT"'/env.sh"
-  . "'"$OUT"'/env.sh"
+  } > "'"$WORK"'/env.sh"
+  cat "'"$WORK"'/env.sh"
+  . "'"$WORK"'/env.sh"
   luajit -v
   ldd "'"$ROOT"'/fsdp/lib/"libfsdp*.so | grep -E "not found|=>" || true
 '
-[ -f "$OUT/env.sh" ] || { say "no environment: stopping"; exit 1; }
+[ "$DRY" = 1 ] && : > "$WORK/env.sh"
+[ -f "$WORK/env.sh" ] || { say "no environment: stopping"; pack; exit 1; }
 
 # ---- load -----------------------------------------------------------------------------------------------
-stage load 15 '
-  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+stage load 10 '
+  . "'"$WORK"'/env.sh"; cd "'"$repo"'"
   luajit -e "
 package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path
 package.cpath = \"./?.so;\" .. package.cpath
@@ -146,61 +170,62 @@ fsdp.cuda.synchronize()"
 '
 
 # ---- specs: the CUDA spec and every op case against the CPU ------------------------------------------------
-stage specs 130 '
-  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+stage specs 75 '
+  . "'"$WORK"'/env.sh"; cd "'"$repo"'"
   B="'"$ROOT"'/usr/bin/busted"
-  rm -f "'"$OUT"'/ops_report.tsv"
+  rm -f "'"$WORK"'/ops_report.tsv"
   # TAP: one line per spec; the failures with their messages, then the counts
-  tap() { luajit "$B" -o TAP "$@" > "'"$OUT"'/tap.txt" 2>&1; local rc=$?
-    grep -A8 "^not ok" "'"$OUT"'/tap.txt" | head -60
-    echo "$* -> $(grep -c "^ok" "'"$OUT"'/tap.txt") ok, $(grep -c "^not ok" "'"$OUT"'/tap.txt") not ok (exit $rc)"
-    cat "'"$OUT"'/tap.txt" >> "'"$OUT"'/specs_tap.txt"; }
-  : > "'"$OUT"'/specs_tap.txt"
+  tap() { luajit "$B" -o TAP "$@" > "'"$WORK"'/tap.txt" 2>&1; local rc=$?
+    grep -A8 "^not ok" "'"$WORK"'/tap.txt" | head -60
+    echo "$* -> $(grep -c "^ok" "'"$WORK"'/tap.txt") ok, $(grep -c "^not ok" "'"$WORK"'/tap.txt") not ok (exit $rc)"
+    cat "'"$WORK"'/tap.txt" >> "'"$WORK"'/specs_tap.txt"; }
+  : > "'"$WORK"'/specs_tap.txt"
   tap tests/backends/cuda_spec.lua
-  FSDP_OP_REPORT="'"$OUT"'/ops_report.tsv" tap --filter="cuda:" tests/ops/ops_spec.lua
+  FSDP_OP_REPORT="'"$WORK"'/ops_report.tsv" tap --filter="cuda:" tests/ops/ops_spec.lua
   # the FSDP matrix with the wrapped side on the GPU (one rank: no MPI on this machine)
-  FSDP_MATRIX_DEVICE=cuda luajit tests/scripts/fsdp_matrix.lua > "'"$OUT"'/matrix.txt" 2>&1
-  echo "fsdp matrix on the GPU: exit $?"; grep -E "^(SUMMARY|FAILED|DETAIL)" "'"$OUT"'/matrix.txt" | head -20
+  FSDP_MATRIX_DEVICE=cuda luajit tests/scripts/fsdp_matrix.lua > "'"$WORK"'/matrix.txt" 2>&1
+  echo "fsdp matrix on the GPU: exit $?"; grep -E "^(SUMMARY|FAILED|DETAIL)" "'"$WORK"'/matrix.txt" | head -20
   # every collective on GPU tensors through the NCCL plane (one rank: real NCCL kernels, one
   # communicator per stream), against the closed forms of tests/scripts/comm_values.lua
   FSDP_VALUES_DEVICE=cuda FSDP_DEVICE_COMM=nccl timeout 60 luajit tests/scripts/comm_values.lua self \
-    > "'"$OUT"'/nccl_values.txt" 2>&1
-  echo "collectives through NCCL on the GPU: exit $?"; tail -n 5 "'"$OUT"'/nccl_values.txt"
+    > "'"$WORK"'/nccl_values.txt" 2>&1
+  echo "collectives through NCCL on the GPU: exit $?"; tail -n 5 "'"$WORK"'/nccl_values.txt"
 '
-if [ -f "$OUT/ops_report.tsv" ]; then
+if [ -f "$WORK/ops_report.tsv" ]; then
   # the largest errors per dtype, and the five worst cases (columns: backend, case, dtype, output
   # abs/rel, gradient abs/rel)
   awk -F'\t' '{k=$3; n[k]++; if ($5+0 > mo[k]) mo[k] = $5+0; if ($7+0 > mg[k]) mg[k] = $7+0}
     END {for (k in n) printf "  %s: %d cases, max rel error: outputs %.3g, gradients %.3g\n", k, n[k], mo[k], mg[k]}' \
-    "$OUT/ops_report.tsv" | tee -a "$OUT/summary.txt"
-  awk -F'\t' '{r = $5 > $7 ? $5 : $7; print r "\t" $0}' "$OUT/ops_report.tsv" | sort -gr | head -5 |
+    "$WORK/ops_report.tsv" | tee -a "$OUT/summary.txt"
+  awk -F'\t' '{r = $5 > $7 ? $5 : $7; print r "\t" $0}' "$WORK/ops_report.tsv" | sort -gr | head -5 |
     cut -f2- | sed 's/^/  worst: /' | tee -a "$OUT/summary.txt"
 fi
 
 # ---- sanitize -------------------------------------------------------------------------------------------
-stage sanitize 30 '
-  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+stage sanitize 25 '
+  . "'"$WORK"'/env.sh"; cd "'"$repo"'"
   S=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$S" ] || { echo "compute-sanitizer: not on this machine (skipped)"; exit 0; }
   "$S" --tool memcheck --error-exitcode 9 luajit "'"$ROOT"'/usr/bin/busted" -o TAP tests/backends/cuda_spec.lua
 '
 
 # ---- demo: the main job on the GPU (one rank), its accuracies against make demo's -------------------------------
-stage demo 80 '
-  . "'"$OUT"'/env.sh"; cd /tmp
+stage demo 40 '
+  . "'"$WORK"'/env.sh"; cd /tmp
   FSDP_STDOUT_TTY=0 luajit "'"$repo"'/examples/train.lua" --device cuda --data "'"$KIT"'/data" --ckpt /tmp/fsdp-gpu-demo
 '
 
 # ---- ours and torch: GPT-2 124M on this GPU (the targets) -------------------------------------------------------
-stage ours 120 '
-  . "'"$OUT"'/env.sh"; cd "'"$repo"'"
+stage ours 50 '
+  . "'"$WORK"'/env.sh"; cd "'"$repo"'"
   luajit bench/gpu_gpt.lua --mode fsdp --batch 8 --steps 5
   luajit bench/gpu_gpt.lua --mode bf16 --batch 8 --steps 5
   luajit bench/gpu_gpt.lua --mode fsdp --config 1b --batch 4 --steps 3
   luajit bench/gpu_gpt.lua --mode fsdp --config 1b --batch 4 --steps 2 --offload
 '
-stage torch 120 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2
+stage torch 50 "$PY bench/torch_gpt2.py --batch 8 --steps 10 --fsdp2
   $PY bench/torch_gpt2.py --config 1b --batch 4 --steps 3 --fsdp2 --no-eager
   $PY bench/torch_gpt2.py --config 1b --batch 4 --steps 2 --fsdp2 --no-eager --offload"
 
-say "done in $(($(date +%s) - t_start))s; results in $OUT"
+say "done in $(($(date +%s) - t_start))s (stage limits: ${LIMITS}s); results in $OUT: summary.txt, details.tar.gz"
+pack
