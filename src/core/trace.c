@@ -15,7 +15,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define TRACE_NAME 112
 
@@ -96,6 +98,15 @@ static void at_exit(void) {
 int fsdp_trace_start(const char* path) {
   CHECK_INT(path && *path, "trace.start: the path is empty");
   CHECK_INT(strlen(path) < sizeof T.path - 32, "trace.start: the path is too long (%zu bytes)", strlen(path));
+  // the file is written at the end of the run: its folder must take it now, not fail then
+  char dir[sizeof T.path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char* slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = 0;
+  else *slash = 0;
+  CHECK_INT(access(dir, W_OK) == 0, "trace.start: cannot write the trace '%s': its folder '%s': %s", path, dir,
+            strerror(errno));
   pthread_mutex_lock(&T.mu);
   snprintf(T.path, sizeof T.path, "%s", path);
   T.n = 0;
