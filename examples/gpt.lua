@@ -188,7 +188,10 @@ local last = math.min(cfg.steps, cfg.stop_at or cfg.steps)
 for step = start, last do
   if not bar then -- one live line per evaluation interval (on a terminal), closed by the evaluation's line
     local count = math.min(cfg.eval_every - (step - 1) % cfg.eval_every, last - step + 1)
-    bar = fsdp.progress(count, { desc = ("steps %d-%d"):format(step, step + count - 1), unit = "step", every = 1 })
+    -- (in a log, not a terminal: plain lines at every 10% of the run's first interval, so the run
+    -- is not silent until its first evaluation; later intervals print only their evaluation line)
+    local every = step == start and 0.1 or 1
+    bar = fsdp.progress(count, { desc = ("steps %d-%d"):format(step, step + count - 1), unit = "step", every = every })
   end
   local offs = crop_offsets(cfg.seed, step, K * B, splits.train:numel() - T)
   local lsum = 0
