@@ -10,6 +10,10 @@
 --   fsdp._p(v, fn, arg)  the same for an optional tensor (nil stays NULL)
 --   fsdp._check(rc) raises the C error when a status is non-zero
 --   fsdp._dim(d, n[, fn]) Lua's 1-based (or negative) dim -> C's 0-based dim (errors name fn)
+--   fsdp._n / _i / _f / _b / _fn / _path (v, fn, arg): a number, an integer, a finite number, a
+--                   boolean, a function, a path argument checked, or a Lua error naming fn and arg
+--   fsdp._list(t, fn, what) / fsdp._pack(fn, what, level, ...): a list's length, or an error
+--                   naming its hole; fsdp._shape(fn, ...) a checked shape
 -- Tensor methods and operators live in fsdp/tensor.lua; nn, optim and functional load lazily.
 -- @module fsdp
 local ffi = require "ffi"
@@ -411,7 +415,6 @@ function fsdp._dtype(name, op)
   return d
 end
 
--- shape arguments: f{2, 3}, f(2, 3) or f(tensor_shape_table)
 -- the number of entries of a Lua list, or an error naming `op` and `what` when the list has a hole
 -- (a nil before its last entry: Lua's # may stop at the first nil or at the last entry, so the
 -- list would be cut short without a word); level 0: a message without the caller's position
