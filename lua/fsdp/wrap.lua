@@ -181,7 +181,7 @@ local function check_module(fn, m, opts)
   if opts ~= nil and (type(opts) ~= "table" or fsdp.is_tensor(opts)) then fsdp._arg_error(fn, "options", "a table", opts, 3) end
 end
 local WRAP_OPTIONS = { "sharding", "shard_group_size", "reshard_after_forward", "mixed_precision", "forward_prefetch",
-  "backward_prefetch", "sync_module_states", "offload", "checkpoint", "min_params" }
+  "backward_prefetch", "sync_module_states", "offload", "checkpoint", "min_params", "module_classes" }
 local MP_PARTS = { param = true, reduce = true }
 local function check_option_names(opts)
   local known = {}
@@ -353,16 +353,38 @@ function W.wrap(module, opts)
   return module
 end
 
---- fsdp.auto_wrap(module, {min_params = N, ...wrap opts}): wraps, innermost first, every submodule
--- whose not-yet-wrapped parameters number at least min_params, then the root.
+--- fsdp.auto_wrap(module, {min_params = N, module_classes = {Class, ...}, ...wrap opts}): wraps,
+-- innermost first, every submodule that is an instance of one of module_classes (PyTorch's
+-- ModuleWrapPolicy / transformer_auto_wrap_policy: your own classes too, subclasses included) or
+-- whose not-yet-wrapped parameters number at least min_params, then the root. Without
+-- module_classes the size rule alone applies, min_params 1e5 by default; with it, the size rule
+-- only when min_params is given.
 function W.auto_wrap(module, opts)
   check_module("fsdp.auto_wrap", module, opts)
   opts = opts or {}
-  local min = opts.min_params or 1e5
+  local classes = opts.module_classes
+  if classes ~= nil then
+    if type(classes) ~= "table" or rawget(classes, "__is_class") ~= nil then
+      fsdp._arg_error("fsdp.auto_wrap", "module_classes", "a list of Module classes ({nn.Linear, Block})", classes, 2)
+    end
+    for i = 1, fsdp._list(classes, "fsdp.auto_wrap", "module_classes") do
+      local c = classes[i]
+      if type(c) ~= "table" or rawget(c, "__is_class") == nil then
+        fsdp._arg_error("fsdp.auto_wrap", ("module_classes[%d]"):format(i), "a Module class", c, 2)
+      end
+    end
+  end
+  local min = opts.min_params
+  if min == nil and classes == nil then min = 1e5 end
+  if min ~= nil and (type(min) ~= "number" or not (min >= 0)) then
+    fsdp._arg_error("fsdp.auto_wrap", "min_params", "a number >= 0", min, 2)
+  end
   local function visit(m, is_root)
     for _, child in m:named_children() do visit(child, false) end
     if is_root then return end
     if rawget(m, "_fsdp_unit") then return end
+    if classes and #classes > 0 and Module.isinstance(m, classes) then W.wrap(m, opts); return end
+    if min == nil then return end
     local n = 0
     for _, p in ipairs((own_params(m))) do n = n + p:numel() end
     if n >= min then W.wrap(m, opts) end

@@ -269,6 +269,12 @@ P.transformer = {
     return { "blocks.0.attn", "blocks.0.mlp.fc", "blocks.0.mlp.proj", "blocks.1.attn", "blocks.1.mlp.fc",
              "blocks.1.mlp.proj", "" }
   end,
+  by_class = function(m, o)  -- every instance of the blocks' class (transformer_auto_wrap_policy), then the root
+    local oo = { module_classes = { getmetatable(m.blocks["0"]) } }
+    for k, v in pairs(o) do oo[k] = v end
+    fsdp.auto_wrap(m, oo)
+    return { "blocks.0", "blocks.1", "" }
+  end,
 }
 P.branchy = {
   aux = function(m, o) fsdp.wrap(m.aux, o); fsdp.wrap(m.body["2"], o); fsdp.wrap(m, o); return { "aux", "body.2", "" } end,
@@ -541,7 +547,7 @@ case { name = "nested/wrap=none", model = "nested",  -- the harness itself: plai
 for _, pol in ipairs { "root", "children", "blocks" } do
   case { name = "conv/wrap=" .. pol, model = "conv", wrap = P.conv[pol], check = check_comm("full") }
 end
-for _, pol in ipairs { "root", "blocks", "auto" } do
+for _, pol in ipairs { "root", "blocks", "auto", "by_class" } do
   case { name = "transformer/wrap=" .. pol, model = "transformer", wrap = P.transformer[pol], check = check_comm("full") }
 end
 -- Adam on the nested model (not the transformer: its key biases get gradients that are zero up
