@@ -359,7 +359,7 @@ describe("fsdp.wrap's options", function()
   it("are checked by name: another framework's spelling is an error that says ours", function()
     H.assert_error(function() fsdp.wrap(nn.Linear(2, 2), { param_dtype = "bfloat16" }) end,
       'fsdp.wrap: unknown option param_dtype (it takes sharding, shard_group_size, reshard_after_forward, '
-      .. 'mixed_precision, forward_prefetch, backward_prefetch, sync_module_states, offload, checkpoint, min_params); '
+      .. 'mixed_precision, forward_prefetch, backward_prefetch, sync_module_states, offload, checkpoint, min_params, module_classes); '
       .. 'mixed precision is mixed_precision = {param = "bf16"}')
     H.assert_error(function() fsdp.wrap(nn.Linear(2, 2), { mixed_precision = { params = "bf16" } }) end,
       "fsdp.wrap: unknown mixed_precision part params (param, reduce)")
