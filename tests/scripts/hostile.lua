@@ -649,6 +649,13 @@ rule("ReduceLROnPlateau:step(nil)", function() return S.ReduceLROnPlateau(sgd())
 -- (PyTorch promotes mixed dtypes; here they are an error naming both)
 rule("cat of float32 and int64", function() return fsdp.cat({ fsdp.tensor { 1.5 }, i64 { 2 } }) end, { "cat", "int64" })
 rule("int64 + float32", function() return i64 { 2 } + fsdp.tensor { 0.5 } end, { "add", "int64" })
+rule("auto_wrap module_classes = {3}", function() return fsdp.auto_wrap(model(), { module_classes = { 3 } }) end,
+  { "auto_wrap", "module_classes[1]" })
+rule("auto_wrap module_classes with a hole", function()
+  return fsdp.auto_wrap(model(), { module_classes = { nn.Linear, nil, nn.ReLU } })
+end, { "auto_wrap", "module_classes has a hole" })
+rule("auto_wrap min_params = NaN", function() return fsdp.auto_wrap(model(), { min_params = 0 / 0 }) end,
+  { "auto_wrap", "min_params" })
 rule("to int64 of 1e30", function() return fsdp.tensor { 1, 1e30 }:to("int64") end, { "to", "element 2" })
 rule("to int64 of NaN", function() return fsdp.tensor { 0 / 0 }:long() end, { "to", "int64" })
 rule("int64 fill_(1e30)", function() return fsdp.zeros({ 2 }, "int64"):fill_(1e30) end, { "fill_", "int64" })
