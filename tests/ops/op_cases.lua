@@ -271,6 +271,7 @@ ops.gelu = { call = function(p, a) return a:gelu(p.approximate) end, ref = R.map
 ops["F.relu"] = { call = function(_, a) return F.relu(a) end, ref = R.map(R.relu) }
 ops["F.tanh"] = { call = function(_, a) return F.tanh(a) end, ref = R.map(function(x) return math.tanh(x) end) }
 ops["F.sigmoid"] = { call = function(_, a) return F.sigmoid(a) end, ref = R.map(R.sigmoid) }
+ops["F.silu"] = { call = function(_, a) return F.silu(a) end, ref = R.map(function(x) return x * R.sigmoid(x) end) }
 -- F.gelu(x), F.gelu(x, {approximate = ...}) or, with opts = {}, F.gelu(x, {})
 ops["F.gelu"] = {
   call = function(p, a)
@@ -661,6 +662,12 @@ C { "gelu", T { 0, 3 } }
 C { "F.relu", T { 3, 5, away = 0.1 }, fd_eps = 1e-3 }
 C { "F.tanh", T { 3, 5 }, fd_eps = 1e-3 }
 C { "F.sigmoid", transposed(T { 3, 5 }), fd_eps = 1e-3 }
+-- silu: x * sigmoid(x), against its exact values x / (1 + e^-x) at 1, -1, 2, -3, 0
+C { "F.silu", V { 1, -1, 2, -3, 0 }, tol = { 1e-7, 1e-6 },
+  want = { 0.7310585786300049, -0.2689414213699951, 1.7615941559557646, -0.14227761953270035, 0 } }
+C { "F.silu", T { 7, 13, lo = -6, hi = 6 }, fd_eps = 1e-3 }
+C { "F.silu", transposed(T { 3, 5 }), fd_eps = 1e-3 }
+C { "F.silu", T { 0, 3 } }
 C { "F.gelu", T { 3, 5 }, fd_eps = 1e-3 }
 C { "F.gelu", T { 3, 5 }, approximate = "tanh", fd_eps = 1e-3 }
 C { "F.gelu", T { 3, 5 }, opts = { approximate = "none" }, fd_eps = 1e-3 }

@@ -187,6 +187,7 @@ local F_fns = {
     { "T?", "bias", v(nil) } },
   conv2d = { { "T", "input", img }, { "T", "weight", cw }, { "T?", "bias", v(nil) } },
   relu = { { "T", "input", x23 } }, tanh = { { "T", "input", x23 } }, sigmoid = { { "T", "input", x23 } },
+  silu = { { "T", "input", x23 }, { "B?", "inplace", v(false), ok = { table = true } } },
   gelu = { { "T", "input", x23 } }, softmax = { { "T", "input", x23 }, { "D?", "dim", v(1) } },
   log_softmax = { { "T", "input", x23 }, { "D?", "dim", v(1) } },
   cross_entropy = { { "T", "input", x23 }, { "T", "target", idx } },
@@ -329,6 +330,7 @@ local layers = {
   Linear = { { 3, 4 }, { 1, 2 }, { x23 } },
   Conv2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } },
   ReLU = { {}, {}, { x23 } }, Tanh = { {}, {}, { x23 } }, Sigmoid = { {}, {}, { x23 } }, GELU = { {}, {}, { x23 } },
+  SiLU = { {}, {}, { x23 } },
   Identity = { {}, {}, nil },
   Softmax = { { 1 }, { 1 }, { x23 } }, LogSoftmax = { { 1 }, { 1 }, { x23 } },
   Flatten = { {}, {}, { x23 } }, Dropout = { {}, {}, { x23 } },
@@ -631,6 +633,7 @@ rule("x[3] = 1 of size 2", function() local t = x23(); t[3] = 1 end, { "index", 
 rule("view (3, 3) of 6", function() return x23():view(3, 3) end, { "view", "(3, 3)" })
 rule("view of a transpose", function() return x23():t():view(6) end, { "view" })
 rule("view two -1", function() return x23():view(-1, -1) end, { "view", "-1" })
+rule("silu of int64", function() return F.silu(i64 { 1, 2 }) end, { "silu", "int64" })
 rule("softmax of int64", function() return i64 { 1, 2 }:softmax(1) end, { "softmax", "int64" })
 rule("backward of 2 elements", function() return (fsdp.randn(2):requires_grad_() * 2):backward() end, { "backward" })
 rule("backward without grad", function() return fsdp.randn(2):sum():backward() end, { "backward" })

@@ -120,6 +120,20 @@ function F.tanh(x) return (wrap(C.fsdp_tanh(T(x, "tanh", "input")))) end
 --- 1 / (1 + exp(-x)), elementwise.
 -- @param x a tensor
 function F.sigmoid(x) return (wrap(C.fsdp_sigmoid(T(x, "sigmoid", "input")))) end
+--- F.silu(x[, inplace]): x * sigmoid(x) (SiLU, "swish"), elementwise, differentiable through its two
+-- ops (in float32 for a 16-bit float x); `inplace` is accepted and changes nothing (as nn.ReLU's).
+-- @param x a float tensor
+function F.silu(x, ...)
+  T(x, "silu", "input")
+  local inplace = args_of("silu", { { "inplace", false } }, ...).inplace
+  if type(inplace) ~= "boolean" then fsdp._arg_error("silu", "inplace", "a boolean", inplace, 2) end
+  if x.dtype == "int64" or x.dtype == "bool" then
+    error(("silu: expected a float tensor (float32, bfloat16 or float16), got %s"):format(x.dtype), 2)
+  end
+  if x.dtype == "float32" then return x * F.sigmoid(x) end
+  local y = x:float()  -- (a 16-bit float: computed in float32 and rounded once, as the fused ops are)
+  return ((y * F.sigmoid(y)):to(x.dtype))
+end
 --- F.gelu(x[, {approximate = "none" | "tanh"}]) (a plain string works too)
 function F.gelu(x, ...)
   local px = T(x, "gelu", "input")

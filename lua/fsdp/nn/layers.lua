@@ -258,6 +258,10 @@ end
 --- nn.Tanh(): tanh(x).
 -- @function Tanh
 
+--- nn.SiLU([inplace]): x * sigmoid(x) (F.silu).
+-- @function SiLU
+-- @param inplace accepted, changes nothing
+
 --- nn.Sigmoid(): 1 / (1 + exp(-x)).
 -- @function Sigmoid
 
@@ -267,6 +271,7 @@ end
 simple("ReLU", F.relu, { { "inplace", false } })
 simple("Tanh", F.tanh, {})
 simple("Sigmoid", F.sigmoid, {})
+simple("SiLU", F.silu, { { "inplace", false } })
 -- nn.Identity(...): any arguments, unused (as PyTorch's)
 simple("Identity", function(x) return x end)
 
