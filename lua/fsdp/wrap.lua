@@ -825,8 +825,8 @@ end
 -- @param max_norm a number
 -- @param norm_type 2 (default) or math.huge
 -- @param opts options table or nil
-function W.clip_grad_norm(model, max_norm, norm_type, opts)
-  local fn = "clip_grad_norm"
+function W.clip_grad_norm(model, max_norm, norm_type, opts, fn)
+  fn = fn or "clip_grad_norm"  -- (nn.utils.clip_grad_norm_ is this function under its own name)
   local params
   params, norm_type, opts = clip_args(fn, model, norm_type, opts)
   max_norm = fsdp._n(max_norm, fn, "max_norm")
@@ -881,8 +881,8 @@ end
 --- fsdp.clip_grad_value(model or params, clip_value[, {foreach = ignored}]): every gradient element
 -- clamped to [-clip_value, clip_value] in place (torch.nn.utils.clip_grad_value_); elementwise, so
 -- each rank clamps its pieces
-function W.clip_grad_value(model, clip_value, opts)
-  local fn = "clip_grad_value"
+function W.clip_grad_value(model, clip_value, opts, fn)
+  fn = fn or "clip_grad_value"
   local params = clip_args(fn, model, opts, nil)
   clip_value = fsdp._n(clip_value, fn, "clip_value")
   if not (clip_value >= 0) then error(("%s: clip_value must be >= 0, got %s"):format(fn, tostring(clip_value)), 2) end
@@ -957,6 +957,71 @@ function W.reset_parameters(model)
   end
   if W.has_units(model) then W.summon_full_params(model, run, { writeback = true }) else run() end
   return model
+end
+
+-- ---- nn.utils (torch.nn.utils): clipping and parameters as one vector ----------------------------------------
+-- Here rather than in fsdp/nn: clipping is FSDP's (a sharded gradient's norm sums over the ranks),
+-- one piece of code for wrapped and unwrapped models alike; fsdp.nn loads this file with itself.
+local utils = {}
+require("fsdp.nn").utils = utils
+-- parameters: a list of tensors, a tensor, or a module (its parameters)
+local function param_list(fn, parameters)
+  if fsdp.is_tensor(parameters) then return { parameters } end
+  if Module.is_module(parameters) then return parameters:parameters() end
+  if type(parameters) ~= "table" then fsdp._arg_error(fn, "parameters", "a list of tensors or a module", parameters, 3) end
+  for i = 1, fsdp._list(parameters, fn, "parameters", 2) do
+    if not fsdp.is_tensor(parameters[i]) then fsdp._arg_error(fn, ("parameters[%d]"):format(i), "a tensor", parameters[i], 3) end
+  end
+  return parameters
+end
+--- nn.utils.clip_grad_norm_(parameters, max_norm[, norm_type = 2][, {error_if_nonfinite = true}]):
+-- torch.nn.utils.clip_grad_norm_, for a list of parameters or a model, wrapped or not (it is
+-- fsdp.clip_grad_norm). Returns the total norm before clipping.
+-- @param parameters a list of tensors or a module
+-- @param max_norm a number
+-- @param norm_type 2 (default), a number > 0 or math.huge
+-- @param opts options table or nil
+function utils.clip_grad_norm_(parameters, max_norm, norm_type, opts)
+  return W.clip_grad_norm(param_list("clip_grad_norm_", parameters), max_norm, norm_type, opts, "clip_grad_norm_")
+end
+--- nn.utils.clip_grad_value_(parameters, clip_value): every gradient element clamped to
+-- [-clip_value, clip_value] in place (it is fsdp.clip_grad_value).
+-- @param parameters a list of tensors or a module
+-- @param clip_value a number >= 0
+function utils.clip_grad_value_(parameters, clip_value)
+  return W.clip_grad_value(param_list("clip_grad_value_", parameters), clip_value, nil, "clip_grad_value_")
+end
+--- nn.utils.parameters_to_vector(parameters): one 1-D tensor of every parameter's values, in order
+-- (a sharded parameter: inside model:summon_full_params).
+-- @param parameters a list of tensors or a module
+function utils.parameters_to_vector(parameters)
+  local ps, flat = param_list("parameters_to_vector", parameters), {}
+  for i, p in ipairs(ps) do flat[i] = p:reshape(-1) end
+  if #flat == 0 then return fsdp.zeros(0) end
+  return fsdp.cat(flat)
+end
+--- nn.utils.vector_to_parameters(vec, parameters): copies consecutive slices of the 1-D vec into the
+-- parameters, in order, in place without autograd (a sharded parameter takes the slice of its whole
+-- values, each rank its piece).
+-- @param vec a 1-D tensor of as many elements as the parameters hold
+-- @param parameters a list of tensors or a module
+function utils.vector_to_parameters(vec, parameters)
+  fsdp._t(vec, "vector_to_parameters", "vec")
+  local ps = param_list("vector_to_parameters", parameters)
+  local total = 0
+  for _, p in ipairs(ps) do total = total + p:numel() end
+  if vec:dim() ~= 1 or vec:numel() ~= total then
+    error(("vector_to_parameters: vec must be 1-D with the parameters' %d elements, got shape (%s)")
+      :format(total, table.concat(vec:shape(), ", ")), 2)
+  end
+  fsdp.no_grad(function()
+    local off = 1
+    for _, p in ipairs(ps) do
+      local n = p:numel()
+      p:copy_(vec:narrow(1, off, n):view(p:shape()))
+      off = off + n
+    end
+  end)
 end
 
 --- Runs fn with gradient reduction off (accumulation), as PyTorch FSDP's no_sync.

@@ -466,6 +466,14 @@ local surface = {
     default_collate = { { "L", "samples", function() return { fsdp.ones(2), fsdp.ones(2) } end } },
     randperm = { { "I", "n", v(4) }, { "I", "seed", v(1) } },
   } },
+  { "nn.utils", nn.utils, {
+    clip_grad_norm_ = { { "L", "parameters", function() local m = model(); m(x23()):sum():backward(); return m:parameters() end,
+      says = { number = "parameters" } }, { "F", "max_norm", v(1), ok = { inf = true } } },
+    clip_grad_value_ = { { "L", "parameters", function() return model():parameters() end }, { "F", "clip_value", v(1), ok = { inf = true } } },
+    parameters_to_vector = { { "L", "parameters", function() return model():parameters() end } },
+    vector_to_parameters = { { "T", "vec", function() return fsdp.zeros(46) end },
+      { "L", "parameters", function() return model():parameters() end } },
+  } },
   { "nn.init", nn.init, {
     uniform_ = { { "T", "tensor", x23 }, { "F?", "a", v(0) }, { "F?", "b", v(1) } },
     normal_ = { { "T", "tensor", x23 }, { "F?", "mean", v(0) }, { "F?", "std", v(1) } },

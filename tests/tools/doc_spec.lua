@@ -73,6 +73,7 @@ local function public()
   module_fns("fsdp.checkpoint.", { read = ckpt.read, consolidate = ckpt.consolidate })
   module_fns("F.", fsdp.F)
   module_fns("nn.init.", fsdp.nn.init)
+  module_fns("nn.utils.", fsdp.nn.utils)
   methods("Module", fsdp.nn.Module)
   methods("Tensor", fsdp.Tensor.methods)
   for k, cls in pairs(fsdp.nn) do
