@@ -182,7 +182,7 @@ local function check_module(fn, m, opts)
 end
 local WRAP_OPTIONS = { "sharding", "shard_group_size", "reshard_after_forward", "mixed_precision", "forward_prefetch",
   "backward_prefetch", "sync_module_states", "offload", "checkpoint", "min_params", "module_classes" }
-local MP_PARTS = { param = true, reduce = true }
+local MP_PARTS = { param = true, reduce = true, output = true, cast_forward_inputs = true }
 local function check_option_names(opts)
   local known = {}
   for _, k in ipairs(WRAP_OPTIONS) do known[k] = true end
@@ -198,7 +198,9 @@ local function check_option_names(opts)
   if type(opts.mixed_precision) == "table" then
     for k in pairs(opts.mixed_precision) do
       if not MP_PARTS[k] then
-        error(("fsdp.wrap: unknown mixed_precision part %s (param, reduce)"):format(tostring(k)), 4)
+        local hint = k == "output_dtype" and "; the output dtype is mixed_precision = {output = \"fp32\"}" or ""
+        error(("fsdp.wrap: unknown mixed_precision part %s (param, reduce, output, cast_forward_inputs)%s")
+          :format(tostring(k), hint), 4)
       end
     end
   end
@@ -229,6 +231,10 @@ local function unit_options(opts)
   end
   o.param_dtype = dt(mp.param)
   o.reduce_dtype = dt(mp.reduce)
+  if mp.cast_forward_inputs ~= nil and type(mp.cast_forward_inputs) ~= "boolean" then
+    fsdp._arg_error("fsdp.wrap", "mixed_precision.cast_forward_inputs", "true or false", mp.cast_forward_inputs, 3)
+  end
+  dt(mp.output)  -- (checked here; the unit keeps it on the Lua side)
   o.forward_prefetch = opts.forward_prefetch and 1 or 0
   o.backward_prefetch = opts.backward_prefetch == false and 0 or 1
   o.sync_module_states = opts.sync_module_states == false and 0 or 1
@@ -294,8 +300,14 @@ function W.wrap(module, opts)
   local u = setmetatable({ c = c, module = module, opts = opts, forwarded = false, path = module_label(module),
     tied = {} }, Unit)
   -- under mixed precision the gathered parameters are tensors of the param dtype, and so are the
-  -- unit's float inputs (cast on the way in, as FSDP's MixedPrecision casts forward inputs)
-  if o.param_dtype ~= C.FSDP_F32 then u.compute_dtype = o.param_dtype end  -- (a dtype number)
+  -- unit's float inputs (cast on the way in, as FSDP's MixedPrecision casts forward inputs, unless
+  -- cast_forward_inputs = false); mixed_precision.output casts its float outputs (FSDP2's
+  -- output_dtype)
+  local mp = opts.mixed_precision or {}
+  if o.param_dtype ~= C.FSDP_F32 and mp.cast_forward_inputs ~= false then u.compute_dtype = o.param_dtype end
+  if mp.output ~= nil then
+    u.output_dtype = (mp.output == "fp32" or mp.output == "float32") and C.FSDP_F32 or fsdp._dtype(mp.output)
+  end
   -- units nested below take their paths from this module; this one is "<root>" until wrapped by a parent
   for name, x in module:named_modules() do
     local nu = rawget(x, "_fsdp_unit")
@@ -407,12 +419,14 @@ local function mark(u, v)
 end
 
 -- v with its float tensors (in plain tables too) in dtype; differentiable, so gradients flow back in
--- the inputs' own dtype
+-- the inputs' own dtype. Only float tensors: int64 indices and bool masks keep their dtype (a bool
+-- attention mask made float would add its 0s and 1s to the scores instead of masking them)
+local FLOAT = { [C.FSDP_F32] = true, [C.FSDP_BF16] = true, [C.FSDP_F16] = true }
 local function cast(v, dtype)  -- dtype: a dtype number
   if fsdp.is_tensor(v) then
-    local p = fsdp._t(v, "FSDP forward (mixed precision input cast)", "input")
+    local p = fsdp._t(v, "FSDP forward (mixed precision cast)", "input")
     local d = C.fsdp_tensor_dtype(p)
-    if d ~= dtype and d ~= C.FSDP_I64 then return wrap_t(C.fsdp_to_dtype(p, dtype)) end
+    if d ~= dtype and FLOAT[d] then return wrap_t(C.fsdp_to_dtype(p, dtype)) end
     return v
   end
   if type(v) == "table" and getmetatable(v) == nil then
@@ -449,7 +463,7 @@ function Unit:run(module, inner, ...)
   -- are gathered (its backward begins here), and the forward itself is all that runs again
   if C.fsdp_checkpoint_rerunning() ~= 0 then
     check(C.fsdp_unit_rerun(self.c))
-    return inner(module, cast_all(self.compute_dtype, ...))
+    return cast_all(self.output_dtype, inner(module, cast_all(self.compute_dtype, ...)))
   end
   if self.seen_version ~= Module._structure_version then check_structure(self) end
   if #self.tied > 0 then check_tied(self) end
@@ -461,6 +475,7 @@ function Unit:run(module, inner, ...)
     error(out[2], 0)
   end
   for i = 2, out.n do out[i] = mark(self, out[i]) end
+  if self.output_dtype then for i = 2, out.n do out[i] = cast(out[i], self.output_dtype) end end
   check(C.fsdp_unit_post_forward(self.c))
   return unpack(out, 2, out.n)
 end

@@ -362,7 +362,7 @@ describe("fsdp.wrap's options", function()
       .. 'mixed_precision, forward_prefetch, backward_prefetch, sync_module_states, offload, checkpoint, min_params, module_classes); '
       .. 'mixed precision is mixed_precision = {param = "bf16"}')
     H.assert_error(function() fsdp.wrap(nn.Linear(2, 2), { mixed_precision = { params = "bf16" } }) end,
-      "fsdp.wrap: unknown mixed_precision part params (param, reduce)")
+      "fsdp.wrap: unknown mixed_precision part params (param, reduce, output, cast_forward_inputs)")
     H.assert_error(function() fsdp.auto_wrap(nn.Sequential(nn.Linear(2, 2)), { min_param = 1 }) end,
       "fsdp.wrap: unknown option min_param")
     local m = fsdp.wrap(nn.Linear(2, 2), { sharding = "full", mixed_precision = { param = "bf16", reduce = "fp32" } })

@@ -370,8 +370,8 @@ end
 
 -- ---- attention --------------------------------------------------------------------------------------------
 --- F.scaled_dot_product_attention(q, k, v[, {attn_mask =, is_causal = (or causal =), dropout_p =, scale =}])
--- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv); attn_mask: an additive float mask broadcastable
--- to (Tq, Tk). Positional (q, k, v, attn_mask, dropout_p, is_causal, scale) works as in PyTorch.
+-- q (B.., Tq, D), k (B.., Tk, D), v (B.., Tk, Dv); attn_mask broadcastable to (Tq, Tk): an
+-- additive float mask, or a bool mask (true: the key takes part, PyTorch's meaning; false: -inf). Positional (q, k, v, attn_mask, dropout_p, is_causal, scale) works as in PyTorch.
 -- q, k, v are read in place when their last dim is dense (heads cut from one projection with
 -- narrow/reshape/transpose need no copy), and the output is laid out in memory like q: for heads
 -- (B, H, T, D) stored as (B, T, H, D), out:transpose(2, 3):reshape(B, T, H * D) is a view.
@@ -382,7 +382,12 @@ function F.scaled_dot_product_attention(q, k, v, ...)
     { "is_causal", false }, { "scale", optional = true }, { "causal", false, kw = true }, { "enable_gqa", false, kw = true } }, ...)
   if o.enable_gqa then error(sdpa .. ": enable_gqa is not supported", 2) end
   local causal = o.is_causal or o.causal
-  return (wrap(C.fsdp_scaled_dot_product_attention(pq, pk, pv, P(o.attn_mask, sdpa, "attn_mask (an additive float mask)"), causal and 1 or 0,
+  local mask = o.attn_mask
+  if fsdp.is_tensor(mask) and mask.dtype == "bool" then
+    P(mask, sdpa, "attn_mask")
+    mask = fsdp.zeros(mask:shape(), { dtype = q.dtype, device = mask.device }):masked_fill(mask:eq(0), -math.huge)
+  end
+  return (wrap(C.fsdp_scaled_dot_product_attention(pq, pk, pv, P(mask, sdpa, "attn_mask (a float or bool mask)"), causal and 1 or 0,
     o.dropout_p or 0, o.scale or 0)))
 end
 
