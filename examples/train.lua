@@ -313,6 +313,12 @@ local function main()
           cfg.resume, tostring(extra.global_batch), tostring(extra.seed), tostring(extra.lr), tostring(extra.lr_decay))
       end
       start = extra.epoch + 1
+      if start > cfg.epochs then  -- a finished run: its checkpoint, metrics, plot and model stay as they are
+        say("nothing to train: the checkpoint in %s is at epoch %d, --epochs is %d; its files stay as they are "
+          .. "(--epochs N continues it, --linear-eval reruns the linear evaluation)", cfg.resume, extra.epoch, cfg.epochs)
+        fsdp.barrier()
+        return
+      end
       -- the metrics file keeps the epochs up to the checkpoint
       local keep = {}
       for _, m in ipairs(metrics_read()) do
@@ -340,7 +346,6 @@ local function main()
           loss = r.loss, channels = cfg.channels, lr = cfg.lr, lr_decay = cfg.lr_decay })
       if not fsdp.all_idle() then error("a unit is not idle after the epoch (an FSDP bug)") end
     end
-    if start > cfg.epochs then say("nothing to train: the checkpoint is at epoch %d, --epochs is %d", start - 1, cfg.epochs) end
     -- one consolidated file with the full tensors (PyTorch names), written by rank 0
     if R == 0 then
       local info = expect("consolidating the checkpoint", require("fsdp.checkpoint").consolidate, cfg.ckpt, cfg.ckpt .. "/model.safetensors")

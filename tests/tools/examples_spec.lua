@@ -134,6 +134,17 @@ describe("examples/train.lua", function()
     end
   end)
 
+  it("resuming a finished run trains nothing and leaves its files as they are", function()
+    assert(outB2, "the resumed run failed (see above)")
+    local function bytes(path) local f = assert(io.open(path, "rb")); local d = f:read("*a"); f:close(); return d end
+    local before = bytes(B .. "/metrics.jsonl")
+    local out, err, rc = run(train_cmd(2, SMALL .. " --epochs 2 --linear-epochs 1 --resume " .. sh_quote(B)))
+    assert.are.equal(0, rc, "resuming the finished run failed:\n" .. out .. err)
+    assert.is_truthy(out:find("nothing to train: the checkpoint in .- is at epoch 2, %-%-epochs is 2"), out)
+    assert.are.equal(before, bytes(B .. "/metrics.jsonl"))
+    assert.is_falsy(out:find("linear evaluation:", 1, true), out)
+  end)
+
   it("--linear-eval alone reruns the linear evaluation from the checkpoint", function()
     assert(outB2, "the resumed run failed (see above)")
     local out, err, rc = run(train_cmd(2, SMALL .. " --linear-eval --linear-epochs 1 --ckpt " .. sh_quote(B)))
