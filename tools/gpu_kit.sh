@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/gpu_kit.sh [DIR]: packs what tools/gpu_check.sh needs on a GPU machine that has PyTorch and
 # its CUDA libraries but no LuaJIT and no package manager to rely on (DIR, default tmp/gpu-kit,
-# ignored by git; about 50 MB, carried to the GPU machine with the working tree):
+# ignored by git; about 50 MiB, carried to the GPU machine with the working tree, which together
+# must stay within the 64 MiB that travel: checked at the end):
 #   debs/   Debian's .deb files of LuaJIT, OpenBLAS, oneDNN and their libraries, and busted with its
 #           Lua modules (gpu_check.sh unpacks them with Python: no dpkg needed there)
 #   lib/    libfsdp.so, libfsdp_cuda.so and libfsdp_nccl.so built from this working tree for any x86-64-v3 CPU
@@ -37,4 +38,8 @@ data="$(luajit -e 'package.path = "lua/?.lua;lua/?/init.lua;" .. package.path; p
 mkdir -p "$kit/data"
 cp -L "$data"/*-ubyte.gz "$kit/data/" || { echo "gpu_kit: no Fashion-MNIST in $data (apt-get install dataset-fashion-mnist)" >&2; exit 1; }
 git rev-parse HEAD > "$kit/commit"
-du -sh "$kit"
+# what travels to the GPU machine: the kit and the working tree's files, at most 64 MiB in all
+kit_bytes=$(du -sb "$kit" | cut -f1)
+tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+echo "gpu_kit: kit $((kit_bytes / 1048576)) MiB + tree $((tree_bytes / 1048576)) MiB = $(((kit_bytes + tree_bytes) / 1048576)) MiB (limit 64 MiB)"
+[ $((kit_bytes + tree_bytes)) -le $((64 * 1048576)) ] || { echo "gpu_kit: over the 64 MiB that travel" >&2; exit 1; }
