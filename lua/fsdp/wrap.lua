@@ -840,6 +840,7 @@ end
 -- @param max_norm a number
 -- @param norm_type 2 (default) or math.huge
 -- @param opts options table or nil
+-- @param fn the name errors give (nn.utils.clip_grad_norm_ passes its own; leave it out)
 function W.clip_grad_norm(model, max_norm, norm_type, opts, fn)
   fn = fn or "clip_grad_norm"  -- (nn.utils.clip_grad_norm_ is this function under its own name)
   local params
@@ -896,6 +897,10 @@ end
 --- fsdp.clip_grad_value(model or params, clip_value[, {foreach = ignored}]): every gradient element
 -- clamped to [-clip_value, clip_value] in place (torch.nn.utils.clip_grad_value_); elementwise, so
 -- each rank clamps its pieces
+-- @param model a model or a list of parameters
+-- @param clip_value a number >= 0
+-- @param opts options table or nil
+-- @param fn the name errors give (nn.utils.clip_grad_value_ passes its own; leave it out)
 function W.clip_grad_value(model, clip_value, opts, fn)
   fn = fn or "clip_grad_value"
   local params = clip_args(fn, model, opts, nil)
