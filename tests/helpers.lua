@@ -173,6 +173,18 @@ function H.read_file(path)
   f:close()
   return s
 end
+-- writes bytes s to path (replacing it)
+function H.write_file(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+-- whether path can be opened for reading
+function H.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
 
 -- a new empty directory under /tmp (the caller removes it)
 function H.mkdtemp(prefix)

@@ -796,12 +796,21 @@ end
 -- fraction; the ranks' sums add up (all-reduce), and the largest |g| is the ranks' largest. Every
 -- gradient is then scaled by min(1, max_norm / (norm + 1e-6)), PyTorch's formula, unless
 -- error_if_nonfinite refuses a NaN or infinite norm.
+-- the parameters of `what` (argument `arg` of fn): a module's, a tensor, or a list of tensors
+-- without holes; errors at `level` (1: param_list's caller)
+local function param_list(fn, arg, what, level)
+  if fsdp.is_tensor(what) then return { what } end
+  if type(what) == "table" and rawget(what, "_modules") then return what:parameters() end
+  if type(what) ~= "table" then fsdp._arg_error(fn, arg, "an nn.Module or a list of parameters", what, level + 1) end
+  for i = 1, fsdp._list(what, fn, arg, level + 1) do
+    if not fsdp.is_tensor(what[i]) then fsdp._arg_error(fn, ("%s[%d]"):format(arg, i), "a tensor", what[i], level + 1) end
+  end
+  return what
+end
+
 local function clip_args(fn, model, opts_or_type, opts)
-  local params
-  if type(model) == "table" and rawget(model, "_modules") then params = model:parameters()
-  elseif fsdp.is_tensor(model) then params = { model }
-  elseif type(model) == "table" then params = model
-  else fsdp._arg_error(fn, "model", "an nn.Module or a list of parameters", model, 4) end
+  -- (nn.utils' clip_grad_norm_ / clip_grad_value_ name it as PyTorch does: parameters)
+  local params = param_list(fn, fn:sub(-1) == "_" and "parameters" or "model", model, 4)
   local norm_type = opts_or_type
   if type(opts_or_type) == "table" then opts, norm_type = opts_or_type, opts_or_type.norm_type end
   opts = opts or {}
@@ -984,16 +993,6 @@ end
 -- one piece of code for wrapped and unwrapped models alike; fsdp.nn loads this file with itself.
 local utils = {}
 require("fsdp.nn").utils = utils
--- parameters: a list of tensors, a tensor, or a module (its parameters)
-local function param_list(fn, parameters)
-  if fsdp.is_tensor(parameters) then return { parameters } end
-  if Module.is_module(parameters) then return parameters:parameters() end
-  if type(parameters) ~= "table" then fsdp._arg_error(fn, "parameters", "a list of tensors or a module", parameters, 3) end
-  for i = 1, fsdp._list(parameters, fn, "parameters", 2) do
-    if not fsdp.is_tensor(parameters[i]) then fsdp._arg_error(fn, ("parameters[%d]"):format(i), "a tensor", parameters[i], 3) end
-  end
-  return parameters
-end
 --- nn.utils.clip_grad_norm_(parameters, max_norm[, norm_type = 2][, {error_if_nonfinite = true}]):
 -- torch.nn.utils.clip_grad_norm_, for a list of parameters or a model, wrapped or not (it is
 -- fsdp.clip_grad_norm). Returns the total norm before clipping.
@@ -1002,20 +1001,20 @@ end
 -- @param norm_type 2 (default), a number > 0 or math.huge
 -- @param opts options table or nil
 function utils.clip_grad_norm_(parameters, max_norm, norm_type, opts)
-  return W.clip_grad_norm(param_list("clip_grad_norm_", parameters), max_norm, norm_type, opts, "clip_grad_norm_")
+  return W.clip_grad_norm(parameters, max_norm, norm_type, opts, "clip_grad_norm_")
 end
 --- nn.utils.clip_grad_value_(parameters, clip_value): every gradient element clamped to
 -- [-clip_value, clip_value] in place (it is fsdp.clip_grad_value).
 -- @param parameters a list of tensors or a module
 -- @param clip_value a number >= 0
 function utils.clip_grad_value_(parameters, clip_value)
-  return W.clip_grad_value(param_list("clip_grad_value_", parameters), clip_value, nil, "clip_grad_value_")
+  return W.clip_grad_value(parameters, clip_value, nil, "clip_grad_value_")
 end
 --- nn.utils.parameters_to_vector(parameters): one 1-D tensor of every parameter's values, in order
 -- (a sharded parameter: inside model:summon_full_params).
 -- @param parameters a list of tensors or a module
 function utils.parameters_to_vector(parameters)
-  local ps, flat = param_list("parameters_to_vector", parameters), {}
+  local ps, flat = param_list("parameters_to_vector", "parameters", parameters, 2), {}
   for i, p in ipairs(ps) do flat[i] = p:reshape(-1) end
   if #flat == 0 then return fsdp.zeros(0) end
   return fsdp.cat(flat)
@@ -1027,7 +1026,7 @@ end
 -- @param parameters a list of tensors or a module
 function utils.vector_to_parameters(vec, parameters)
   fsdp._t(vec, "vector_to_parameters", "vec")
-  local ps = param_list("vector_to_parameters", parameters)
+  local ps = param_list("vector_to_parameters", "parameters", parameters, 2)
   local total = 0
   for _, p in ipairs(ps) do total = total + p:numel() end
   if vec:dim() ~= 1 or vec:numel() ~= total then

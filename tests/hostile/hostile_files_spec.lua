@@ -15,16 +15,7 @@ local fm = require "fsdp.data.fashion_mnist"
 local nn = fsdp.nn
 
 local base = H.mkdtemp("fsdp_hostile")
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-local function write_file(p, s)
-  local f = assert(io.open(p, "wb"))
-  f:write(s)
-  f:close()
-end
+local exists, write_file = H.exists, H.write_file
 -- the process still works: a save and a load round trip
 local function still_works()
   local p = base .. "/ok.safetensors"

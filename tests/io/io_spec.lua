@@ -12,11 +12,7 @@ os.remove(tmpdir)
 os.execute("mkdir -p '" .. tmpdir .. "'")
 local function tmp(name) return tmpdir .. "/" .. name end
 
-local function write_file(p, s)
-  local f = assert(io.open(p, "wb"))
-  f:write(s)
-  f:close()
-end
+local write_file = H.write_file
 -- little-endian u64 from a Lua number (exact up to 2^53) or from 8 raw bytes
 local function u64(n)
   local b = {}
