@@ -189,7 +189,7 @@ test:
 
 test-run: all cudaemu $(CTESTS)
 	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) $(BUSTED) tests
+	LUAJIT=$(LUAJIT) BUSTED=$(BUSTED) bash tools/run_specs.sh
 
 # the API reference (LDoc, config.ld): HTML into doc/ from the doc comments; a warning is an error
 doc:
@@ -257,13 +257,14 @@ tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 	  FSDP_DEVICE_COMM=standin $(LUAJIT) tests/scripts/comm_values.lua self
 
 # The CUDA kernels' memcheck and racecheck (.ci/run): the CUDA executor built again with
-# AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then with ThreadSanitizer
-# (build-tsan/), each running its self-test, the cuBLASLt/cuDNN stand-ins' test, the op-case table's
+# AddressSanitizer + UndefinedBehaviorSanitizer (cuda-emu-asan, build-asan/) and with ThreadSanitizer
+# (cuda-emu-tsan, build-tsan/; the three parts are independent: make -j2 runs them side by side),
+# each running its self-test, the cuBLASLt/cuDNN stand-ins' test, the op-case table's
 # device cases and tests/backends/cuda_spec.lua (the optimizer kernels): every kernel. An access past a
 # global or shared buffer, undefined behaviour, or two threads of a block (or two blocks) touching
 # one address with a write and no barrier between are errors naming the kernel. The planted races
-# of the self-test must be reported (exit 66). Then the FSDP matrix at world size 4 on the executor
-# (host plane and the stand-in communicator), which make test leaves out for time.
+# of the self-test must be reported (exit 66). And the FSDP matrix at world size 4 on the executor
+# (cuda-emu-matrix: host plane and the stand-in communicator), which make test leaves out for time.
 EMU_ASAN_ENV = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 EMU_TSAN_ENV = TSAN_OPTIONS=halt_on_error=1:exitcode=66
 # the op table's block that runs on the device (every case, both dtypes): the rest of ops_spec is
@@ -272,7 +273,8 @@ EMU_CASES = --filter=every.backend.against.the.CPU
 # (busted's children -- the shells of popen -- must not get libtsan preloaded: dash dies of it)
 EMU_UNPRELOAD = local ffi = require 'ffi'; ffi.cdef 'int unsetenv(const char*);'; ffi.C.unsetenv('LD_PRELOAD')
 EMU_RUN      = FSDP_CUDA_EMU=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 LUA_PATH='lua/?.lua;lua/?/init.lua;tests/?.lua;;'
-cuda-emu-check: all
+cuda-emu-check: cuda-emu-asan cuda-emu-tsan cuda-emu-matrix
+cuda-emu-asan: all
 	$(MAKE) --no-print-directory EMU_BUILD=build-asan/cudaemu EMU_LIB=build-asan/libfsdp_cudaemu.so \
 	  EMU_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" build-asan/libfsdp_cudaemu.so cudaemu
 	$(EMU_ASAN_ENV) build-asan/cudaemu/selftest
@@ -280,6 +282,7 @@ cuda-emu-check: all
 	for spec in "$(EMU_CASES) tests/ops/ops_spec.lua" tests/backends/cuda_spec.lua; do \
 	  $(EMU_ASAN_ENV) LD_PRELOAD=$(ASAN_LIB) FSDP_CUDA_EMU_LIB=build-asan/libfsdp_cudaemu.so $(EMU_RUN) \
 	  $(LUAJIT) $(BUSTED) $$spec || exit 1; done
+cuda-emu-tsan: all
 	$(MAKE) --no-print-directory EMU_BUILD=build-tsan/cudaemu EMU_LIB=build-tsan/libfsdp_cudaemu.so \
 	  EMU_SAN="-fsanitize=thread" build-tsan/libfsdp_cudaemu.so cudaemu
 	$(EMU_TSAN_ENV) build-tsan/cudaemu/selftest
@@ -289,15 +292,18 @@ cuda-emu-check: all
 	for spec in "$(EMU_CASES) tests/ops/ops_spec.lua" tests/backends/cuda_spec.lua; do \
 	  $(EMU_TSAN_ENV) LD_PRELOAD=$(TSAN_LIB) FSDP_CUDA_EMU_LIB=build-tsan/libfsdp_cudaemu.so $(EMU_RUN) \
 	  $(LUAJIT) -e "$(EMU_UNPRELOAD)" $(BUSTED) --ignore-lua $$spec || exit 1; done
+cuda-emu-matrix: all cudaemu
 	for plane in host standin; do FSDP_DEVICE_COMM=$$plane FSDP_MATRIX_DEVICE=cuda FSDP_CUDA_EMU=1 \
 	  bin/fsdprun -n 4 tests/scripts/fsdp_matrix.lua | grep "SUMMARY" | grep -q "failed=0" || exit 1; done
 
 # ---- benchmarks and the demo --------------------------------------------------------------------
 # ours against two PyTorch builds: Debian's (/usr/bin/python3, or PYTHON=) and a current one from
-# PyPI (tmp/torch-venv when make bench-deps made it, or PYTHON2=; PYTHON2=none leaves it out)
+# PyPI (tmp/torch-venv when make bench-deps made it, or PYTHON2=; PYTHON2=none leaves it out).
+# BENCH_ROUNDS=R: R rounds instead of each bench's default (.ci/run's 1 checks that they run).
+BENCH_ARGS = $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2)) $(if $(BENCH_ROUNDS),--rounds $(BENCH_ROUNDS))
 bench: all
-	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2))
-	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/conv_shapes.lua $(if $(PYTHON),--python $(PYTHON)) $(if $(PYTHON2),--python2 $(PYTHON2))
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/run.lua $(BENCH_ARGS)
+	OPENBLAS_NUM_THREADS=$${THREADS:-2} OMP_NUM_THREADS=$${THREADS:-2} $(LUAJIT) bench/conv_shapes.lua $(BENCH_ARGS)
 	$(LUAJIT) bench/jit_loop.lua
 
 # optional, never needed by make test: a current PyTorch from PyPI in an ignored venv (tmp/torch-venv,
@@ -315,7 +321,7 @@ bench-deps:
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "make bench-fsdp".
 bench-fsdp: all
 	$(LUAJIT) bench/fsdp_memory.lua && $(LUAJIT) bench/fsdp_memory.lua --device cuda --gc 1 && \
-	  $(LUAJIT) bench/fsdp_speed.lua
+	  $(LUAJIT) bench/fsdp_speed.lua $(if $(BENCH_ROUNDS),--rounds $(BENCH_ROUNDS))
 
 # A GPT of a billion parameters at 4 ranks, each capped below its float32 parameters (issue 36's
 # proof; bench/big_model.lua says what each phase shows): about 12 GB of memory, 8 GB of disk in
@@ -361,4 +367,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan doc libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp bench-big demo demo-gpt install clean
+.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp bench-big demo demo-gpt install clean

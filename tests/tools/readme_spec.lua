@@ -26,7 +26,9 @@ local function sh_blocks(text)
 end
 
 -- each line of .ci/run, and each one's command before its first VAR=value argument: `make demo-gpt
--- GPT_STOP_AT=300 ...` (a short form CI runs) counts as the documents' `make demo-gpt`
+-- GPT_STOP_AT=300 ...` (a short form CI runs) counts as the documents' `make demo-gpt`; a make line
+-- with several targets (`make -j2 --output-sync=target memcheck asan-check`) as `make memcheck`,
+-- `make asan-check`
 local function ci_lines()
   local set = {}
   for line in H.read_file(H.root .. "/.ci/run"):gmatch("[^\n]+") do
@@ -34,6 +36,12 @@ local function ci_lines()
     set[line] = true
     local head = line:match("^(.-)%s+[%w_]+=%S")
     if head then set[head] = true end
+    if line:match("^make%s") then
+      for word in line:sub(6):gmatch("%S+") do
+        if word:match("^[%w_%-]+$") and not word:match("^%-") then set["make " .. word] = true
+        elseif not (word:match("^%-") or word:find("=", 1, true)) then break end  -- a pipe, a redirection
+      end
+    end
   end
   return set
 end
