@@ -54,7 +54,13 @@ local function deepcopy(m, seen)
     if fsdp.is_tensor(v) then
       local key = fsdp._key(v)
       if seen[key] == nil then
-        local c = fsdp.no_grad(function() return v:detach():clone() end)
+        local c
+        if fsdp.C.fsdp_tensor_deferred(v.p) ~= 0 then  -- built inside fsdp.meta: no values to copy
+          c = fsdp.meta(function() return fsdp.empty(v:shape(), { dtype = v.dtype }) end)
+          seen.on_meta = true
+        else
+          c = fsdp.no_grad(function() return v:detach():clone() end)
+        end
         if v.requires_grad or is_param(v) then c = Parameter(c, v.requires_grad) end
         seen[key] = c
       end
@@ -174,11 +180,14 @@ function MHA:_join(o)
   return o:permute(3, 1, 2, 4):reshape(s[3], s[1], self.embed_dim)
 end
 
--- a mask as an additive float mask: bool true (masked out) -> -inf, false -> 0; a float mask as it is
-local function additive(mask)
-  if mask.dtype == "bool" then return fsdp.zeros(mask:shape(), { device = mask.device }):masked_fill(mask, -math.huge) end
+-- a mask as an additive float mask in dtype (the query's): bool true (masked out) -> -inf, false -> 0;
+-- a float mask as it is
+local function additive(mask, dtype)
+  if mask.dtype == "bool" then
+    return fsdp.zeros(mask:shape(), { dtype = dtype, device = mask.device }):masked_fill(mask, -math.huge)
+  end
   if mask.dtype == "int64" then error("MultiheadAttention: masks must be bool or float, got int64", 4) end
-  return mask
+  return mask.dtype == dtype and mask or mask:to(dtype)
 end
 -- m (.., S0) with `extra` zero columns appended (keys added by add_bias_kv / add_zero_attn take part)
 local function pad_keys(m, extra)
@@ -189,15 +198,15 @@ local function pad_keys(m, extra)
 end
 
 -- attn_mask and key_padding_mask as one additive float mask broadcastable to (N, H, L, S), or nil.
--- sizes: N, L, S0 (keys before add_bias_kv / add_zero_attn), S (after), batched
+-- z: sizes N, L, S0 (keys before add_bias_kv / add_zero_attn), S (after), batched; the query's dtype
 function MHA:_mask(attn_mask, key_padding_mask, z)
   local cls, H, m = "MultiheadAttention", self.num_heads, nil
   if attn_mask ~= nil then
     local s = attn_mask:shape()
     if #s == 2 and s[1] == z.L and s[2] == z.S0 then
-      m = additive(attn_mask)
+      m = additive(attn_mask, z.dtype)
     elseif #s == 3 and s[1] == z.N * H and s[2] == z.L and s[3] == z.S0 then
-      m = additive(attn_mask):reshape(z.N, H, z.L, z.S0)
+      m = additive(attn_mask, z.dtype):reshape(z.N, H, z.L, z.S0)
     else
       error(("%s: attn_mask of shape %s must be (L, S) = (%d, %d) or (N*num_heads, L, S) = (%d, %d, %d) (query length "
         .. "L, key length S, batch N)"):format(cls, shape_str(attn_mask), z.L, z.S0, z.N * H, z.L, z.S0), 4)
@@ -210,7 +219,7 @@ function MHA:_mask(attn_mask, key_padding_mask, z)
       error(("%s: key_padding_mask of shape %s must be %s = (%s)"):format(cls, shape_str(key_padding_mask),
         z.batched and "(N, S)" or "(S)", table.concat(want, ", ")), 4)
     end
-    local k = pad_keys(additive(key_padding_mask):reshape(z.N, 1, 1, z.S0), z.S - z.S0)
+    local k = pad_keys(additive(key_padding_mask, z.dtype):reshape(z.N, 1, 1, z.S0), z.S - z.S0)
     m = m and m + k or k
   end
   return m
@@ -283,7 +292,7 @@ function MHA:forward(query, key, value, ...)
     k = fsdp.cat({ k, fsdp.zeros(zs, { dtype = k.dtype, device = k.device }) }, 3)
     v = fsdp.cat({ v, fsdp.zeros(zs, { dtype = v.dtype, device = v.device }) }, 3)
   end
-  z.S = k:size(3)
+  z.S, z.dtype = k:size(3), q.dtype
   local mask = self:_mask(o.attn_mask, o.key_padding_mask, z)  -- broadcastable to (N, H, L, S)
   local p = self.training and self.dropout or 0
   local out, weights
@@ -292,7 +301,7 @@ function MHA:forward(query, key, value, ...)
   else
     local scores = q:matmul(k:transpose(3, 4)) * (1 / math.sqrt(self.head_dim))  -- (N, H, L, S)
     if mask ~= nil then scores = scores + mask end
-    if is_causal then scores = scores + fsdp.full({ z.L, z.S }, -math.huge, { device = q.device }):triu(1) end
+    if is_causal then scores = scores + fsdp.full({ z.L, z.S }, -math.huge, { dtype = q.dtype, device = q.device }):triu(1) end
     weights = F.dropout(F.softmax(scores, -1), p, p > 0)
     out = weights:matmul(v)
     if average then weights = weights:mean(2) end  -- (N, L, S)
@@ -421,7 +430,16 @@ local function build_stack(self, cls, layer_cls, what, ...)
   local n = check_int(cls, "num_layers", o.num_layers)
   if o.norm ~= nil and not is_module(o.norm) then fsdp._arg_error(cls, "norm", "a module or nil", o.norm, 3) end
   local copies = {}
-  for i = 1, n do copies[i] = deepcopy(layer, {}) end
+  for i = 1, n do
+    local seen = {}
+    copies[i] = deepcopy(layer, seen)
+    if seen.on_meta then  -- each copy records its own initialisation, children first (as PyTorch's
+      local mods = copies[i]:modules()  -- to_empty() and reset_parameters() make meta-built layers)
+      for j = #mods, 1, -1 do
+        if type(mods[j].reset_parameters) == "function" then mods[j]:reset_parameters() end
+      end
+    end
+  end
   self.layers = layers.ModuleList(copies)
   self.num_layers = n
   if o.norm ~= nil then self.norm = o.norm end
