@@ -101,6 +101,7 @@ table.sort(ORDER)
 local measured = {}  -- case -> {fwd = {abs, rel}, bwd = {abs, rel}}
 local function compare(case, part, got, want, what)
   assert.is_not_nil(got, case .. ": no " .. what)
+  if got.device ~= "cpu" then got = got:to("cpu") end
   assert.same(want:shape(), got:shape(), case .. ": shape of " .. what)
   H.assert_close(got:contiguous():view(-1):tolist(), want:contiguous():view(-1):tolist(), ATOL, RTOL, case .. ": " .. what)
   local d = (got - want):abs()
@@ -111,23 +112,25 @@ local function compare(case, part, got, want, what)
 end
 
 -- the case's module with PyTorch's state_dict, its inputs (float ones as leaves), run and compared
-local function run_case(name, mutate)
+-- (device: the module and inputs moved there first; "cpu" by default)
+local function run_case(name, device)
+  device = device or "cpu"
   local c = CASES[name]
   local m = c.build()
   m:load_state_dict(entries(name, "p"))
-  if mutate then mutate(m) end
+  m:to(device)
   local x = {}
   for k, t in pairs(entries(name, "x")) do
-    x[k] = t:clone()
+    x[k] = t:clone():to(device)  -- (a new leaf: the golden tensor stays as it is)
     x[k].requires_grad = not k:find("mask", 1, true)
   end
-  for k, t in pairs(entries(name, "b")) do x[k] = t:ne(0) end
+  for k, t in pairs(entries(name, "b")) do x[k] = t:ne(0):to(device) end
   local y, w = c.call(m, x)
   compare(name, "fwd", y, G[name .. ".y"], "output")
-  local loss = (y * G[name .. ".r"]):sum()
+  local loss = (y * G[name .. ".r"]:to(device)):sum()
   if G[name .. ".w"] then
     compare(name, "fwd", w, G[name .. ".w"], "attention weights")
-    loss = loss + (w * G[name .. ".rw"]):sum()
+    loss = loss + (w * G[name .. ".rw"]:to(device)):sum()
   else
     assert.is_nil(w, name .. ": weights")
   end
@@ -145,6 +148,12 @@ describe("transformer modules against PyTorch (forward, input and parameter grad
   for _, name in ipairs(ORDER) do
     it(name, function() run_case(name) end)
   end
+
+  -- the same on the "cuda" device: the GPU where there is one, else its test double (backend/testdev)
+  it("every case on the cuda device", function()
+    if not fsdp.cuda.is_available() then fsdp._testdev_install() end
+    for _, name in ipairs(ORDER) do run_case(name, "cuda") end
+  end)
 
   -- the other attention path gives the same numbers: weights asked for (an explicit softmax, checked
   -- above) or not (F.scaled_dot_product_attention): the output against PyTorch's, the gradients of

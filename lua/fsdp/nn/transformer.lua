@@ -448,8 +448,9 @@ end
 local Encoder = Module:extend("TransformerEncoder")
 L.TransformerEncoder = Encoder
 --- nn.TransformerEncoder(encoder_layer, num_layers[, {norm}]): num_layers deep copies of
--- encoder_layer (children layers.0, layers.1, ...; they start with equal weights, as in PyTorch),
--- then norm (a module) if given. enable_nested_tensor and mask_check are accepted; padded
+-- encoder_layer (children layers.0, layers.1, ...; they start with equal weights, as in PyTorch;
+-- built inside fsdp.meta each copy records its own initialisation instead, as PyTorch's to_empty()
+-- and reset_parameters() give), then norm (a module) if given. enable_nested_tensor and mask_check are accepted; padded
 -- positions are computed as the training path does (PyTorch's inference fast path zeroes them).
 -- @function TransformerEncoder
 function Encoder:__init(...)
