@@ -26,6 +26,7 @@ local function scalar_loss() return (fsdp.randn(3):requires_grad_() * 2):sum() e
 local function x32() return fsdp.randn(3, 2) end
 local function idx() return fsdp.tensor({ 0, 1 }, "int64") end
 local function img() return fsdp.randn(1, 2, 4, 4) end
+local function seq4() return fsdp.randn(3, 2, 4) end  -- (L, N, E) for the transformer modules
 local function cw() return fsdp.randn(3, 2, 3, 3) end
 local function one() return fsdp.ones(1) end
 local function qkv() return fsdp.randn(1, 2, 4) end
@@ -343,6 +344,11 @@ local layers = {
   CrossEntropyLoss = { {}, {}, { x23, idx } }, NLLLoss = { {}, {}, { x23, idx } }, MSELoss = { {}, {}, { x23, x23 } },
   Sequential = { nil, {}, { x32 } }, ModuleList = { nil, {}, nil }, ModuleDict = { nil, {}, nil },
   ConvTranspose2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } }, Dropout2d = { {}, {}, { img } },
+  MultiheadAttention = { { 4, 2 }, { 1, 2 }, { seq4, seq4, seq4 } },
+  TransformerEncoderLayer = { { 4, 2, 8 }, { 1, 2 }, { seq4 } },
+  TransformerDecoderLayer = { { 4, 2, 8 }, { 1, 2 }, { seq4, seq4 } },
+  TransformerEncoder = { { nn.TransformerEncoderLayer(4, 2, 8), 2 }, { 2 }, { seq4 } },
+  TransformerDecoder = { { nn.TransformerDecoderLayer(4, 2, 8), 2 }, { 2 }, { seq4, seq4 } },
 }
 local layer_names = {}
 for k, cls in pairs(nn) do

@@ -250,5 +250,38 @@ describe("the report examples", function()
   end
 end)
 
+describe("examples/transformer.lua (PyTorch's FSDP tutorial with a transformer encoder)", function()
+  -- the lines both runs print: "step N  loss X", "Train Epoch: E <tab>Loss: X", "Test set: Average
+  -- loss: X, Accuracy: A/B (...)", as {kind, number, value}
+  local function lines(out)
+    local r = {}
+    for line in out:gmatch("[^\n]+") do
+      local s, l = line:match("step (%d+)  loss (%d+%.%d+)")
+      local e, tl = line:match("Train Epoch: (%d+) \tLoss: (%d+%.%d+)")
+      local vl, acc = line:match("Test set: Average loss: (%d+%.%d+), Accuracy: (%d+)/")
+      if s then r[#r + 1] = { "step", s, tonumber(l) } end
+      if e then r[#r + 1] = { "epoch", e, tonumber(tl) } end
+      if vl then r[#r + 1] = { "test", tonumber(acc), tonumber(vl) } end
+    end
+    return r
+  end
+  it("FSDP on 2 ranks prints the single-process run's losses", function()
+    local script = sh_quote(H.root .. "/examples/transformer.lua")
+    local one, err1, rc1 = run("luajit " .. script)
+    assert.are.equal(0, rc1, one .. err1)
+    local two, err2, rc2 = run(("%s -n 2 %s"):format(sh_quote(fsdprun), script))
+    assert.are.equal(0, rc2, two .. err2)
+    local a, b = lines(one), lines(H.untag(two))
+    assert.is_true(#a >= 10, "the single-process run printed:\n" .. one)
+    assert.are.equal(#a, #b, one .. "\n" .. two)
+    for i = 1, #a do
+      assert.are.same({ a[i][1], a[i][2] }, { b[i][1], b[i][2] }, one .. "\n" .. two)
+      -- losses printed with 6 (test: 4) decimals, float32 sums in another order
+      assert.is_true(math.abs(a[i][3] - b[i][3]) <= 2e-6 + 1e-5 * a[i][3], one .. "\n" .. two)
+    end
+    assert.is_truthy(two:find("FSDP, 2 ranks", 1, true), two)
+  end)
+end)
+
 -- leave no temp files behind (the directory holds checkpoints and links only)
 teardown(function() os.execute("rm -rf " .. sh_quote(tmp)) end)

@@ -12,5 +12,6 @@ nn.is_module = Module.is_module
 nn.functional = require "fsdp.nn.functional"
 nn.init = require "fsdp.nn.init_fns"
 for name, cls in pairs(require "fsdp.nn.layers") do nn[name] = cls end
+for name, cls in pairs(require "fsdp.nn.transformer") do nn[name] = cls end
 
 return nn
