@@ -8,7 +8,7 @@
 #   tools/run_specs.sh [spec files...]      (default: every tests/**/*_spec.lua)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-jobs=${TEST_JOBS:-$(nproc)}
+jobs=${TEST_JOBS:-$(env -u OMP_NUM_THREADS nproc)}  # (nproc alone obeys OMP_NUM_THREADS)
 busted=${BUSTED:-$(command -v busted)}
 luajit=${LUAJIT:-luajit}
 
