@@ -27,12 +27,6 @@ local L = {}
 
 local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
 
-local function check_int(cls, what, v)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v >= 2 ^ 31 then
-    error(("%s: %s must be an integer >= 1, got %s"):format(cls, what, tostring(v)), 4)
-  end
-  return v
-end
 local function check_p(cls, what, p)
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then
     error(("%s: %s must be a probability in [0, 1], got %s"):format(cls, what, tostring(p)), 4)
@@ -100,12 +94,12 @@ function MHA:__init(...)
   local cls = "MultiheadAttention"
   local o = args_of(cls, { { "embed_dim" }, { "num_heads" }, { "dropout", 0 }, { "bias", true }, { "add_bias_kv", false },
     { "add_zero_attn", false }, { "kdim", optional = true }, { "vdim", optional = true }, { "batch_first", false } }, ...)
-  local E = check_int(cls, "embed_dim", o.embed_dim)
-  local H = check_int(cls, "num_heads", o.num_heads)
+  local E = fsdp._i(o.embed_dim, cls, "embed_dim", nil, 1)
+  local H = fsdp._i(o.num_heads, cls, "num_heads", nil, 1)
   if E % H ~= 0 then error(("%s: embed_dim (%d) must be divisible by num_heads (%d)"):format(cls, E, H), 3) end
   self.embed_dim, self.num_heads, self.head_dim = E, H, E / H
-  self.kdim = o.kdim == nil and E or check_int(cls, "kdim", o.kdim)
-  self.vdim = o.vdim == nil and E or check_int(cls, "vdim", o.vdim)
+  self.kdim = o.kdim == nil and E or fsdp._i(o.kdim, cls, "kdim", nil, 1)
+  self.vdim = o.vdim == nil and E or fsdp._i(o.vdim, cls, "vdim", nil, 1)
   self.dropout = check_p(cls, "dropout", o.dropout)
   self.batch_first = fsdp._b(o.batch_first, cls, "batch_first")
   self.add_zero_attn = fsdp._b(o.add_zero_attn, cls, "add_zero_attn")
@@ -321,8 +315,8 @@ local layer_spec = { { "d_model" }, { "nhead" }, { "dim_feedforward", 2048 }, { 
 -- linear2, norm1, norm2, [norm3], dropout1, dropout2, [dropout3], activation
 local function build_layer(self, cls, decoder, ...)
   local o = args_of(cls, layer_spec, ...)
-  local d, h = check_int(cls, "d_model", o.d_model), check_int(cls, "nhead", o.nhead)
-  local ff = check_int(cls, "dim_feedforward", o.dim_feedforward)
+  local d, h = fsdp._i(o.d_model, cls, "d_model", nil, 1), fsdp._i(o.nhead, cls, "nhead", nil, 1)
+  local ff = fsdp._i(o.dim_feedforward, cls, "dim_feedforward", nil, 1)
   local p = check_p(cls, "dropout", o.dropout)
   local eps = fsdp._f(o.layer_norm_eps, cls, "layer_norm_eps")
   local bias = fsdp._b(o.bias, cls, "bias")
@@ -427,7 +421,7 @@ local function build_stack(self, cls, layer_cls, what, ...)
   if not Module.isinstance(layer, layer_cls) and not is_module(layer) then
     fsdp._arg_error(cls, what, "a module (an nn." .. layer_cls.__name .. ")", layer, 3)
   end
-  local n = check_int(cls, "num_layers", o.num_layers)
+  local n = fsdp._i(o.num_layers, cls, "num_layers", nil, 1)
   if o.norm ~= nil and not is_module(o.norm) then fsdp._arg_error(cls, "norm", "a module or nil", o.norm, 3) end
   local copies = {}
   for i = 1, n do
