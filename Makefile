@@ -317,6 +317,10 @@ bench-deps:
 	  $(TORCH_VENV)/bin/pip install torch numpy tqdm; \
 	fi
 
+# DataLoader workers: an epoch with num_workers = 0 against 2 on a CPU-heavy transform (bench/README.md)
+bench-loader: all
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) bench/loader.lua
+
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "make bench-fsdp".
 bench-fsdp: all
@@ -367,4 +371,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan doc libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-deps bench-fsdp bench-big demo demo-gpt install clean
+.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-loader bench-deps bench-fsdp bench-big demo demo-gpt install clean

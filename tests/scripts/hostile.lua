@@ -471,6 +471,7 @@ local surface = {
     DistributedSampler = { { "DS", "dataset", ds }, { "O?", "options", v(nil) } },
     default_collate = { { "L", "samples", function() return { fsdp.ones(2), fsdp.ones(2) } end } },
     randperm = { { "I", "n", v(4) }, { "I", "seed", v(1) } },
+    get_worker_info = false,
   } },
   { "nn.utils", nn.utils, {
     clip_grad_norm_ = { { "L", "parameters", function() local m = model(); m(x23()):sum():backward(); return m:parameters() end,
@@ -658,6 +659,9 @@ rule("DataLoader batch_size 1.5", function() return fsdp.data.DataLoader(ds(), {
 rule("DataLoader batch_size nan", function() return fsdp.data.DataLoader(ds(), { batch_size = 0 / 0 }) end,
   { "DataLoader", "batch_size" })
 rule("DataLoader unknown option", function() return fsdp.data.DataLoader(ds(), { batchsize = 2 }) end, { "DataLoader", "batchsize" })
+rule("DataLoader num_workers -1", function() return fsdp.data.DataLoader(ds(), { num_workers = -1 }) end, { "DataLoader", "num_workers" })
+rule("DataLoader prefetch_factor without workers", function() return fsdp.data.DataLoader(ds(), { prefetch_factor = 2 }) end,
+  { "DataLoader", "prefetch_factor" })
 rule("TensorDataset rows 6 vs 5", function() return fsdp.data.TensorDataset(fsdp.ones(6), fsdp.ones(5)) end,
   { "TensorDataset", "6" })
 rule("DistributedSampler rank 2 of 2", function() return fsdp.data.DistributedSampler(ds(), { num_replicas = 2, rank = 2 }) end,

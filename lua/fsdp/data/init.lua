@@ -367,13 +367,27 @@ local Loader = {}
 Loader.__index = Loader
 
 local loader_opts = { batch_size = true, shuffle = true, drop_last = true, sampler = true, collate_fn = true,
-  seed = true, num_workers = true, pin_memory = true }
+  seed = true, num_workers = true, prefetch_factor = true, persistent_workers = true, worker_init_fn = true,
+  pin_memory = true }
+
+local pin_warned = false
 
 --- DataLoader(dataset, {batch_size = 1, shuffle = false, drop_last = false, sampler = nil,
--- collate_fn = default_collate, seed = nil}); num_workers and pin_memory are accepted and do
--- nothing (samples load in the calling process; tensors move with :to(device)).
+-- collate_fn = default_collate, seed = nil, num_workers = 0, prefetch_factor = 2,
+-- persistent_workers = false, worker_init_fn = nil, pin_memory = false}).
 -- `#loader` and loader:len() count the batches; `for ... in loader() do` (or loader:iter())
 -- yields each batch, unpacked when it is a list (a TensorDataset(x, y) gives xb, yb).
+-- num_workers = N > 0: N worker processes (fork) build batches ahead of the training loop, batch i
+-- in worker (i - 1) % N, at most prefetch_factor batches per worker ahead; the batches and their
+-- order are those of num_workers = 0. Each iteration draws a base seed from the global RNG (as
+-- PyTorch does; num_workers = 0 draws nothing), and worker id (0-based, as PyTorch's) seeds its
+-- fsdp.manual_seed and math.randomseed with base seed + id, then calls worker_init_fn(id);
+-- get_worker_info() tells the worker who it is. persistent_workers = true keeps the workers
+-- across epochs (they keep the dataset as it was when they started). A batch is made of tensors
+-- (CPU), numbers, strings, booleans and plain tables of them (metatables stay behind).
+-- pin_memory: accepted; batches stay in pageable memory (tensors move with :to(device)), said once.
+-- @param dataset a Dataset or a list of samples
+-- @param opts the options
 function M.DataLoader(dataset, opts)
   opts = check_opts("DataLoader", opts, loader_opts)
   if type(dataset) ~= "table" then
@@ -388,6 +402,35 @@ function M.DataLoader(dataset, opts)
     error(("DataLoader: collate_fn must be a function, got a %s"):format(type(opts.collate_fn)), 2)
   end
   self.collate_fn = opts.collate_fn or M.default_collate
+  local nw = opts.num_workers == nil and 0 or opts.num_workers
+  if not is_int(nw) or nw < 0 then
+    error(("DataLoader: num_workers must be an integer >= 0 (0 loads in this process), got %s"):format(tostring(nw)), 2)
+  end
+  self.num_workers = nw
+  if opts.prefetch_factor ~= nil then
+    if nw == 0 then error("DataLoader: prefetch_factor needs num_workers > 0 (it counts batches per worker)", 2) end
+    if not is_int(opts.prefetch_factor) or opts.prefetch_factor < 1 then
+      error(("DataLoader: prefetch_factor must be an integer >= 1, got %s"):format(tostring(opts.prefetch_factor)), 2)
+    end
+  end
+  self.prefetch_factor = opts.prefetch_factor or 2
+  if opts.persistent_workers ~= nil and type(opts.persistent_workers) ~= "boolean" then
+    error(("DataLoader: persistent_workers must be a boolean, got a %s"):format(type(opts.persistent_workers)), 2)
+  end
+  if opts.persistent_workers and nw == 0 then error("DataLoader: persistent_workers = true needs num_workers > 0", 2) end
+  self.persistent_workers = opts.persistent_workers == true
+  if opts.worker_init_fn ~= nil and type(opts.worker_init_fn) ~= "function" then
+    error(("DataLoader: worker_init_fn must be a function, got a %s"):format(type(opts.worker_init_fn)), 2)
+  end
+  self.worker_init_fn = opts.worker_init_fn
+  if opts.pin_memory ~= nil and type(opts.pin_memory) ~= "boolean" then
+    error(("DataLoader: pin_memory must be a boolean, got a %s"):format(type(opts.pin_memory)), 2)
+  end
+  if opts.pin_memory and not pin_warned then
+    pin_warned = true
+    io.stderr:write("fsdp.data.DataLoader: pin_memory = true does nothing: fsdp has no pinned host memory; "
+      .. "batches stay in pageable memory and move with :to(device)\n")
+  end
   if opts.sampler ~= nil then
     if opts.shuffle then error("DataLoader: sampler option is mutually exclusive with shuffle", 2) end
     local s = opts.sampler
@@ -410,6 +453,10 @@ function M.DataLoader(dataset, opts)
   mt.__tostring = function() return ("DataLoader(%d batches of %d)"):format(self:len(), self.batch_size) end
   return proxy
 end
+
+--- get_worker_info() -> {id =, num_workers =, seed =, dataset =} inside a DataLoader worker
+-- process (id 0-based, as PyTorch's), nil in the main process.
+function M.get_worker_info() return M._worker_info end
 
 function Loader:len()
   local n = self.sampler:len()
@@ -437,46 +484,119 @@ local function yield(batch)
   return batch
 end
 
-function Loader:iter()
-  local s, ds, bs = self.sampler, self.dataset, self.batch_size
-  local idx = s:indices()
-  local k = type(s._start) == "function" and s:_start() or 0
-  if s.pos ~= nil then s.pos = k end
+-- the builder of one batch: fn(idx, k, len, ix) -> the batch of samples idx[k + 1 .. k + len]; ix,
+-- the 0-based int64 tensor of idx (made by index_tensor), serves a TensorDataset with the default
+-- collation (rows at once: views when consecutive, else index_select); the same function builds a
+-- batch in this process and in a worker
+local function index_tensor(ds, idx)
   local n = #idx
+  local buf = ffi.new("int64_t[?]", n)
+  for i = 1, n do buf[i - 1] = idx[i] - 1 end
+  local ix = fsdp.empty({ n }, { dtype = "int64" })
+  ffi.copy(ix:data_ptr(), buf, n * 8)
+  local t1 = ds.tensors and ds.tensors[1]
+  if t1 and t1.device ~= "cpu" then ix = ix:to(t1.device) end  -- one move per epoch
+  return ix
+end
+function Loader:_batch_fn()
+  local ds = self.dataset
   local fast = self.collate_fn == M.default_collate and getmetatable(ds) ~= nil and type(ds._batch) == "function"
-  local ix  -- the 0-based indices of the epoch as one int64 tensor (the fast path)
-  if fast and n > 0 then
-    local buf = ffi.new("int64_t[?]", n)
-    for i = 1, n do buf[i - 1] = idx[i] - 1 end
-    ix = fsdp.empty({ n }, { dtype = "int64" })
-    ffi.copy(ix:data_ptr(), buf, n * 8)
-    local t1 = ds.tensors and ds.tensors[1]
-    if t1 and t1.device ~= "cpu" then ix = ix:to(t1.device) end  -- one move per epoch
-  end
   local get = type(ds.get) == "function" and function(i) return ds:get(i) end or function(i) return ds[i] end
-  local done = false
-  return function()
-    if done then return nil end
-    local len = math.min(bs, n - k)
-    if len <= 0 or (self.drop_last and len < bs) then
-      done = true
-      if type(s._finished) == "function" then s:_finished() end
-      return nil
-    end
-    local batch
+  return function(idx, k, len, ix)
     if fast then
       local consecutive = true
       for j = k + 2, k + len do
         if idx[j] ~= idx[j - 1] + 1 then consecutive = false break end
       end
-      batch = consecutive and ds:_batch(idx[k + 1], len) or ds:_batch(nil, len, ix:narrow(1, k + 1, len))
-    else
-      local samples = {}
-      for j = 1, len do samples[j] = get(idx[k + j]) end
-      batch = self.collate_fn(samples)
+      if consecutive then return ds:_batch(idx[k + 1], len) end
+      ix = ix or index_tensor(ds, idx)
+      return ds:_batch(nil, len, ix:narrow(1, k + 1, len))
     end
-    k = k + len
-    if type(s._advance) == "function" then s:_advance(len) end
+    local samples = {}
+    for j = 1, len do samples[j] = get(idx[k + j]) end
+    return self.collate_fn(samples)
+  end, fast
+end
+
+-- the worker pool of an iteration: the loader's own with persistent_workers (started once, reset
+-- per epoch), else a new one that ends with the epoch or with its iterator
+function Loader:_pool()
+  local workers = require "fsdp.data.workers"
+  if self._workers and not self._workers.closed and self._workers:new_epoch() then return self._workers end
+  local make_batch = self:_batch_fn()
+  local pool = workers.start { n = self.num_workers, prefetch = self.prefetch_factor, dataset = self.dataset,
+    init_fn = self.worker_init_fn, base_seed = (fsdp.randint(0, 2 ^ 31 - 1, { 1 }):item()),
+    make_batch = function(list) return make_batch(list, 0, #list) end }
+  if self.persistent_workers then self._workers = pool end
+  return pool
+end
+
+function Loader:iter()
+  local s, bs = self.sampler, self.batch_size
+  local idx = s:indices()
+  local k = type(s._start) == "function" and s:_start() or 0
+  if s.pos ~= nil then s.pos = k end
+  local n = #idx
+  -- the epoch's batches: their first position in idx and their length
+  local firsts, lens = {}, {}
+  for j = k, n - 1, bs do
+    local len = math.min(bs, n - j)
+    if self.drop_last and len < bs then break end
+    firsts[#firsts + 1], lens[#lens + 1] = j, len
+  end
+  local nb, b = #firsts, 0
+  local function finish()
+    if type(s._finished) == "function" then s:_finished() end
+    return nil
+  end
+  if self.num_workers == 0 then
+    local make_batch, fast = self:_batch_fn()
+    local ix = fast and n > 0 and index_tensor(self.dataset, idx) or nil  -- the epoch's indices, once
+    return function()
+      if b >= nb then
+        if b == nb then b = b + 1; return finish() end
+        return nil
+      end
+      b = b + 1
+      local batch = make_batch(idx, firsts[b], lens[b], ix)
+      if type(s._advance) == "function" then s:_advance(lens[b]) end
+      return yield(batch)
+    end
+  end
+  local pool = self:_pool()
+  local sent, ahead = 0, self.num_workers * self.prefetch_factor
+  local function send_more()
+    while sent < nb and sent - b < ahead do
+      sent = sent + 1
+      pool:send(idx, firsts[sent], lens[sent])
+    end
+  end
+  local ok, err = pcall(send_more)
+  if not ok then
+    pool:shutdown()
+    error(err, 0)
+  end
+  return function()
+    if b >= nb then
+      if b == nb then
+        b = b + 1
+        if not self.persistent_workers then pool:shutdown() end
+        return finish()
+      end
+      return nil
+    end
+    b = b + 1
+    local got, batch = pcall(function()
+      local out = pool:take()
+      send_more()
+      return out
+    end)
+    if not got then
+      b = nb + 1  -- the iteration ends here; the next one starts new workers
+      pool:shutdown()
+      error(batch, 0)
+    end
+    if type(s._advance) == "function" then s:_advance(lens[b]) end
     return yield(batch)
   end
 end
