@@ -599,7 +599,21 @@ static void thread_label(char* buf, size_t n, pthread_t t, long tid) {
   snprintf(buf, n, "%ld ('%s')", tid, name);
 }
 
+// The process that loaded libfsdp. A process fork()ed from it (a DataLoader worker) has a copy of
+// the communicator's state but not its thread, and must not start MPI: its collectives are errors.
+static pid_t g_load_pid;
+__attribute__((constructor)) static void remember_load_pid(void) { g_load_pid = getpid(); }
+
+static int check_process(const char* op, const char* tag) {
+  if (getpid() == g_load_pid) return 0;
+  CHECK_INT(0,
+            "%s%s%s%s: called in process %ld, which was forked from process %ld (a DataLoader worker?); "
+            "collectives run only in the process that loaded fsdp",
+            op, tag ? " '" : "", tag ? tag : "", tag ? "'" : "", (long)getpid(), (long)g_load_pid);
+}
+
 static int check_owner(const char* op, const char* tag) {
+  if (check_process(op, tag)) return -1;
   if (!g.initialized || pthread_equal(g.owner, pthread_self())) return 0;
   char a[64], b[64];
   thread_label(a, sizeof a, g.owner, g.owner_tid);
@@ -650,6 +664,7 @@ static int torchrun_env_error(void) {
 
 int fsdp_comm_init(const char* backend) {
   const char* want = backend && *backend ? backend : NULL;
+  if (check_process("comm init", NULL)) return -1;
   if (g.initialized) {
     if (check_owner("comm init", NULL)) return -1;
     CHECK_INT(!want || strcmp(want, g.be->name) == 0,
