@@ -319,7 +319,7 @@ bench-deps:
 
 # DataLoader workers: an epoch with num_workers = 0 against 2 on a CPU-heavy transform (bench/README.md)
 bench-loader: all
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) bench/loader.lua
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(LUAJIT) bench/loader.lua $(if $(BENCH_ROUNDS),--rounds $(BENCH_ROUNDS))
 
 # FSDP benchmarks through bin/fsdprun: memory at N = 1, 2, 4; step time at N = 2 (full vs no
 # shard, and against PyTorch DDP over gloo). See bench/README.md, "make bench-fsdp".
