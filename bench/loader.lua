@@ -2,7 +2,7 @@
 -- on a dataset whose per-sample transform is CPU-heavy (issue 40, item 3; target: N = 2 at least
 -- 1.6x faster on 2 cores).
 --
---   luajit bench/loader.lua [--workers 2] [--rounds 5] [--samples 512] [--batch 16] [--passes 6] [--threads 1]
+--   luajit bench/loader.lua [--workers 2] [--rounds 5] [--samples 2048] [--batch 16] [--passes 6] [--threads 1]
 --
 -- Sample i: a 3x40x40 image (a fixed random tensor shifted by i) through an augmentation of
 -- tensor ops: a 32x32 crop at an offset from i, a horizontal flip for odd i, brightness and
@@ -22,7 +22,7 @@ local fsdp = require "fsdp"
 local nn, F, optim, data = fsdp.nn, fsdp.nn.functional, fsdp.optim, fsdp.data
 local U = require "util"
 
-local opts = { workers = 2, rounds = 5, samples = 512, batch = 16, passes = 6, threads = 1 }
+local opts = { workers = 2, rounds = 5, samples = 2048, batch = 16, passes = 6, threads = 1 }
 U.parse_args("bench/loader.lua", opts, "[--workers N] [--rounds R] [--samples S] [--batch B] [--passes P] [--threads T]")
 fsdp.set_num_threads(opts.threads)
 
