@@ -156,6 +156,9 @@ void fsdp_memory_empty_cache(void);
 // layer reads it (a load, not a call, on every new tensor) to decide when to run its collector.
 const int64_t* fsdp_memory_gc_pressure(void);
 void fsdp_memory_gc_done(void);
+// bytes of page-locked host memory in use (pinned CPU tensors, fsdp_pin_memory); they count in the
+// CPU's categories too, as its other bytes
+int64_t fsdp_memory_pinned_bytes(void);
 
 // ---- random numbers (one global generator, identical on every machine) --------------------
 void fsdp_manual_seed(uint64_t seed);
@@ -266,6 +269,11 @@ fsdp_tensor* fsdp_cat(int n, fsdp_tensor** ts, int dim);
 fsdp_tensor* fsdp_index_select(fsdp_tensor* a, int dim, fsdp_tensor* index);
 fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype);    // differentiable between float dtypes
 fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device);  // a copy on `device` (a itself when there); differentiable
+// a contiguous copy of CPU tensor a in page-locked host memory, which a GPU copies from directly
+// (a itself when pinned already); differentiable. An error when a is not on the CPU or no device with
+// such memory is loaded (no GPU)
+fsdp_tensor* fsdp_pin_memory(fsdp_tensor* a);
+int fsdp_is_pinned(const fsdp_tensor* t);  // 1 when t's storage is pinned host memory (views of it too)
 
 // ---- elementwise (broadcasting) ------------------------------------------------------------
 fsdp_tensor* fsdp_add(fsdp_tensor* a, fsdp_tensor* b);

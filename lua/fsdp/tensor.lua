@@ -744,6 +744,18 @@ function methods.cpu(t) T(t, "cpu"); return (t:to("cpu")) end
 --- x on the GPU (x itself when there).
 -- @function Tensor:cuda
 function methods.cuda(t) T(t, "cuda"); return (fsdp._to_device(t, "cuda")) end
+--- A contiguous copy of CPU tensor x in page-locked (pinned) host memory, which a GPU copies from
+-- directly (x itself when pinned already; gradients flow back to x). An error without a GPU (pinned
+-- memory is the GPU backend's), and for a tensor that is not on the CPU.
+-- @function Tensor:pin_memory
+function methods.pin_memory(t)
+  local p = T(t, "pin_memory")
+  fsdp._device("cuda", "pin_memory", 2)  -- (loads the CUDA backend the first time, or says why there is none)
+  return (wrap(C.fsdp_pin_memory(p)))
+end
+--- Whether x's bytes are in pinned host memory (x:pin_memory()'s, and any view of them).
+-- @function Tensor:is_pinned
+function methods.is_pinned(t) return C.fsdp_is_pinned(T(t, "is_pinned")) ~= 0 end
 --- A float32 copy (x itself when it is one).
 -- @function Tensor:float
 function methods.float(t) T(t, "float"); return (t:to("float32")) end

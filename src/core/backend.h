@@ -7,7 +7,9 @@
  * libfsdp.so loads; an optional backend, a shared library, when it is loaded), and registration
  * checks that the table is complete, so code that holds a tensor of a device can call any entry
  * of that device's table without a check. Core never names a backend; nothing calls a kernel but
- * through this table.
+ * through this table. The one exception is the pair of optional entries at the end (host memory
+ * the device copies from directly): a device that is not a GPU has none, so they may be NULL, and
+ * registration does not ask for them (core/tensor.c's pinned memory looks for a device that has them).
  */
 #ifndef FSDP_CORE_BACKEND_H
 #define FSDP_CORE_BACKEND_H
@@ -60,6 +62,12 @@ typedef struct fsdp_backend {
   const fsdp_nn_kernels* nn;
   const fsdp_optim_kernels* optim;
   const fsdp_norm_kernels* norm;
+  // optional (NULL where the device has no such memory: the CPU, which is the host): page-locked
+  // host memory the device copies from and to directly (cudaMallocHost / cudaFreeHost), for
+  // pinned CPU tensors (core's fsdp_pin_memory). 64-byte aligned, NULL when out of memory; the
+  // host reads and writes it as any memory
+  void* (*host_alloc)(size_t nbytes);
+  void (*host_free)(void* p, size_t nbytes);
 } fsdp_backend;
 
 #ifdef __cplusplus

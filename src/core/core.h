@@ -86,6 +86,9 @@ typedef struct fsdp_storage {
   _Atomic int refcount;  // atomic: a tensor may be released from another thread
   int device;
   int cat;  // memory category
+  // 0, or (on the CPU) the device whose host_alloc gives the bytes: pinned host memory, allocated and
+  // freed through that table (fsdp_pin_memory), never through the CPU's block cache
+  int pinned;
   size_t nbytes;
   void* data;
   int64_t version;  // bumped by in-place writes; autograd checks saved tensors against it
@@ -117,6 +120,8 @@ void fsdp_storage_drop_data(fsdp_storage* s);
 int fsdp_storage_ensure_data(fsdp_storage* s);
 fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat);        // refcount 1, data allocated
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat);  // refcount 1, no data
+// the device whose table has host memory (host_alloc), or -1 when none is loaded
+int fsdp_host_memory_device(void);
 void fsdp_storage_release(fsdp_storage* s);
 // the FSDP_DEFERRED_* kind of s's values (0: in memory, or owned by FSDP), and the release of what
 // stood in for them (recorded steps, file source) once they are in memory or s goes
@@ -167,6 +172,9 @@ static inline int64_t* fsdp_i64(const fsdp_tensor* t) { return (int64_t*)fsdp_pt
 // new tensor with fresh contiguous storage (uninitialised), refcount 1
 fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device);
 fsdp_tensor* fsdp_new_cat(int ndim, const int64_t* shape, int dtype, int device, int cat);  // in category cat
+// new contiguous tensor in pinned host memory (uninitialised), refcount 1; NULL with the error set
+// when no device has host memory or it is out of it
+fsdp_tensor* fsdp_new_pinned(int ndim, const int64_t* shape, int dtype);
 fsdp_tensor* fsdp_new_like(const fsdp_tensor* t);
 fsdp_tensor* fsdp_new_layout_like(const fsdp_tensor* like, const int64_t* shape);
 // contiguous view of `shape` at `offset` (elements) on an existing storage (retained), refcount 1

@@ -100,11 +100,21 @@ void fsdp_memory_empty_cache(void) {
   pthread_mutex_unlock(&g_cache_lock);
 }
 
+// the bytes a block of nbytes takes: 64-byte multiples, at least 64
+static size_t padded_size(size_t nbytes) {
+  size_t padded = (nbytes + 63) & ~(size_t)63;
+  return padded ? padded : 64;
+}
+// the counters' side of a new block of nbytes in category cat (fsdp_alloc, pinned_alloc)
+static void count_alloc(int device, int cat, size_t nbytes) {
+  mem_count(device, cat, (int64_t)nbytes);
+  if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
+}
+
 void* fsdp_alloc(size_t nbytes, int device, int cat) {
   const fsdp_backend* b = fsdp_backend_for(device);
   if (!b) return NULL;
-  size_t padded = (nbytes + 63) & ~(size_t)63;
-  if (!padded) padded = 64;
+  size_t padded = padded_size(nbytes);
   void* p = NULL;
   if (padded >= FSDP_CACHE_MIN) {
     pthread_mutex_lock(&g_cache_lock);
@@ -137,15 +147,13 @@ void* fsdp_alloc(size_t nbytes, int device, int cat) {
                 nbytes, (double)nbytes / 1048576.0, fsdp_device_name(device), use, (double)cached / 1048576.0);
     return NULL;
   }
-  mem_count(device, cat, (int64_t)nbytes);
-  if (cat == FSDP_MEM_ACTIVATIONS) g_gc_pressure += (int64_t)nbytes;
+  count_alloc(device, cat, nbytes);
   return p;
 }
 void fsdp_free(void* p, size_t nbytes, int device, int cat) {
   if (!p) return;
   mem_count(device, cat, -(int64_t)nbytes);
-  size_t padded = (nbytes + 63) & ~(size_t)63;
-  if (!padded) padded = 64;
+  size_t padded = padded_size(nbytes);
   if (padded < FSDP_CACHE_MIN || padded > FSDP_CACHE_MAX / 4) {
     g_backends[device]->free(p, padded);
     return;
@@ -364,6 +372,33 @@ int fsdp_check_report(int id, int64_t value) {
 int fsdp_device_has_backend(int device) { return device >= 0 && device < FSDP_NDEVICES && g_backends[device]; }
 const fsdp_backend* fsdp_backend_of(const fsdp_tensor* t) { return g_backends[fsdp_device_of(t)]; }
 
+// ---- pinned host memory: a CPU storage's bytes from a device's host_alloc ------------------------------
+// Counted in the CPU's categories as its other bytes (they are host memory), and in g_pinned_bytes;
+// never cached here (the device's allocator keeps what it wants to keep: cudaMallocHost is slow).
+static _Atomic int64_t g_pinned_bytes;
+
+int fsdp_host_memory_device(void) {
+  for (int d = 0; d < FSDP_NDEVICES; d++)
+    if (g_backends[d] && g_backends[d]->host_alloc) return d;
+  return -1;
+}
+int64_t fsdp_memory_pinned_bytes(void) { return atomic_load(&g_pinned_bytes); }
+static void* pinned_alloc(size_t nbytes, int host, int cat) {
+  void* p = g_backends[host]->host_alloc(padded_size(nbytes));
+  CHECK_NULL(p, "pin_memory: out of pinned host memory allocating %zu bytes (%.1f MiB; %.1f MiB pinned now)", nbytes,
+             (double)nbytes / 1048576.0, (double)atomic_load(&g_pinned_bytes) / 1048576.0);
+  count_alloc(FSDP_CPU, cat, nbytes);
+  atomic_fetch_add(&g_pinned_bytes, (int64_t)nbytes);
+  return p;
+}
+static void pinned_free(void* p, size_t nbytes, int host, int cat) {
+  if (!p) return;
+  mem_count(FSDP_CPU, cat, -(int64_t)nbytes);
+  atomic_fetch_sub(&g_pinned_bytes, (int64_t)nbytes);
+  g_backends[host]->host_free(p, padded_size(nbytes));
+}
+int fsdp_is_pinned(const fsdp_tensor* t) { return t && t->storage && t->storage->pinned; }
+
 // ---- storage and tensor lifetime ------------------------------------------------------------------
 fsdp_storage* fsdp_storage_new_empty(size_t nbytes, int device, int cat) {
   if (!fsdp_backend_for(device)) return NULL;  // a storage exists only on a device with a backend
@@ -385,11 +420,12 @@ fsdp_storage* fsdp_storage_new(size_t nbytes, int device, int cat) {
 }
 int fsdp_storage_ensure_data(fsdp_storage* s) {
   if (s->data) return 0;
-  s->data = fsdp_alloc(s->nbytes, s->device, s->cat);
+  s->data = s->pinned ? pinned_alloc(s->nbytes, s->pinned, s->cat) : fsdp_alloc(s->nbytes, s->device, s->cat);
   return s->data ? 0 : -1;
 }
 void fsdp_storage_drop_data(fsdp_storage* s) {
-  fsdp_free(s->data, s->nbytes, s->device, s->cat);
+  if (s->pinned) pinned_free(s->data, s->nbytes, s->pinned, s->cat);
+  else fsdp_free(s->data, s->nbytes, s->device, s->cat);
   s->data = NULL;
 }
 void fsdp_storage_release(fsdp_storage* s) {
@@ -503,6 +539,22 @@ fsdp_tensor* fsdp_new(int ndim, const int64_t* shape, int dtype, int device) {
   fsdp_contiguous_strides(ndim, shape, t->stride);
   t->storage = fsdp_storage_new(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, g_default_cat);
   if (!t->storage) {
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+fsdp_tensor* fsdp_new_pinned(int ndim, const int64_t* shape, int dtype) {
+  int host = fsdp_host_memory_device();
+  CHECK_NULL(host > 0, "pin_memory: no device with pinned host memory is loaded (pinned memory is for copies to a GPU, "
+                       "and there is none)");
+  fsdp_tensor* t = tensor_alloc(ndim, shape, dtype);
+  if (!t) return NULL;
+  fsdp_contiguous_strides(ndim, shape, t->stride);
+  t->storage = fsdp_storage_new_empty(fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), FSDP_CPU, g_default_cat);
+  if (t->storage) t->storage->pinned = host;
+  if (!t->storage || fsdp_storage_ensure_data(t->storage)) {
+    fsdp_storage_release(t->storage);
     free(t);
     return NULL;
   }

@@ -628,6 +628,26 @@ fsdp_tensor* fsdp_to_device(fsdp_tensor* a, int device) {
   return out;
 }
 
+// PyTorch's Tensor.pin_memory: the copy is differentiable as a move is (its gradient goes back as is)
+fsdp_tensor* fsdp_pin_memory(fsdp_tensor* a) {
+  CHECK_NULL(a, "pin_memory: input tensor is NULL");
+  CHECK_NULL(fsdp_device_of(a) == FSDP_CPU, "pin_memory: only CPU tensors can be pinned (tensor %s %s is on %s)", DT(a),
+             SH(a), fsdp_device_name(fsdp_device_of(a)));
+  if (fsdp_is_pinned(a)) {  // already pinned: a itself, as in PyTorch
+    fsdp_tensor_retain(a);
+    return a;
+  }
+  if (fsdp_check_data("pin_memory", a)) return NULL;
+  fsdp_tensor* out = fsdp_new_pinned(a->ndim, a->shape, a->dtype);
+  if (!out) return NULL;
+  if (fsdp_copy_strided(out, a)) {
+    fsdp_tensor_release(out);
+    return NULL;
+  }
+  if (fsdp_is_float(a->dtype)) to_copy_node(a, out);
+  return out;
+}
+
 fsdp_tensor* fsdp_to_dtype(fsdp_tensor* a, int dtype) {
   CHECK_NULL(a, "to: input tensor is NULL");
   CHECK_NULL(dtype >= 0 && dtype < FSDP_NDTYPES, "to: unknown dtype %d (tensor %s %s)", dtype, DT(a), SH(a));

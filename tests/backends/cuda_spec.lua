@@ -47,6 +47,7 @@ describe("fsdp.cuda without a GPU", function()
       randn = function() return fsdp.randn(2, { device = "cuda" }) end,
       default = function() fsdp.set_default_device("cuda") end,
       module = function() return fsdp.nn.Linear(2, 2):to("cuda") end,
+      pin_memory = function() return t:pin_memory() end,  -- (pinned host memory is the GPU backend's)
     } do
       local ok, err = pcall(f)
       assert.is_false(ok, name)
@@ -54,6 +55,7 @@ describe("fsdp.cuda without a GPU", function()
     end
     assert.equal("cpu", fsdp.get_default_device())
     assert.has_error(function() fsdp.cuda.synchronize() end)
+    assert.is_false(t:is_pinned())
   end)
   it("keeps unknown devices apart from missing ones", function()
     local ok, err = pcall(function() return fsdp.ones(2):to { device = "gpu" } end)
@@ -115,6 +117,82 @@ describe(real_gpu and (emu and "the CUDA executor" or "the GPU") or "the test do
     local i = fsdp.tensor({ 3, 1, 2 }, "int64"):cuda()
     assert.same({ 3, 1, 2 }, i:tolist())
     assert.equal("int64", i.dtype)
+  end)
+
+  -- pinned host memory (the device table's host_alloc: cudaMallocHost; the executor's and the double's
+  -- plain host memory): CPU tensors, counted in the CPU's categories and in fsdp_memory_pinned_bytes
+  local function pinned_bytes() return tonumber(C.fsdp_memory_pinned_bytes()) end
+  it("pins CPU tensors: exact copies, views pinned too, moved as any CPU tensor, freed when dropped", function()
+    collectgarbage()
+    local x = fsdp.randn(6, 5)
+    local b0, a0 = pinned_bytes(), fsdp.memory_stats().activations.current
+    local p = x:t():pin_memory()                      -- a strided view arrives contiguous
+    assert.is_true(p:is_pinned())
+    assert.is_false(x:is_pinned())
+    assert.equal("cpu", p.device)
+    assert.is_true(p:is_contiguous())
+    assert.same(x:t():tolist(), p:tolist())
+    assert.equal(6 * 5 * 4, pinned_bytes() - b0)
+    assert.equal(6 * 5 * 4, fsdp.memory_stats().activations.current - a0)  -- (host memory: the CPU's counters)
+    assert.is_true(p:narrow(1, 2, 3):is_pinned())    -- views share the pinned storage, as in PyTorch
+    assert.is_true(p[2]:is_pinned())
+    assert.is_false(p:clone():is_pinned())            -- an op's output is ordinary memory
+    assert.equal(p:data_ptr(), p:pin_memory():data_ptr())  -- pinned already: itself
+    local d = p:to("cuda")
+    assert.equal("cuda", d.device)
+    assert.same(x:t():tolist(), d:tolist())
+    assert.is_false(d:cpu():is_pinned())
+    for _, dt in ipairs { "int64", "bfloat16", "bool" } do
+      local y = x:gt(0):to(dt)
+      assert.same(y:tolist(), y:pin_memory():tolist(), dt)
+    end
+    local g = fsdp.randn(4):requires_grad_()          -- differentiable, as a move
+    local gp = g:pin_memory()
+    assert.is_true(gp.requires_grad)
+    gp:mul(3):sum():backward()
+    assert.same({ 3, 3, 3, 3 }, g.grad:tolist())
+    H.assert_error(function() return d:pin_memory() end, "pin_memory: only CPU tensors can be pinned",
+      "float32 (5, 6) is on cuda")
+    p, d, g, gp = nil, nil, nil, nil
+    collectgarbage()
+    collectgarbage()
+    assert.equal(b0, pinned_bytes())                  -- freed through host_free: nothing left pinned
+    assert.equal(a0, fsdp.memory_stats().activations.current)
+  end)
+
+  it("DataLoader pin_memory = true pins every CPU tensor of each batch, with 0 and 2 workers", function()
+    local data = fsdp.data
+    local xs, ys = fsdp.randn(10, 3), fsdp.arange(10)
+    local samples = {}
+    for i = 1, 10 do samples[i] = { x = xs[i], nested = { y = ys[i], tag = "s" .. i } } end
+    local function batches(opts)
+      local out = {}
+      for a, b in data.DataLoader(data.TensorDataset(xs, ys), opts)() do out[#out + 1] = { a, b } end
+      for batch in data.DataLoader(samples, opts)() do out[#out + 1] = { batch.x, batch.nested.y, batch.nested.tag } end
+      return out
+    end
+    local b0 = pinned_bytes()
+    local plain = batches { batch_size = 4 }
+    for _, nw in ipairs { 0, 2 } do
+      local got = batches { batch_size = 4, num_workers = nw, pin_memory = true }
+      assert.equal(#plain, #got)
+      for i, b in ipairs(got) do
+        for j, v in ipairs(b) do
+          if fsdp.is_tensor(v) then
+            assert.is_true(v:is_pinned(), ("workers %d, batch %d, value %d"):format(nw, i, j))
+            assert.is_false(plain[i][j]:is_pinned())
+            assert.same(plain[i][j]:tolist(), v:tolist())
+            assert.same(plain[i][j]:tolist(), v:to("cuda"):tolist())
+          else
+            assert.same(plain[i][j], v)
+          end
+        end
+      end
+      got = nil
+      collectgarbage()
+      collectgarbage()
+      assert.equal(b0, pinned_bytes(), "pinned bytes left after the batches went, workers " .. nw)
+    end
   end)
 
   it("makes tensors there: factories with {device=} and the default device", function()

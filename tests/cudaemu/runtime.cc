@@ -465,6 +465,27 @@ cudaError_t cudaFree(void* p) {
   if (!device_free(p)) return set_last(cudaErrorInvalidValue, "cudaFree(%p): not a device allocation", p);
   return cudaSuccess;
 }
+// page-locked host memory: plain aligned host memory here, kept in its own list so that freeing it
+// any other way, or freeing anything else with cudaFreeHost, is the error CUDA gives
+static std::map<uintptr_t, size_t>& g_host_allocs = *new std::map<uintptr_t, size_t>;  // start -> bytes
+cudaError_t cudaMallocHost(void** p, size_t n) {
+  *p = NULL;
+  if (posix_memalign(p, 256, n ? n : 1))
+    return set_last(cudaErrorMemoryAllocation, "cudaMallocHost(%zu): out of memory", n);
+  std::lock_guard<std::mutex> lk(g_mem_mu);
+  g_host_allocs[(uintptr_t)*p] = n;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  cudaDeviceSynchronize();  // (cudaFreeHost waits for the device)
+  {
+    std::lock_guard<std::mutex> lk(g_mem_mu);
+    if (!g_host_allocs.erase((uintptr_t)p))
+      return set_last(cudaErrorInvalidValue, "cudaFreeHost(%p): not a cudaMallocHost allocation", p);
+  }
+  free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (p && !is_device(p, 0)) return set_last(cudaErrorInvalidValue, "cudaFreeAsync(%p): not a device allocation", p);
   enqueue(s, "free", [p] { device_free(p); });

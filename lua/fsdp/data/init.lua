@@ -371,6 +371,24 @@ local loader_opts = { batch_size = true, shuffle = true, drop_last = true, sampl
   pin_memory = true }
 
 local pin_warned = false
+-- whether pinned host memory is there: it is the GPU backend's ("cuda" loaded, or a test's stand-in)
+local function has_gpu()
+  for _, name in ipairs(fsdp.backends()) do
+    if name == "cuda" then return true end
+  end
+  return false
+end
+-- v with every CPU tensor in it pinned (x:pin_memory()): tables are copied (keeping their metatable,
+-- a table met twice gives one copy), everything else stays itself
+local function pinned(v, seen)
+  if fsdp.is_tensor(v) then return v.device == "cpu" and v:pin_memory() or v end
+  if type(v) ~= "table" then return v end
+  if seen[v] then return seen[v] end
+  local out = setmetatable({}, getmetatable(v))
+  seen[v] = out
+  for k, x in pairs(v) do out[k] = pinned(x, seen) end
+  return out
+end
 
 --- DataLoader(dataset, {batch_size = 1, shuffle = false, drop_last = false, sampler = nil,
 -- collate_fn = default_collate, seed = nil, num_workers = 0, prefetch_factor = 2,
@@ -385,7 +403,9 @@ local pin_warned = false
 -- get_worker_info() tells the worker who it is. persistent_workers = true keeps the workers
 -- across epochs (they keep the dataset as it was when they started). A batch is made of tensors
 -- (CPU), numbers, strings, booleans and plain tables of them (metatables stay behind).
--- pin_memory: accepted; batches stay in pageable memory (tensors move with :to(device)), said once.
+-- pin_memory = true: where a GPU is there, every CPU tensor of each batch (in nested tables too)
+-- comes back copied into pinned host memory (x:pin_memory(); its :to("cuda") is a direct copy),
+-- in this process, after the workers' batches arrive; without one, batches stay as they are, said once.
 -- @param dataset a Dataset or a list of samples
 -- @param opts the options
 function M.DataLoader(dataset, opts)
@@ -426,10 +446,11 @@ function M.DataLoader(dataset, opts)
   if opts.pin_memory ~= nil and type(opts.pin_memory) ~= "boolean" then
     error(("DataLoader: pin_memory must be a boolean, got a %s"):format(type(opts.pin_memory)), 2)
   end
-  if opts.pin_memory and not pin_warned then
+  self.pin_memory = opts.pin_memory == true and has_gpu()
+  if opts.pin_memory and not self.pin_memory and not pin_warned then
     pin_warned = true
-    io.stderr:write("fsdp.data.DataLoader: pin_memory = true does nothing: fsdp has no pinned host memory; "
-      .. "batches stay in pageable memory and move with :to(device)\n")
+    io.stderr:write(("fsdp.data.DataLoader: pin_memory = true does nothing here: there is no GPU (%s); "
+      .. "batches stay in pageable memory\n"):format(fsdp.cuda.why_not()))
   end
   if opts.sampler ~= nil then
     if opts.shuffle then error("DataLoader: sampler option is mutually exclusive with shuffle", 2) end
@@ -476,6 +497,12 @@ function Loader:load_state_dict(sd)
     if type(self.sampler.load_state_dict) ~= "function" then error("DataLoader:load_state_dict: the sampler keeps no state", 2) end
     self.sampler:load_state_dict(sd.sampler)
   end
+end
+
+-- the batch as the loop gets it: pinned with pin_memory = true (where a GPU is), else itself
+function Loader:_pin(batch)
+  if not self.pin_memory then return batch end
+  return pinned(batch, {})
 end
 
 -- the yielded values of a batch: a list's elements, anything else itself
@@ -560,7 +587,7 @@ function Loader:iter()
       b = b + 1
       local batch = make_batch(idx, firsts[b], lens[b], ix)
       if type(s._advance) == "function" then s:_advance(lens[b]) end
-      return yield(batch)
+      return yield(self:_pin(batch))
     end
   end
   local pool = self:_pool()
@@ -597,7 +624,7 @@ function Loader:iter()
       error(batch, 0)
     end
     if type(s._advance) == "function" then s:_advance(lens[b]) end
-    return yield(batch)
+    return yield(self:_pin(batch))
   end
 end
 

@@ -78,6 +78,8 @@ static const fsdp_backend cpu_backend = {
     .nn = &fsdp_cpu_nn_kernels,
     .optim = &fsdp_cpu_optim_kernels,
     .norm = &fsdp_cpu_norm_kernels,
+    .host_alloc = NULL,  // (the CPU is the host: its own memory is what pinned memory is for a GPU)
+    .host_free = NULL,
 };
 
 void openblas_set_num_threads(int n);

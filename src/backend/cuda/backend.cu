@@ -2,7 +2,7 @@
  * backend/cuda/backend.cu -- the CUDA device table: device memory from the driver's
  * stream-ordered pool (cudaMallocAsync on the compute stream, kept cached by the pool), copies
  * and memsets queued on the compute stream, streams and events for the communication streams,
- * and the kernel tables of the other .cu files. libfsdp.so (backend/cuda/load.c) loads this
+ * page-locked host memory for pinned CPU tensors (cudaMallocHost), and the kernel tables of the other .cu files. libfsdp.so (backend/cuda/load.c) loads this
  * library only after it found a driver and a device, then calls init.
  *
  * Ordering: all kernels and copies of the compute stream run in issue order, so a block that
@@ -69,6 +69,22 @@ static int cuda_copy(void* dst, const void* src, size_t nbytes, fsdp_copy_kind k
   if (e == cudaSuccess && kind != FSDP_COPY_D2D) e = cudaStreamSynchronize(fsdp_cuda_stream);
   if (e != cudaSuccess) return fsdp_cuda_fail("copy", e);
   return kind == FSDP_COPY_D2H ? checks_passed() : 0;
+}
+
+// page-locked host memory (pinned CPU tensors): H2D copies from it are DMA, without staging
+static void* cuda_host_alloc(size_t nbytes) {
+  void* p = NULL;
+  cudaError_t e = cudaMallocHost(&p, nbytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // out of memory is reported by core, with the size
+    return NULL;
+  }
+  return p;
+}
+static void cuda_host_free(void* p, size_t nbytes) {
+  (void)nbytes;
+  cudaError_t e = cudaFreeHost(p);  // (waits for the device, as cudaFree does)
+  if (e != cudaSuccess) fsdp_cuda_fail("host_free", e);
 }
 
 // ---- ordering ---------------------------------------------------------------------------------
@@ -140,6 +156,8 @@ static const fsdp_backend cuda_backend = {
     &fsdp_cuda_nn_kernels,
     &fsdp_cuda_optim_kernels,
     &fsdp_cuda_norm_kernels,
+    cuda_host_alloc,
+    cuda_host_free,
 };
 
 // ---- the library's entry points -----------------------------------------------------------------

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define FSDP_CUDA_ABI 4
+#define FSDP_CUDA_ABI 5
 
 // libfsdp.so's side: how the CUDA library reports an error (the text becomes fsdp_last_error()),
 // and a failed device-side check (core's fsdp_check_report: the op's message with the bad value)

@@ -93,6 +93,8 @@ cudaError_t cudaFree(void* p);
 cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s);
 cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t pool, cudaStream_t s);
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s);
+cudaError_t cudaMallocHost(void** p, size_t n);
+cudaError_t cudaFreeHost(void* p);
 // (the typed forms of cuda_runtime.h's C++ API)
 template <typename T>
 cudaError_t cudaMalloc(T** p, size_t n) {
