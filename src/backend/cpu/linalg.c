@@ -695,8 +695,14 @@ static void wino_weights(float* Up, const float* w, int64_t Co, int64_t Ci, int 
 // e[i][m] = row i [2(tw0 + m) - 1] and o[i][m] = row i [2(tw0 + m)], so that tile m's four columns are
 // e[m], o[m], e[m + 1], o[m + 1] and both transforms run along m in plain vector loops. `D` is scratch:
 // 16*WINO_TB floats.
-static void wino_input_channel(float* restrict v, float* restrict D, const float* x, int64_t c, int64_t Ci, int64_t H,
-                               int64_t W, int64_t t0, int64_t nt) {
+// Its rows are short (len <= W/2 tiles: 14 at 28x28), so its loops run 4 lanes wide even in the
+// AVX2 and AVX-512 copies: 8 lanes wide, most of a row fell to the loops' scalar and half-width
+// ends (the conv net's step on one thread, AMD EPYC family 23 model 1: 145 -> 140 ms, this function
+// 15.5% -> 12.6% of its samples, as in the -march=native build, whose Zen 1 tuning chose 4 lanes).
+__attribute__((target("prefer-vector-width=128"))) static void wino_input_channel(float* restrict v, float* restrict D,
+                                                                                  const float* x, int64_t c, int64_t Ci,
+                                                                                  int64_t H, int64_t W, int64_t t0,
+                                                                                  int64_t nt) {
   int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, HW = H * W, L = WINO_TB + 1;
   float *e = D, *o = D + 4 * L;  // e[i][m] at e + i*L + m, o likewise
   for (int64_t j = 0; j < nt;) {
