@@ -14,7 +14,9 @@
 #                   make cuda-emu-check: the kernels under ASan + UBSan and ThreadSanitizer there
 #   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
 #
-# Flags: OPT (default -O3 -march=native -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
+#   make isa-check  the built library needs nothing above x86-64-v2 outside its AVX2 and AVX-512 copies
+#
+# Flags: OPT (default -O3 $(ARCH) -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
 # last (so CFLAGS=-O0 wins; luarocks's CFLAGS arrive as LUAROCKS_CFLAGS and come first, so its -O2
 # yields to OPT), WERROR=1 (default under CI=true) makes warnings errors. The packages
 # are checked before anything compiles (tools/deps.sh); DEPS=skip skips that where they come from
@@ -22,7 +24,13 @@
 
 CC      ?= cc
 COMMA   := ,
-ARCH    ?= -march=native
+# ARCH: the ISA every file is compiled for, x86-64-v2 (any x86-64 CPU since about 2009); the kernel
+# files are compiled twice more, with ISA_FLAGS_avx2 and ISA_FLAGS_avx512 added, and the copy that
+# runs is picked by cpuid when the library loads (src/backend/cpu/cpu.h). make ARCH=-march=native
+# builds for the building CPU alone (docs/environment.md, FSDP_CPU_ISA).
+ARCH    ?= -march=x86-64-v2
+ISA_FLAGS_avx2   := -mavx2 -mfma -mbmi -mbmi2 -mf16c -mlzcnt -mmovbe
+ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512cd -mavx512dq -mavx512vl
 OPT     ?= -O3 $(ARCH) -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-qual -Wmissing-prototypes
 ifeq ($(CI),true)
@@ -47,7 +55,12 @@ EXAMPLESDIR ?= $(PREFIX)/share/fsdp/examples
 BUILD ?= build
 # src/ is layered (docs/layout.md; make layers checks it): core, backend/cpu, ops, parallel, io
 SRCS := $(filter-out src/parallel/comm_mpi.c src/parallel/comm_nccl.c,$(wildcard src/*/*.c src/*/*/*.c))
-OBJS := $(SRCS:src/%.c=$(BUILD)/%.o)
+# the kernel files, one copy per ISA level: $(BUILD)/x.o the base's (FSDP_ISA_BUILD=0), x.avx2.o and
+# x.avx512.o the others' (src/backend/cpu/cpu.h)
+ISA_SRCS := $(addprefix src/backend/cpu/,elem.c isa.c linalg.c nn.c norm.c optim.c)
+ISA_BASE_OBJS := $(ISA_SRCS:src/%.c=$(BUILD)/%.o)
+ISA_OBJS := $(ISA_SRCS:src/%.c=$(BUILD)/%.avx2.o) $(ISA_SRCS:src/%.c=$(BUILD)/%.avx512.o)
+OBJS := $(SRCS:src/%.c=$(BUILD)/%.o) $(ISA_OBJS)
 HDRS := $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 LUAJIT ?= luajit
 BUSTED ?= $(shell command -v busted)
@@ -61,9 +74,14 @@ deps-build:
 $(BUILD)/%.o: src/%.c $(HDRS) | $(BUILD) deps-build
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+$(ISA_BASE_OBJS): ALL_CFLAGS += -DFSDP_ISA_BUILD=0
+$(BUILD)/%.avx2.o: src/%.c $(HDRS) | $(BUILD) deps-build
+	$(CC) $(ALL_CFLAGS) $(ISA_FLAGS_avx2) -DFSDP_ISA_BUILD=1 -c $< -o $@
+$(BUILD)/%.avx512.o: src/%.c $(HDRS) | $(BUILD) deps-build
+	$(CC) $(ALL_CFLAGS) $(ISA_FLAGS_avx512) -DFSDP_ISA_BUILD=2 -c $< -o $@
 # optimizer kernels: sqrtf without its errno branch (so the Adam loop vectorizes), and no FMA
 # contraction, so an element's update never depends on where it falls in the vector loop
-$(BUILD)/backend/cpu/optim.o: ALL_CFLAGS += -fno-math-errno -ffp-contract=off
+$(addprefix $(BUILD)/backend/cpu/,optim.o optim.avx2.o optim.avx512.o): ALL_CFLAGS += -fno-math-errno -ffp-contract=off
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -77,8 +95,21 @@ $(BUILD)/libfsdp.map: src/fsdp.h | $(BUILD)
 	{ echo '{ global:'; $(FFI_SECTION) | sed -E 's/\(\*[A-Za-z0-9_]+\)//g' | grep -oE '\bfsdp_[A-Za-z0-9_]+ *\(' | \
 	  sed -E 's/ *\($$/;/' | sort -u; echo 'local: *; };'; } > $@
 
+# (the link map, $(BUILD)/libfsdp.link.map, says which object each piece of code came from: make isa-check)
 libfsdp.so: $(OBJS) $(BUILD)/libfsdp.map
-	$(CC) -shared -o $@ $(OBJS) -Wl,--version-script=$(BUILD)/libfsdp.map $(LDFLAGS) $(LDLIBS)
+	$(CC) -shared -o $@ $(OBJS) -Wl,--version-script=$(BUILD)/libfsdp.map -Wl,-Map=$(BUILD)/libfsdp.link.map \
+	  $(LDFLAGS) $(LDLIBS)
+# the same library in $(BUILD), for the sanitizer builds (make asan-check, tsan-check)
+$(BUILD)/libfsdp.so: $(OBJS) $(BUILD)/libfsdp.map
+	$(CC) $(OPT) -shared -o $@ $(OBJS) -Wl,--version-script=$(BUILD)/libfsdp.map $(LDFLAGS) $(LDLIBS)
+
+# Portability: outside the objects of the AVX2 and AVX-512 copies (the link map says where each
+# object's code went), no instruction of libfsdp.so needs more than x86-64-v2, and the AVX2 copy
+# needs no AVX-512 (tools/isa_check.lua; tests/backends/isa_check_spec.lua runs it, and shows it
+# fails on a planted AVX2 function). A build with ARCH=-march=native is not portable: skipped.
+isa-check: libfsdp.so
+	$(if $(findstring native,$(ARCH)),@echo "isa-check: ARCH=$(ARCH) builds for this CPU alone: skipped",\
+	  $(LUAJIT) tools/isa_check.lua libfsdp.so $(BUILD)/libfsdp.link.map)
 
 # the MPI backend: its own library, so libfsdp.so never depends on MPI (comm.c dlopen()s it);
 # built only where mpicc exists
@@ -174,6 +205,10 @@ lua/fsdp/cdef.lua: src/fsdp.h
 	  $(FFI_SECTION) | grep -v '^// FFI-'; echo ']==]'; } > $@
 
 # ---- tests -----------------------------------------------------------------------------------
+# (the ThreadSanitizer probe of make tsan-check, linked with the objects of BUILD=build-tsan)
+$(BUILD)/tsan_probe: tests/c/tsan_probe.c $(OBJS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(OBJS) $(LDFLAGS) $(LDLIBS)
+
 # The C tests link the objects themselves: they also reach internal functions libfsdp.so hides.
 CTEST_NAMES := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
 CTESTS := $(CTEST_NAMES:%=$(BUILD)/tests/%)
@@ -217,9 +252,9 @@ format-check:
 
 # The C tests under valgrind (leaks and invalid accesses are errors). valgrind 3.19 cannot run
 # AVX-512 code, so they are built again for x86-64-v3 (AVX2 + FMA, what valgrind emulates) in
-# build-memcheck/ by a second make, while the normal build keeps -march=native (and oneDNN, which
-# generates its kernels at run time, is held to AVX2: its bf16 GEMM is then absent, so the bf16
-# GEMM test runs the float32 path). The float32 GEMMs run on OpenBLAS here: oneDNN's JIT sgemm
+# build-memcheck/ by a second make (valgrind's cpuid shows no AVX-512, so the AVX2 copy of the
+# kernels runs; and oneDNN, which generates its kernels at run time, is held to AVX2: its bf16 GEMM
+# is then absent, so the bf16 GEMM test runs the float32 path). The float32 GEMMs run on OpenBLAS here: oneDNN's JIT sgemm
 # kernels load whole vectors past the ends of their own buffers, which valgrind reports.
 memcheck:
 	@$(MAKE) --no-print-directory BUILD=build-memcheck ARCH=-march=x86-64-v3 memcheck-run
@@ -232,10 +267,9 @@ memcheck-run: $(CTESTS)
 # build's ARCH, so the same vector kernels run under them, then one short training run through
 # LuaJIT with ASan preloaded: invalid accesses, undefined behaviour and leaks at exit are errors
 ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
-asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
-	mkdir -p build-asan
-	$(CC) -O1 $(ARCH) -g -fsanitize=address,undefined -fno-omit-frame-pointer $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared \
-	  -o build-asan/libfsdp.so $(SRCS) -Wl,--version-script=$(BUILD)/libfsdp.map $(LDLIBS)
+asan-check: lua/fsdp/cdef.lua | deps-build
+	$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 $(ARCH) -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  build-asan/libfsdp.so
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD=$(ASAN_LIB) \
 	  LUA_CPATH='build-asan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(LUAJIT) tests/scripts/train_short.lua
 
@@ -245,13 +279,10 @@ asan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
 # Then the threads of a device data plane: every collective on tensors of the GPU double through the
 # stand-in communicator (the communication thread, two stream threads and the caller), one rank.
 TSAN_LIB := $(shell $(CC) -print-file-name=libtsan.so)
-tsan-check: lua/fsdp/cdef.lua $(BUILD)/libfsdp.map | deps-build
-	mkdir -p build-tsan
-	$(CC) -O1 $(ARCH) -g -fsanitize=thread $(BASE_CFLAGS) $(BLAS_CFLAGS) -o build-tsan/tsan_probe tests/c/tsan_probe.c \
-	  $(SRCS) $(LDLIBS) -lpthread -ldl
+tsan-check: lua/fsdp/cdef.lua | deps-build
+	$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 $(ARCH) -g -fsanitize=thread" LDLIBS="$(LDLIBS) -lpthread -ldl" \
+	  build-tsan/libfsdp.so build-tsan/tsan_probe
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 build-tsan/tsan_probe
-	$(CC) -O1 $(ARCH) -g -fsanitize=thread $(BASE_CFLAGS) $(BLAS_CFLAGS) -shared -o build-tsan/libfsdp.so $(SRCS) \
-	  -Wl,--version-script=$(BUILD)/libfsdp.map $(LDLIBS) -lpthread -ldl
 	TSAN_OPTIONS=halt_on_error=1:exitcode=66 LD_PRELOAD=$(TSAN_LIB) LUA_PATH='lua/?.lua;lua/?/init.lua;;' \
 	  LUA_CPATH='build-tsan/?.so' OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_VALUES_DEVICE=cuda \
 	  FSDP_DEVICE_COMM=standin $(LUAJIT) tests/scripts/comm_values.lua self
@@ -371,4 +402,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan doc libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check memcheck memcheck-run asan-check tsan-check bench bench-loader bench-deps bench-fsdp bench-big demo demo-gpt install clean
+.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check isa-check memcheck memcheck-run asan-check tsan-check bench bench-loader bench-deps bench-fsdp bench-big demo demo-gpt install clean

@@ -29,8 +29,6 @@ local order = { "io", "parallel", "ops", "backend/cpu", "backend/cuda", "backend
 local units = {
   { "src/core/autograd.c", "src/core/tensor.c",
     why = "a tensor owns its autograd hooks (releasing it frees them) and autograd makes tensors" },
-  { "src/backend/cpu/bf16.c", "src/backend/cpu/linalg.c",
-    why = "the CPU's linear-algebra kernel table lists the bf16 GEMMs, which run the float32 GEMM of that table" },
   { "src/ops/broadcast.c", "src/ops/deferred.c", "src/ops/elem.c", "src/ops/factory.c", "src/ops/inplace.c",
     "src/ops/shape.c",
     why = "ops are made of ops: broadcasting expands (shape) and its backward sums (elem); fills and "

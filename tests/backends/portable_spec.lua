@@ -1,7 +1,11 @@
--- The portable path: FSDP_CPU_ISA=sse2 makes every hand-written kernel take its plain-C version
--- and caps oneDNN at SSE4.1, as on a CPU without AVX2. The op-case table and the convolution paths
--- run again in a child under that cap and must pass as they do on the full ISA. Also: a bad
--- FSDP_CPU_ISA and a missing shared library give messages that say what to do.
+-- The portable path: FSDP_CPU_ISA=sse2 installs the base copy of every kernel (compiled for
+-- x86-64-v2, plain-C micro-kernels: src/backend/cpu/cpu.h) and caps oneDNN at SSE4.1, as on a CPU
+-- without AVX2. The op-case table and the convolution paths run again in a child under that cap and
+-- must pass as they do on the full ISA. Then every level this CPU has (sse2, avx2, avx512f where
+-- present): each child reports the copy whose tables its device table holds, runs the op-case
+-- table's CPU runs, and their outputs and gradients agree across the levels within the tolerance
+-- of two backends. Also: a bad FSDP_CPU_ISA and a missing shared library
+-- give messages that say what to do.
 package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local H = require "helpers"
 local fsdp = require "fsdp"
@@ -39,6 +43,66 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
       "FSDP_CPU_ISA=avx3")
     assert.is_not.equal(0, rc)
     assert.truthy(out:find("FSDP_CPU_ISA=avx3: expected sse2, avx2 or avx512f", 1, true), out)
+  end)
+end)
+
+describe("every ISA level this CPU has", function()
+  local names = { sse2 = "sse2", avx2 = "avx2+fma", avx512f = "avx512f" }
+  local own = require("ffi").string(fsdp.C.fsdp_cpu_isa())
+  local levels = own == "avx512f" and { "sse2", "avx2", "avx512f" } or own == "avx2+fma" and { "sse2", "avx2" } or { "sse2" }
+
+  -- a level's CPU runs of the op-case table (ops_spec.lua under FSDP_OP_DUMP): case index -> case
+  local function run_level(level)
+    local file = os.tmpname()
+    os.remove(file)
+    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted --filter=against.the.CPU.cpu: tests/ops/ops_spec.lua"):format(
+      sh_quote(H.root))), ("FSDP_CPU_ISA=%s FSDP_OP_DUMP=%s OMP_NUM_THREADS=1"):format(level, file), 300)
+    assert.equal(0, rc, out:sub(-3000))
+    assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))
+    local cases = {}
+    local chunk = assert(loadfile(file))
+    setfenv(chunk, { case = function(c) cases[c.index] = c end })
+    chunk()
+    os.remove(file)
+    return cases
+  end
+
+  it("installs the copy of each level asked for (fsdp_cpu_isa reads the device table)", function()
+    for _, level in ipairs(levels) do
+      local rc, out = H.sh(lua_cmd([[package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+        io.write("isa=", require("ffi").string(require("fsdp").C.fsdp_cpu_isa()))]]), "FSDP_CPU_ISA=" .. level)
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("isa=" .. names[level], 1, true), level .. ": " .. out)
+    end
+  end)
+
+  it("runs the op-case table under each, the levels agreeing with each other", function()
+    if #levels < 2 then return end  -- one level: nothing to compare
+    local runs = {}
+    for _, level in ipairs(levels) do runs[level] = run_level(level) end
+    local top = runs[levels[#levels]]
+    local ulp = { bfloat16 = 2 ^ -7, float16 = 2 ^ -10 }
+    local n = 0
+    for index, want in pairs(top) do n = n + 1 end
+    assert.truthy(n > 500, "only " .. n .. " cases ran")
+    for li = 1, #levels - 1 do
+      local got = runs[levels[li]]
+      for index, want in pairs(top) do
+        local g = got[index]
+        assert(g, ("%s: case %d (%s) did not run"):format(levels[li], index, want.name))
+        for key, w in pairs(want) do
+          if type(w) == "table" then
+            local what = ("%s against %s: %s, %s"):format(levels[li], levels[#levels], want.name, key)
+            assert.equal(w.dtype, g[key].dtype, what)
+            -- float32 within two backends' tolerance (ops_spec's backend_grad_tol); a bfloat16 or
+            -- float16 result may round one unit apart; integers and booleans exact
+            local exact = w.dtype == "int64" or w.dtype == "bool"
+            local tol = exact and 0 or 1e-4
+            H.assert_close(g[key], w, tol, tol + (ulp[w.dtype] or 0), what)
+          end
+        end
+      end
+    end
   end)
 end)
 

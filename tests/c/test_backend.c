@@ -5,11 +5,15 @@
  * layer reaches kernels only through the table of its tensors' device), and the GEMM on bfloat16
  * operands matches a double-precision product of the same values. Run under valgrind by
  * `make memcheck` (where oneDNN is held to AVX2, so the bfloat16 GEMM takes its float32 path).
+ * Also the choice of the kernels' ISA copy (backend/cpu/cpu.h): the rule for every kind of CPU,
+ * the AVX-512 one included, which this machine may not have, and that the installed tables are
+ * those of the chosen copy.
  */
 #include <string.h>
 
 #include "ctest.h"
 #include "core/core.h"  // the registry is internal: backends register from C, not through the API
+#include "backend/cpu/cpu.h"
 
 static int error_has(const char* s) { return strstr(fsdp_last_error(), s) != NULL; }
 
@@ -117,12 +121,54 @@ TEST(test_gemm_bf16_matches_double) {
   }
 }
 
+// the level for a CPU with (or without) x86-64-v3 and v4, under each FSDP_CPU_ISA: the CPU's widest,
+// lowered (never raised) by a cap; an unknown cap lowers nothing (the Lua layer refuses it earlier)
+TEST(test_isa_pick_rule) {
+  static const struct {
+    int v3, v4;
+    const char* cap;
+    int want;
+  } cases[] = {
+      {0, 0, NULL, FSDP_ISA_SSE2},        {1, 0, NULL, FSDP_ISA_AVX2},      {1, 1, NULL, FSDP_ISA_AVX512},
+      {1, 1, "avx512f", FSDP_ISA_AVX512}, {1, 1, "avx2", FSDP_ISA_AVX2},    {1, 1, "sse2", FSDP_ISA_SSE2},
+      {1, 0, "sse2", FSDP_ISA_SSE2},      {1, 0, "avx512f", FSDP_ISA_AVX2}, {0, 0, "avx2", FSDP_ISA_SSE2},
+      {0, 0, "avx512f", FSDP_ISA_SSE2},   {1, 1, "avx3", FSDP_ISA_AVX512},  {0, 1, NULL, FSDP_ISA_SSE2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int got = fsdp_cpu_isa_pick(cases[i].v3, cases[i].v4, cases[i].cap);
+    if (got != cases[i].want)
+      printf("  v3=%d v4=%d cap=%s: level %d, expected %d\n", cases[i].v3, cases[i].v4,
+             cases[i].cap ? cases[i].cap : "(none)", got, cases[i].want);
+    EXPECT(got == cases[i].want);
+  }
+}
+
+// the three copies exist (the AVX-512 one is linked even where it cannot run), each says its level,
+// and the CPU's device table holds the tables of the copy of this process's level
+TEST(test_isa_copies_and_the_installed_one) {
+  const fsdp_cpu_isa_kernels* copies[] = {&fsdp_cpu_isa_kernels_sse2, &fsdp_cpu_isa_kernels_avx2,
+                                          &fsdp_cpu_isa_kernels_avx512};
+  const char* names[] = {"sse2", "avx2+fma", "avx512f"};
+  for (int l = 0; l < FSDP_ISA_LEVELS; l++) {
+    EXPECT(copies[l]->level == l && strcmp(copies[l]->name, names[l]) == 0);
+    EXPECT(copies[l]->elem && copies[l]->linalg && copies[l]->nn && copies[l]->optim && copies[l]->norm);
+    for (int m = 0; m < l; m++) EXPECT(copies[l]->elem != copies[m]->elem && copies[l]->linalg != copies[m]->linalg);
+  }
+  const fsdp_cpu_isa_kernels* k = fsdp_cpu_kernels();
+  const fsdp_backend* b = fsdp_backend_for(FSDP_CPU);
+  EXPECT(k == copies[fsdp_cpu_isa_level()]);
+  EXPECT(b->elem == k->elem && b->linalg == k->linalg && b->nn == k->nn && b->optim == k->optim && b->norm == k->norm);
+  EXPECT(strcmp(fsdp_cpu_isa(), k->name) == 0);
+}
+
 int main(void) {
   RUN(test_cpu_registered_and_complete);
   RUN(test_absent_device_is_a_named_error);
   RUN(test_incomplete_tables_are_refused);
   RUN(test_ops_run_through_the_device_table);
   RUN(test_gemm_bf16_matches_double);
+  RUN(test_isa_pick_rule);
+  RUN(test_isa_copies_and_the_installed_one);
   fsdp_memory_empty_cache();
   ctest_expect_no_leaks();
   return ctest_summary("test_backend");

@@ -1,13 +1,16 @@
 /*
  * backend/cpu/backend.c -- the CPU's device table: host memory, memcpy for every copy, no
- * streams (work runs as it is issued), and the kernel tables of elem.c, linalg.c, nn.c and
- * optim.c. It registers itself with core when libfsdp.so is loaded. Also the one thread knob of
- * the CPU's two pools, our OpenMP kernels and OpenBLAS's GEMMs.
+ * streams (work runs as it is issued), and the kernel tables of elem.c, linalg.c, nn.c, norm.c and
+ * optim.c in the copy compiled for this CPU's ISA level (cpu.h, cpuinfo.c), whose FMA loop also
+ * measures a core's peak (fsdp_cpu_fma_peak: make bench reports every GEMM's rate as a fraction of
+ * it). It registers itself with core when libfsdp.so is loaded. Also the one thread knob of the
+ * CPU's two pools, our OpenMP kernels and OpenBLAS's GEMMs.
  */
 #include "core/core.h"
 #include "backend/cpu/cpu.h"
 
 #include <omp.h>
+#include <time.h>
 
 // ---- memory and copies ------------------------------------------------------------------------------
 // core pads every request to a multiple of 64 bytes, as aligned_alloc wants
@@ -55,7 +58,8 @@ static void cpu_ordinal(int* index, int* count) {
   *count = 1;
 }
 
-static const fsdp_backend cpu_backend = {
+// the kernel tables are those of the copy cpuinfo.c picks (cpu_register fills them in)
+static fsdp_backend cpu_backend = {
     .name = "cpu",
     .async = 0,  // work runs as it is issued: checks fail at once, in the op
     .alloc = cpu_alloc,
@@ -73,27 +77,73 @@ static const fsdp_backend cpu_backend = {
     .memset_async = cpu_memset_async,
     .launch_host = cpu_launch_host,
     .ordinal = cpu_ordinal,
-    .elem = &fsdp_cpu_elem_kernels,
-    .linalg = &fsdp_cpu_linalg_kernels,
-    .nn = &fsdp_cpu_nn_kernels,
-    .optim = &fsdp_cpu_optim_kernels,
-    .norm = &fsdp_cpu_norm_kernels,
     .host_alloc = NULL,  // (the CPU is the host: its own memory is what pinned memory is for a GPU)
     .host_free = NULL,
 };
 
 void openblas_set_num_threads(int n);
 
-// registered before anything of libfsdp.so can run (a constructor runs when the library loads);
-// the ISA level is settled then too, so an FSDP_CPU_ISA cap reaches oneDNN before any of its
-// kernels (convolution, float32 or bfloat16 GEMM), whichever runs first
+// ---- the copy of the kernels for this CPU (cpu.h) ----------------------------------------------------
+static const fsdp_cpu_isa_kernels* const copies[FSDP_ISA_LEVELS] = {
+    &fsdp_cpu_isa_kernels_sse2, &fsdp_cpu_isa_kernels_avx2, &fsdp_cpu_isa_kernels_avx512};
+
+const fsdp_cpu_isa_kernels* fsdp_cpu_kernels(void) { return copies[fsdp_cpu_isa_level()]; }
+
+// registered before anything of libfsdp.so can run (a constructor runs when the library loads),
+// with the kernel tables of the copy for this CPU's ISA level; the level is settled then, so an
+// FSDP_CPU_ISA cap also reaches oneDNN before any of its kernels (convolution, float32 or bfloat16
+// GEMM), whichever runs first
 __attribute__((constructor)) static void cpu_register(void) {
+  const fsdp_cpu_isa_kernels* k = fsdp_cpu_kernels();
+  cpu_backend.elem = k->elem;
+  cpu_backend.linalg = k->linalg;
+  cpu_backend.nn = k->nn;
+  cpu_backend.optim = k->optim;
+  cpu_backend.norm = k->norm;
   if (fsdp_backend_register(FSDP_CPU, &cpu_backend)) {
     fprintf(stderr, "fsdp: %s\n", fsdp_last_error());
     abort();
   }
-  fsdp_cpu_isa_level();
   openblas_set_num_threads(1);  // see "threads" below
+}
+
+// the copy whose tables the device table holds, read from the device table itself (what runs, not
+// what was asked for: a spec checks it under each FSDP_CPU_ISA); NULL if they were mixed
+static const fsdp_cpu_isa_kernels* installed(void) {
+  for (int l = 0; l < FSDP_ISA_LEVELS; l++) {
+    const fsdp_cpu_isa_kernels* c = copies[l];
+    if (cpu_backend.elem == c->elem && cpu_backend.linalg == c->linalg && cpu_backend.nn == c->nn &&
+        cpu_backend.optim == c->optim && cpu_backend.norm == c->norm)
+      return c;
+  }
+  return NULL;
+}
+
+const char* fsdp_cpu_isa(void) { return installed() ? installed()->name : "mixed"; }
+
+// one core's float32 FMA peak in GFLOP/s: the installed copy's register-only FMA loop (isa.c)
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+double fsdp_cpu_fma_peak(double seconds) {
+  double (*block)(float*) = (installed() ? installed() : fsdp_cpu_kernels())->fma_block;
+  volatile float keep = 0;
+  float sink = 0;
+  block(&sink);  // warm up (and let the clock rise)
+  // the best of several slices: a slice the scheduler interrupted does not count
+  double best = 0, t_end = now_s() + (seconds > 0 ? seconds : 0.2);
+  while (now_s() < t_end) {
+    double t0 = now_s(), flops = 0;
+    for (int k = 0; k < 64; k++) flops += block(&sink);
+    double rate = flops / (now_s() - t0);
+    if (rate > best) best = rate;
+  }
+  keep = sink;
+  (void)keep;
+  return best * 1e-9;
 }
 
 // ---- threads ----------------------------------------------------------------------------------------

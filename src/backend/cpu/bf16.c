@@ -32,7 +32,7 @@ dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl
                                     const uint16_t* A, dnnl_dim_t lda, const uint16_t* B, dnnl_dim_t ldb, float beta,
                                     float* C, dnnl_dim_t ldc);
 
-// multiply-adds under which a list of GEMMs runs on the calling thread alone (linalg.c's GEMM_PAR_MIN)
+// multiply-adds under which a list of GEMMs runs on the calling thread alone (cpu.h: FSDP_CPU_GEMM_PAR_MIN)
 #define BF16_PAR_MIN (1 << 21)
 
 typedef int (*bf16_many_fn)(int n, const fsdp_gemm_bf16_args* g);
@@ -89,7 +89,7 @@ static int upcast_many(int n, const fsdp_gemm_bf16_args* g) {
     p = B + br * bc;
     f[i] = (fsdp_gemm_args){a->ta, a->tb, a->M, a->N, a->K, a->alpha, A, ac, B, bc, a->beta, a->C, a->ldc};
   }
-  fsdp_cpu_linalg_kernels.gemm_many(n, f);
+  fsdp_cpu_gemm_many(n, f);
   fsdp_free(buf, floats * sizeof(float), FSDP_CPU, FSDP_MEM_OTHER);
   if (f != stack) free(f);
   return 0;

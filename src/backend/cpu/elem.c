@@ -729,7 +729,7 @@ static void cpu_scatter_add_dim(const fsdp_gather_geom* g, float* dst, const flo
   }
 }
 
-const fsdp_elem_kernels fsdp_cpu_elem_kernels = {
+const fsdp_elem_kernels FSDP_ISA_NAME(fsdp_cpu_elem_kernels) = {
     .copy_strided = cpu_copy_strided,
     .scatter_strided = cpu_scatter_strided,
     .fill = cpu_fill,

@@ -1,249 +1,16 @@
 /*
- * backend/cpu/linalg.c -- CPU kernels of the linalg family (see core/kernels_linalg.h): GEMMs through
- * oneDNN or OpenBLAS (chosen by measurement), convolution (im2col + GEMM, or Winograd F(2x2, 3x3) for 3x3 same-size convolutions
- * with enough channels) and pooling loops.
+ * backend/cpu/linalg.c -- CPU kernels of the linalg family (see core/kernels_linalg.h): the linear
+ * helpers, attention's small GEMMs (packed micro-kernels), convolution (im2col + a packed GEMM, or
+ * Winograd F(2x2, 3x3) for 3x3 same-size convolutions with enough channels, or oneDNN) and pooling
+ * loops. The float32 GEMMs of the libraries are gemm.c's. Compiled once per ISA level (cpu.h): the
+ * hand-written micro-kernels of each copy are those of its level (FSDP_ISA_BUILD), the compiler's
+ * vector loops (packing, transforms, pooling) are its level's.
  */
 #include "core/core.h"
 #include "backend/cpu/cpu.h"
 
-#include <cblas.h>
-#include <oneapi/dnnl/dnnl.h>
-#include <pthread.h>
-#include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
-
-// LuaJIT dlclose()s libfsdp.so at exit (lua_close), and with it libgomp, whose idle worker
-// threads may still be finishing the last parallel region's barrier: they would run on in
-// unmapped code (a segfault at exit, seen under load). Pinning libgomp for the life of the
-// process keeps their code mapped; they die with the process.
-__attribute__((constructor)) static void pin_openmp_runtime(void) {
-  dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-}
-
-// ---- GEMM scheduling ------------------------------------------------------------------------------------
-// OpenBLAS always runs single-threaded here; the threads are ours (OpenMP). A list of independent
-// GEMMs is cut into pieces of about equal work -- a big GEMM along its longer output side, two
-// equal ones (a linear's grad_x and grad_w) one per thread, a batch of small ones (attention
-// heads) not at all -- and the threads take pieces as they come, with no synchronisation but the
-// region's end. This beats a sequence of OpenBLAS-threaded calls at these sizes: no barrier
-// inside each GEMM, no OpenBLAS worker spinning between GEMMs while our OpenMP kernels want the
-// cores, and independent GEMMs overlap.
-void openblas_set_num_threads(int n);
-int openblas_get_num_threads(void);
-
-#define GEMM_PAR_MIN (1 << 21)    // multiply-adds under which a GEMM list runs on the calling thread
-#define GEMM_PIECE_MIN (1 << 20)  // smallest piece worth its own OpenBLAS call (about 30 us)
-#define GEMM_ALIGN 16             // piece boundaries fall on multiples of this (OpenBLAS's tile sizes)
-
-// OpenBLAS 0.3.21 (Debian 12) runs its sgemm kernel at a third of its speed -- 12 GFLOPS instead of
-// 36 on this Zen, for outputs 64 to 320 columns wide (2048x256x1024, 256x256x2048, ...) -- in every
-// thread that has not yet run a GEMM big enough to write its whole packing buffer once; after one
-// such GEMM every shape runs at full speed for the life of the thread. (Our reading: the kernel
-// prefetches ahead into buffer pages never written, and each of those prefetches costs a page walk.)
-// A model of narrow layers would never leave the slow state, so each thread runs one GEMM of that
-// size (64x1024x384, about 1 ms, on zeros) before its first real one.
-static void openblas_warm_thread(void) {
-  static __thread int warm;
-  if (warm) return;
-  const int64_t M = 64, N = 1024, K = 384;
-  size_t bytes = (size_t)(M * K + K * N + M * N) * sizeof(float);
-  float* buf = fsdp_alloc(bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  if (!buf) return;  // no memory: try again next time; the GEMM itself runs either way
-  memset(buf, 0, bytes);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, buf, (int)K, buf + M * K, (int)N,
-              0.0f, buf + M * K + K * N, (int)N);
-  fsdp_free(buf, bytes, FSDP_CPU, FSDP_MEM_OTHER);
-  warm = 1;
-}
-
-// beta = 0 zeroes C with memset and asks OpenBLAS for C += A B: its own beta = 0 pass (a scalar
-// loop over C before the product) measured 2-3x slower than memset and was ~3% of an MLP step.
-// The sums are the same (OpenBLAS's kernel adds the product to the zeroed C either way).
-static void openblas_gemm(const fsdp_gemm_args* g) {
-  openblas_warm_thread();
-  float beta = g->beta;
-  if (beta == 0.0f && g->K > 0) {
-    for (int64_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
-    beta = 1.0f;
-  }
-  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
-              (int)g->K, g->alpha, g->A, (int)g->lda, g->B, (int)g->ldb, beta, g->C, (int)g->ldc);
-}
-
-// oneDNN's sgemm (row-major); it picks its kernels from the CPU's features at run time.
-// A weight gradient, C (M, N) = A^T (M, K) B (K, N) with K the batch's rows (2048 in the bench's
-// language models), runs 11-25% faster as a sum of K slices of ONEDNN_TN_KC rows, each added to C
-// (one-thread dnnl_sgemm on a 2-core Xeon family 6 model 143: 1536x384x2048 140 -> 171 GFLOP/s,
-// 1024x256x2048 134 -> 162, 384x1536x2048 152 -> 173, 1152x384x2048 175 -> 185); oneDNN's own
-// blocking of such a long K streams both operands past the L2. NN and NT products are not cut.
-#define ONEDNN_TN_KC 512
-static void onednn_gemm(const fsdp_gemm_args* g) {
-  if (g->ta && !g->tb && g->K > 2 * ONEDNN_TN_KC) {
-    for (int64_t k0 = 0; k0 < g->K; k0 += ONEDNN_TN_KC) {  // A (K, M) and B (K, N) are row-major: rows k0..
-      int64_t kc = g->K - k0 < ONEDNN_TN_KC ? g->K - k0 : ONEDNN_TN_KC;
-      dnnl_sgemm('T', 'N', g->M, g->N, kc, g->alpha, g->A + k0 * g->lda, g->lda, g->B + k0 * g->ldb, g->ldb,
-                 k0 ? 1.0f : g->beta, g->C, g->ldc);
-    }
-    return;
-  }
-  dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta,
-             g->C, g->ldc);
-}
-
-// ---- which GEMM ---------------------------------------------------------------------------------------
-// OpenBLAS picks its kernels from a table of CPU models and falls back to old generic ones on a
-// model it does not know (0.3.21 runs Prescott's SSE3 kernels on recent Xeons, Haswell's AVX2
-// on Zen 5); oneDNN picks from the CPU's features. The choice is a fixed rule of the CPU's features,
-// never a timing taken at startup: a timed choice flipped from process to process where the two
-// were close (OpenBLAS at 0.73-1.00x oneDNN's speed on a 2-core Intel Xeon family 6 model 167,
-// SkylakeX kernels), so two runs of one job -- a run and its resume, or two ranks -- computed with
-// different libraries and their bits differed. The rule, from the measurements of issue 14:
-// - AVX-512: oneDNN (OpenBLAS measured 0.51-0.55x oneDNN on an AMD EPYC, whose cores it runs with
-//   Haswell kernels; 0.73-1.00x with SkylakeX kernels on Intel Xeons of models 167 and 207);
-// - AVX2 without AVX-512 (or capped there by FSDP_CPU_ISA=avx2), OpenBLAS on its Haswell or Zen
-//   kernels: OpenBLAS (1.13-1.19x oneDNN's speed held to AVX2, whole steps 1.2-1.3x faster);
-// - OpenBLAS on a generic or pre-AVX core, or on kernels wider than an FSDP_CPU_ISA cap: oneDNN.
-// FSDP_GEMM=openblas or onednn forces one.
-typedef void (*gemm_fn)(const fsdp_gemm_args* g);
-static gemm_fn g_gemm;
-static const char* g_gemm_name;
-static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
-
-// OpenBLAS's AVX2 kernels (the ones it runs best on a CPU without AVX-512)
-static int openblas_core_is_avx2(void) {
-  const char* core = fsdp_cpu_blas_core();
-  return strcmp(core, "Haswell") == 0 || strcmp(core, "Zen") == 0;
-}
-
-static void choose_gemm(void) {
-  static char name[96];
-  const char* forced = getenv("FSDP_GEMM");
-  if (forced && strcmp(forced, "openblas") == 0) {
-    g_gemm = openblas_gemm, g_gemm_name = "openblas (FSDP_GEMM)";
-    return;
-  }
-  int avx2_only = fsdp_cpu_isa_level() == FSDP_ISA_AVX2;
-  if (!forced && avx2_only && openblas_core_is_avx2()) {
-    snprintf(name, sizeof name, "openblas (AVX2 without AVX-512, OpenBLAS core %s)", fsdp_cpu_blas_core());
-    g_gemm = openblas_gemm, g_gemm_name = name;
-    return;
-  }
-  g_gemm = onednn_gemm;
-  // the user's own settings first
-  const char* cap = getenv("FSDP_CPU_ISA");
-  if (forced) g_gemm_name = "onednn (FSDP_GEMM)";
-  else if (cap && fsdp_cpu_isa_level() < FSDP_ISA_AVX512) g_gemm_name = "onednn (FSDP_CPU_ISA)";
-  else if (fsdp_cpu_isa_level() == FSDP_ISA_AVX512) g_gemm_name = "onednn (AVX-512)";
-  else {
-    snprintf(name, sizeof name, "onednn (OpenBLAS core %s)", fsdp_cpu_blas_core());
-    g_gemm_name = name;
-  }
-}
-
-const char* fsdp_cpu_gemm_backend(void) {
-  pthread_once(&g_gemm_once, choose_gemm);
-  return g_gemm_name;
-}
-
-static void blas_gemm(const fsdp_gemm_args* g) {
-  pthread_once(&g_gemm_once, choose_gemm);
-  g_gemm(g);
-}
-
-void fsdp_cpu_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  blas_gemm(&(fsdp_gemm_args){ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc});
-}
-
-// rows [lo, hi) (split_n = 0) or columns [lo, hi) (split_n = 1) of GEMM g's output
-typedef struct {
-  const fsdp_gemm_args* g;
-  int64_t lo, hi;
-  int split_n;
-} gemm_piece;
-
-static void run_piece(const gemm_piece* p) {
-  fsdp_gemm_args a = *p->g;
-  if (p->split_n) {  // C[:, lo:hi] = op(A) @ op(B)[:, lo:hi]
-    a.N = p->hi - p->lo;
-    a.B += a.tb ? p->lo * a.ldb : p->lo;
-    a.C += p->lo;
-  } else {  // C[lo:hi, :] = op(A)[lo:hi, :] @ op(B)
-    a.M = p->hi - p->lo;
-    a.A += a.ta ? p->lo : p->lo * a.lda;
-    a.C += p->lo * a.ldc;
-  }
-  blas_gemm(&a);
-}
-
-static void cpu_gemm_many(int n, const fsdp_gemm_args* g) {
-  double work = 0;
-  for (int i = 0; i < n; i++) work += (double)g[i].M * g[i].N * g[i].K;
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int saved = openblas_get_num_threads();
-  if (saved != 1 && !omp_in_parallel()) openblas_set_num_threads(1);
-  if (nt == 1 || work < GEMM_PAR_MIN) {
-    // on this thread alone: oneDNN would otherwise spread a small GEMM over omp_get_max_threads()
-    if (nt != 1) omp_set_num_threads(1);
-    for (int i = 0; i < n; i++) blas_gemm(&g[i]);
-    if (nt != 1) omp_set_num_threads(nt);
-  } else {
-    // pieces of about a thread's share of the work (a GEMM smaller than that stays whole), taken
-    // by the threads as they come. Finer pieces (4 per thread) balanced better on a loaded machine
-    // in theory but cost 3-4% more CPU time (each piece packs its shared operand again) with no
-    // wall-clock gain we could measure, so one share per piece.
-    double share = work / nt;
-    if (share < GEMM_PIECE_MIN) share = GEMM_PIECE_MIN;
-    int64_t np = 0, cap = 0;
-    for (int i = 0; i < n; i++) cap += 1 + (int64_t)((double)g[i].M * g[i].N * g[i].K / share + 0.5);
-    gemm_piece stack[64];
-    gemm_piece* pc = cap <= 64 ? stack : malloc(cap * sizeof(gemm_piece));
-    if (!pc) {  // no memory for the plan: run them one after another
-      for (int i = 0; i < n; i++) blas_gemm(&g[i]);
-      if (saved != 1) openblas_set_num_threads(saved);
-      return;
-    }
-    for (int i = 0; i < n; i++) {
-      int split_n = g[i].N > g[i].M;  // cut the longer side of the output
-      int64_t side = split_n ? g[i].N : g[i].M, blocks = (side + GEMM_ALIGN - 1) / GEMM_ALIGN;
-      int64_t k = (int64_t)((double)g[i].M * g[i].N * g[i].K / share + 0.5);
-      if (k > blocks) k = blocks;
-      if (k < 1) k = 1;
-      for (int64_t j = 0; j < k; j++) {
-        int64_t lo = blocks * j / k * GEMM_ALIGN, hi = blocks * (j + 1) / k * GEMM_ALIGN;
-        pc[np++] = (gemm_piece){&g[i], lo, hi < side ? hi : side, split_n};
-      }
-    }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t i = 0; i < np; i++) run_piece(&pc[i]);
-    if (pc != stack) free(pc);
-  }
-  if (saved != 1 && !omp_in_parallel()) openblas_set_num_threads(saved);
-}
-
-static void cpu_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                     const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  fsdp_gemm_args g = {ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
-  cpu_gemm_many(1, &g);
-}
-
-static void cpu_gemm_batched(int64_t batch, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                             const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
-                             float beta, float* C, int64_t ldc, int64_t sc) {
-  if (batch <= 0) return;
-  fsdp_gemm_args stack[64];
-  fsdp_gemm_args* g = batch <= 64 ? stack : malloc(batch * sizeof(fsdp_gemm_args));
-  if (!g) {  // no memory for the list: one at a time
-    for (int64_t b = 0; b < batch; b++)
-      cpu_gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
-    return;
-  }
-  for (int64_t b = 0; b < batch; b++)
-    g[b] = (fsdp_gemm_args){ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc};
-  cpu_gemm_many((int)batch, g);
-  if (g != stack) free(g);
-}
 
 // ---- linear helpers ------------------------------------------------------------------------------------
 
@@ -312,12 +79,10 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 #define KC 256  // K block: a packed B panel (KC x NR) stays in L1
 
 #include <immintrin.h>
-// The micro-kernels come twice: AVX2/FMA (compiled for it with a target attribute) and portable C;
-// which one runs is chosen at run time from fsdp_cpu_isa_level() (cpuinfo.c: the CPU's ISA, capped
-// by FSDP_CPU_ISA). The compiler's own vector loops follow the build's ARCH instead: a build for
-// `make ARCH=-march=x86-64` runs on any x86-64 CPU, the default -march=native on CPUs like the
-// one that built it.
-#define AVX2 __attribute__((target("avx2,fma")))
+// The micro-kernels come in portable C, AVX2/FMA and AVX-512; each copy of this file (one per ISA
+// level, cpu.h) compiles those of its level, FSDP_ISA_BUILD, and the copy that runs is the one of
+// fsdp_cpu_isa_level() (the CPU's ISA, capped by FSDP_CPU_ISA).
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
 // C (mr, 8*nv) = (accumulate ? C : 0) + A (mr, k) @ Bp (k, 8*nv): row r of A at a[r], its elements acs
 // apart (packed A: a[r] = Ap + r, acs = 4; a row-major matrix: rows lda apart, acs = 1; its transpose:
 // a[r] = A + r, acs = lda). mr (4 or 6 rows) and nv (2 or 3 vectors of 8 columns) are constants at each
@@ -327,9 +92,9 @@ static void cpu_sum_rows(float* gb, const float* gy, int64_t M, int64_t N) {
 // FMAs (16 loads per 12 FMAs instead of 7), which made the kernel load-bound: Winograd forward of
 // 64-256 channels, one thread under FSDP_CPU_ISA=avx2 on a 2-core AMD EPYC family 25 model 17,
 // 15.2-17.6 -> 11.8-13.1 ms.
-static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[], int64_t acs,
-                                                                       const float* Bp, float* C, int64_t ldc,
-                                                                       int accumulate, const int mr, const int nv) {
+static inline __attribute__((always_inline)) void micro_kernel_nv(int64_t k, const float* const a[], int64_t acs,
+                                                                  const float* Bp, float* C, int64_t ldc,
+                                                                  int accumulate, const int mr, const int nv) {
   __m256 c[MR6][3], b[3];  // up to 6 rows (mr <= MR6)
   for (int r = 0; r < mr; r++)
     for (int j = 0; j < nv; j++) c[r][j] = _mm256_setzero_ps();
@@ -353,9 +118,10 @@ static inline AVX2 __attribute__((always_inline)) void micro_kernel_nv(int64_t k
     }
   }
 }
+#endif
 // the portable micro-kernel: the same product, nr columns, in plain C
-static void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
-                            int accumulate, int nr) {
+static inline void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
+                                   int64_t ldc, int accumulate, int nr) {
   float acc[MR][NR] = {{0}};
   for (int64_t i = 0; i < k; i++, Bp += nr)
     for (int r = 0; r < MR; r++)
@@ -363,39 +129,47 @@ static void micro_kernel_nr(int64_t k, const float* const a[MR], int64_t acs, co
   for (int r = 0; r < MR; r++)
     for (int j = 0; j < nr; j++) C[r * ldc + j] = (accumulate ? C[r * ldc + j] : 0.0f) + acc[r][j];
 }
-static AVX2 void micro_kernel_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C,
-                                   int64_t ldc, int accumulate) {
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
+static void micro_kernel_avx2(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
+                              int accumulate) {
   micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, MR, NR / 8);
 }
 // attention's AVX2 tile: 6 rows of 16 columns, 12 accumulators (4x16 kept 8, with 6 loads per 8 FMAs):
 // causal attention (8, 6, 256, 64) forward + backward, one thread under the AVX2 cap on a 2-core AMD
 // EPYC family 25 model 17, 9.7-13.4 + 16.4-21.6 -> 9.2-9.4 + 15.0-15.5 ms
-static AVX2 void micro_kernel6x16_avx2(int64_t k, const float* const a[MR6], int64_t acs, const float* Bp, float* C,
-                                       int64_t ldc, int accumulate) {
+static inline void micro_kernel6x16_avx2(int64_t k, const float* const a[MR6], int64_t acs, const float* Bp, float* C,
+                                         int64_t ldc, int accumulate) {
   micro_kernel_nv(k, a, acs, Bp, C, ldc, accumulate, MR6, 2);
 }
+#endif
 // the 4x24 tile of the convolutions
 static void micro_kernel(int64_t k, const float* const a[MR], int64_t acs, const float* Bp, float* C, int64_t ldc,
                          int accumulate) {
-  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel_avx2(k, a, acs, Bp, C, ldc, accumulate);
-  else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, NR);
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
+  micro_kernel_avx2(k, a, acs, Bp, C, ldc, accumulate);
+#else
+  micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, NR);
+#endif
 }
 // the 16-wide panel of attention's tiles (head widths and sequence lengths are multiples of 16, not
-// 24): 6 rows with AVX2 (MR6), 4 in portable C
-static void micro_kernel16(int64_t k, const float* const a[], int64_t acs, const float* Bp, float* C, int64_t ldc,
-                           int accumulate) {
-  if (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) micro_kernel6x16_avx2(k, a, acs, Bp, C, ldc, accumulate);
-  else micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
+// 24): 6 rows with AVX2 (MR6), 4 in portable C (AVX-512's tiles are 8 rows, below)
+static inline void micro_kernel16(int64_t k, const float* const a[], int64_t acs, const float* Bp, float* C,
+                                  int64_t ldc, int accumulate) {
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
+  micro_kernel6x16_avx2(k, a, acs, Bp, C, ldc, accumulate);
+#else
+  micro_kernel_nr(k, a, acs, Bp, C, ldc, accumulate, 16);
+#endif
 }
 
 // With AVX-512 one register holds a whole 16-wide panel row, so a 4-row tile would keep only 4
 // accumulators, too few to cover the FMA latency of two FMA units: attention's tiles are 8 rows
 // tall there (MR8), 8 accumulators of 16 lanes, twice the AVX2 kernel's work per instruction.
 #define MR8 8
-#define AVX512 __attribute__((target("avx512f")))
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX512
 // C (8, 16) = (accumulate ? C : 0) + A (8, k) @ Bp (k, 16), rows of A as in micro_kernel_nv
-static AVX512 void micro_kernel8x16_avx512(int64_t k, const float* const a[MR8], int64_t acs, const float* Bp, float* C,
-                                           int64_t ldc, int accumulate) {
+static void micro_kernel8x16_avx512(int64_t k, const float* const a[MR8], int64_t acs, const float* Bp, float* C,
+                                    int64_t ldc, int accumulate) {
   __m512 c[MR8];
   for (int r = 0; r < MR8; r++) c[r] = _mm512_setzero_ps();
   for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
@@ -412,8 +186,8 @@ static AVX512 void micro_kernel8x16_avx512(int64_t k, const float* const a[MR8],
 // C (8, 32) = (accumulate ? C : 0) + A (8, k) @ [B0 B1] (k, 32): two 16-wide panels side by side, 16
 // accumulators, each broadcast of A feeding two FMAs. One thread, data in L1, a 2-core Xeon family 6
 // model 143: 8x16 tiles 165-180 GFLOP/s, 8x32 195-205 (k = 64 and 256).
-static AVX512 void micro_kernel8x32_avx512(int64_t k, const float* const a[MR8], int64_t acs, const float* B0,
-                                           const float* B1, float* C, int64_t ldc, int accumulate) {
+static void micro_kernel8x32_avx512(int64_t k, const float* const a[MR8], int64_t acs, const float* B0, const float* B1,
+                                    float* C, int64_t ldc, int accumulate) {
   __m512 c[MR8][2];
   for (int r = 0; r < MR8; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
   for (int64_t i = 0, o = 0; i < k; i++, o += acs) {
@@ -432,6 +206,7 @@ static AVX512 void micro_kernel8x32_avx512(int64_t k, const float* const a[MR8],
     _mm512_storeu_ps(cr + 16, accumulate ? _mm512_add_ps(c[r][1], _mm512_loadu_ps(cr + 16)) : c[r][1]);
   }
 }
+#endif
 
 // C (M, N) = (accumulate ? C : 0) + A (M, K) @ B (K, N) from packed A and B
 static void gemm_packed(int64_t M, int64_t N, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
@@ -488,8 +263,9 @@ static void pack_a(float* Ap, const float* src, int64_t rs, int64_t cs, int64_t 
   }
 }
 
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
 // d[k*ldd + j] = alpha * s[j*lds + k] for j, k < 8: an 8x8 block transposed in registers
-static inline AVX2 void transpose8_scaled(float* d, int64_t ldd, const float* s, int64_t lds, float alpha) {
+static inline void transpose8_scaled(float* d, int64_t ldd, const float* s, int64_t lds, float alpha) {
   __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds);
   __m256 r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds);
   __m256 r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
@@ -510,6 +286,7 @@ static inline AVX2 void transpose8_scaled(float* d, int64_t ldd, const float* s,
   _mm256_storeu_ps(d + 6 * ldd, _mm256_mul_ps(a, _mm256_permute2f128_ps(u2, u6, 0x31)));
   _mm256_storeu_ps(d + 7 * ldd, _mm256_mul_ps(a, _mm256_permute2f128_ps(u3, u7, 0x31)));
 }
+#endif
 
 // packs alpha * B (K, N), element (k, j) at src[k*rs + j*cs], into [ceil(N/nr)][K][nr] panels (zero
 // columns past N); nr is NR (24) for the convolutions and TILES_NR (16) for attention
@@ -530,12 +307,14 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
       }
     } else {  // columns of B are rows of src (B = X^T, as k^T in q k^T): read each one along k
       int64_t j0 = 0, k8 = 0;
-      if (rs == 1 && fsdp_cpu_isa_level() >= FSDP_ISA_AVX2) {  // rows of src contiguous: 8x8 blocks in registers
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX2
+      if (rs == 1) {  // rows of src contiguous: 8x8 blocks in registers
         k8 = K / 8 * 8;
         for (; j0 + 8 <= nn; j0 += 8)
           for (int64_t k = 0; k < k8; k += 8)
             transpose8_scaled(d + k * nr + j0, nr, src + (n0 + j0) * cs + k, cs, alpha);
       }
+#endif
       for (int64_t j = 0; j < nr; j++) {
         const float* s = src + (n0 + j) * cs;
         int64_t from = j < j0 ? k8 : 0;  // the blocks did k < k8 of the first j0 columns
@@ -571,9 +350,9 @@ static inline void pack_b(float* Bp, const float* src, int64_t rs, int64_t cs, i
 
 static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
   int64_t M = g->M, N = g->N, K = g->K, ldc = g->ldc;
-  int wide = fsdp_cpu_isa_level() >= FSDP_ISA_AVX512;
-  int64_t mr = wide ? MR8 : (fsdp_cpu_isa_level() >= FSDP_ISA_AVX2 ? MR6 : MR);  // the tile's height
-  int64_t mc = TILES_MC / mr * mr;                                               // a block of rows: whole tiles
+  const int wide = FSDP_ISA_BUILD >= FSDP_ISA_AVX512;
+  int64_t mr = wide ? MR8 : (FSDP_ISA_BUILD >= FSDP_ISA_AVX2 ? MR6 : MR);  // the tile's height
+  int64_t mc = TILES_MC / mr * mr;                                         // a block of rows: whole tiles
   int64_t step = wide ? 2 * TILES_NR : TILES_NR;  // AVX-512: two panels per tile where both are needed
   if (K == 0) {                                   // an empty sum
     for (int64_t i = 0; i < M; i++) memset(g->C + i * ldc, 0, N * sizeof(float));
@@ -600,11 +379,13 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
           int acc = klo > (limits == FSDP_TILES_K_FROM_ROW ? m0 : 0);  // not the tile's first slice
           const float* a[MR8];  // rows past M repeat the last one (their results are dropped)
           for (int r = 0; r < mr; r++) a[r] = g->A + (m0 + (r < mm ? r : mm - 1)) * ars + klo * acs;
-          if (wide && mm == mr && n1 - n0 == 2 * TILES_NR) {  // both panels whole: one 8x32 tile
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX512
+          if (mm == mr && n1 - n0 == 2 * TILES_NR) {  // both panels whole: one 8x32 tile
             const float* bp = Bp + n0 * K + klo * TILES_NR;
             micro_kernel8x32_avx512(khi - klo, a, acs, bp, bp + TILES_NR * K, g->C + m0 * ldc + n0, ldc, acc);
             continue;
           }
+#endif
           for (int64_t p0 = n0; p0 < n1; p0 += TILES_NR) {  // one panel at a time
             int64_t nn = n1 - p0 < TILES_NR ? n1 - p0 : TILES_NR;
             float* c = g->C + m0 * ldc + p0;
@@ -613,9 +394,11 @@ static void gemm_tiles_one(const fsdp_gemm_args* g, int limits, float* Bp) {
               for (int64_t r = 0; r < mm; r++)
                 for (int64_t j = 0; j < nn; j++) edge[r * TILES_NR + j] = acc ? c[r * ldc + j] : 0.0f;
             const float* bp = Bp + p0 * K + klo * TILES_NR;
-            if (wide)
-              micro_kernel8x16_avx512(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
-            else micro_kernel16(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
+#if FSDP_ISA_BUILD >= FSDP_ISA_AVX512
+            micro_kernel8x16_avx512(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
+#else
+            micro_kernel16(khi - klo, a, acs, bp, full ? c : edge, full ? ldc : TILES_NR, full ? acc : 1);
+#endif
             if (!full)
               for (int64_t r = 0; r < mm; r++) memcpy(c + r * ldc, edge + r * TILES_NR, nn * sizeof(float));
           }
@@ -641,10 +424,10 @@ static int cpu_gemm_tiles(int n, const fsdp_gemm_args* g, const int* limits) {
     all = all && limits[i] == FSDP_TILES_ALL;
   }
   if (all && work >= (double)n * TILES_BLAS_MIN) {  // big full products: OpenBLAS's packed A wins (T >= 512)
-    cpu_gemm_many(n, g);
+    fsdp_cpu_gemm_many(n, g);
     return 0;
   }
-  int nt = omp_in_parallel() || work < GEMM_PAR_MIN ? 1 : omp_get_max_threads(), failed = 0;
+  int nt = omp_in_parallel() || work < FSDP_CPU_GEMM_PAR_MIN ? 1 : omp_get_max_threads(), failed = 0;
 #pragma omp parallel num_threads(nt) reduction(| : failed)
   {
     float* Bp = aligned_alloc(64, round_up(need * sizeof(float), 64));  // this thread's packed B
@@ -871,7 +654,7 @@ static int use_winograd(const fsdp_conv_geom* g) {
 // forward: its 16 transformed kernels are 16 MB, and 7x7 planes waste a quarter of their 2x2 tiles).
 // FSDP_CONV_ALGO=direct keeps oneDNN.
 static int winograd_over_onednn(const fsdp_conv_geom* g) {
-  return conv_algo() == CONV_DEFAULT && fsdp_cpu_isa_level() == FSDP_ISA_AVX2 && g->C >= 32 && g->O >= 32 &&
+  return conv_algo() == CONV_DEFAULT && FSDP_ISA_BUILD == FSDP_ISA_AVX2 && g->C >= 32 && g->O >= 32 &&
          g->C * g->O <= 256 * 256 && use_winograd(g);
 }
 
@@ -912,8 +695,14 @@ static void wino_weights(float* Up, const float* w, int64_t Co, int64_t Ci, int 
 // e[i][m] = row i [2(tw0 + m) - 1] and o[i][m] = row i [2(tw0 + m)], so that tile m's four columns are
 // e[m], o[m], e[m + 1], o[m + 1] and both transforms run along m in plain vector loops. `D` is scratch:
 // 16*WINO_TB floats.
-static void wino_input_channel(float* restrict v, float* restrict D, const float* x, int64_t c, int64_t Ci, int64_t H,
-                               int64_t W, int64_t t0, int64_t nt) {
+// Its rows are short (len <= W/2 tiles: 14 at 28x28), so its loops run 4 lanes wide even in the
+// AVX2 and AVX-512 copies: 8 lanes wide, most of a row fell to the loops' scalar and half-width
+// ends (the conv net's step on one thread, AMD EPYC family 23 model 1: 145 -> 140 ms, this function
+// 15.5% -> 12.6% of its samples, as in the -march=native build, whose Zen 1 tuning chose 4 lanes).
+__attribute__((target("prefer-vector-width=128"))) static void wino_input_channel(float* restrict v, float* restrict D,
+                                                                                  const float* x, int64_t c, int64_t Ci,
+                                                                                  int64_t H, int64_t W, int64_t t0,
+                                                                                  int64_t nt) {
   int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, HW = H * W, L = WINO_TB + 1;
   float *e = D, *o = D + 4 * L;  // e[i][m] at e + i*L + m, o likewise
   for (int64_t j = 0; j < nt;) {
@@ -1226,7 +1015,7 @@ static int conv1x1_forward(const fsdp_conv_geom* g, float* y, const float* x, co
     for (int64_t no = 0; no < g->N * g->O; no++)
       for (int64_t p = 0; p < P; p++) y[no * P + p] = b[no % g->O];
   // y_n (O, P) = w (O, C) @ xs_n (C, P) (+ y_n: the bias), every image
-  cpu_gemm_batched(g->N, 0, 0, g->O, P, g->C, 1.0f, w, g->C, 0, xs, P, g->C * P, b ? 1.0f : 0.0f, y, P, g->O * P);
+  fsdp_cpu_gemm_batched(g->N, 0, 0, g->O, P, g->C, 1.0f, w, g->C, 0, xs, P, g->C * P, b ? 1.0f : 0.0f, y, P, g->O * P);
   if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
   return 0;
 }
@@ -1255,7 +1044,7 @@ static int conv1x1_backward(const fsdp_conv_geom* g, float* gx, float* gw, float
       float* part = ch ? parts + (ch - 1) * wsize : gw;
       for (int64_t n = g->N * ch / nchunk; n < g->N * (ch + 1) / nchunk; n++) {
         fsdp_gemm_args a = {0, 1, g->O, g->C, P, 1.0f, gy + n * g->O * P, P, xs + n * g->C * P, P, 1.0f, part, g->C};
-        cpu_gemm_many(1, &a);  // on this thread when inside the parallel loop
+        fsdp_cpu_gemm_many(1, &a);  // on this thread when inside the parallel loop
       }
     }
     for (int64_t ch = 1; ch < nchunk; ch++) {
@@ -1266,7 +1055,7 @@ static int conv1x1_backward(const fsdp_conv_geom* g, float* gx, float* gw, float
   }
   if (gx) {  // gxs_n (C, P) = w^T (C, O) @ gy_n (O, P), into gx itself when nothing is skipped
     float* gxs = strided ? xs : gx;
-    cpu_gemm_batched(g->N, 1, 0, g->C, P, g->O, 1.0f, w, g->C, 0, gy, P, g->O * P, 0.0f, gxs, P, g->C * P);
+    fsdp_cpu_gemm_batched(g->N, 1, 0, g->C, P, g->O, 1.0f, w, g->C, 0, gy, P, g->O * P, 0.0f, gxs, P, g->C * P);
     if (strided) conv1x1_gather(g, xs, gx, 1);
   }
   if (strided) fsdp_free(xs, nbytes, FSDP_CPU, FSDP_MEM_OTHER);
@@ -1539,8 +1328,8 @@ static void cpu_adaptive_avg_pool2d_backward(const fsdp_conv_geom* g, float* gx,
   }
 }
 
-const fsdp_linalg_kernels fsdp_cpu_linalg_kernels = {
-    .gemm_many = cpu_gemm_many,
+const fsdp_linalg_kernels FSDP_ISA_NAME(fsdp_cpu_linalg_kernels) = {
+    .gemm_many = fsdp_cpu_gemm_many,
     .gemm_tiles = cpu_gemm_tiles,
     .gemm_bf16_many = fsdp_cpu_gemm_bf16_many,
     .bias_rows = cpu_bias_rows,

@@ -453,7 +453,7 @@ static void cpu_attn_softmax(const fsdp_attn_geom* g, float* P, const float* mas
   }
 }
 
-const fsdp_nn_kernels fsdp_cpu_nn_kernels = {
+const fsdp_nn_kernels FSDP_ISA_NAME(fsdp_cpu_nn_kernels) = {
     .softmax_forward = cpu_softmax_forward,
     .softmax_backward = cpu_softmax_backward,
     .check_targets = cpu_check_targets,

@@ -242,7 +242,7 @@ static void cpu_rms_norm_backward(float* dx, float* dw, const float* dy, const f
   }
 }
 
-const fsdp_norm_kernels fsdp_cpu_norm_kernels = {
+const fsdp_norm_kernels FSDP_ISA_NAME(fsdp_cpu_norm_kernels) = {
     .batch_norm_sums = cpu_batch_norm_sums,
     .batch_norm_stats = cpu_batch_norm_stats,
     .batch_norm_apply = cpu_batch_norm_apply,

@@ -57,7 +57,7 @@ static void cpu_adam(const fsdp_adam_hparams* h, float* p, const float* g, float
   }
 }
 
-const fsdp_optim_kernels fsdp_cpu_optim_kernels = {
+const fsdp_optim_kernels FSDP_ISA_NAME(fsdp_cpu_optim_kernels) = {
     .sgd = cpu_sgd,
     .adam = cpu_adam,
 };
