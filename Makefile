@@ -216,11 +216,11 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/ctest.h $(OBJS)
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) $< -o $@ $(OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
-# `make test` installs what is missing first (tools/deps.sh), then builds and runs everything in a
-# second make, which sees the installed tools (mpicc, busted) from its start
+# `make test` installs what is missing first (tools/deps.sh), then builds (one compiler a core) and
+# runs everything in a second make, which sees the installed tools (mpicc, busted) from its start
 test:
 	@bash tools/deps.sh test
-	@$(MAKE) --no-print-directory test-run
+	@$(MAKE) --no-print-directory -j$$(env -u OMP_NUM_THREADS nproc) test-run
 
 test-run: all cudaemu $(CTESTS)
 	@for t in $(CTESTS); do echo "== $$t"; $$t || exit 1; done

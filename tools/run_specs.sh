@@ -13,17 +13,17 @@ busted=${BUSTED:-$(command -v busted)}
 luajit=${LUAJIT:-luajit}
 
 # The slowest files, slowest first (seconds each when two files run at once on a 2-core AMD EPYC
-# Zen 1 under load: 219, 217, 156, 71, 66, 49, 41, 31, 27; the other 53 take 0.1-12): started
-# first, they overlap the many short ones.
+# Zen 1: 189, 160, 103, 39, 34, 32, 28, 25, 19; the other 57 take 0.1-14): started first, they
+# overlap the many short ones.
 SLOW=(
-  tests/fsdp/fsdp_spec.lua
   tests/fsdp/grad_accum_spec.lua
+  tests/fsdp/fsdp_spec.lua
   tests/backends/cudaemu_spec.lua
-  tests/tools/readme_spec.lua
-  tests/backends/portable_spec.lua
   tests/tools/examples_spec.lua
-  tests/tools/launch_spec.lua
+  tests/backends/portable_spec.lua
+  tests/tools/readme_spec.lua
   tests/fsdp/comm_spec.lua
+  tests/tools/launch_spec.lua
   tests/ops/ops_spec.lua
 )
 # Files that assert a bound on elapsed time: they run after the others, one at a time.
