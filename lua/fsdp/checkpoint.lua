@@ -148,7 +148,7 @@ local function gen_dir(dir, gen) return ("%s/ckpt-%d"):format(dir, gen) end
 local function rank_file(dir, gen, r, n) return ("%s/rank-%d-of-%d.safetensors"):format(gen_dir(dir, gen), r, n) end
 
 -- ---- what a model holds: its tensors and their layout --------------------------------------------
-local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
+local shape_str = fsdp._shape_str
 local ptr_key = fsdp._addr  -- a raw C pointer as a number
 
 -- list of {name, t, kind, shape, numel, chunk, start, length} for every parameter (named_parameters

@@ -440,6 +440,11 @@ function fsdp._pack(op, what, level, ...)
   return t, n
 end
 
+-- fsdp._shape_str(x): a shape as error messages write it, "(2, 3)"; x a tensor or a list of sizes
+function fsdp._shape_str(x)
+  return "(" .. table.concat(fsdp.is_tensor(x) and x:shape() or x, ", ") .. ")"
+end
+
 -- a shape given as a table {2, 3} or as sizes (2, 3), checked: integers that fit in int64 (what
 -- a size is: negative ones are the C op's to judge, view's -1), as (count, int64_t array); errors
 -- name `op`

@@ -116,7 +116,7 @@ local function structure(m)
 end
 
 local function unit_name(u) return u.parent and u.path or "<root>" end
-local function shape_of(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+local shape_of = fsdp._shape_str
 
 -- the changes of u's subtree since it was wrapped, as sentences (names from the model's root)
 local function structure_changes(u)

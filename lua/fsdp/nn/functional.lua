@@ -198,7 +198,7 @@ function F.mse_loss(a, b, ...)
 end
 
 -- ---- normalization, embedding, dropout -------------------------------------------------------------------
-local function shape_str(s) return "(" .. table.concat(s, ", ") .. ")" end
+local shape_str = fsdp._shape_str
 
 -- the number of trailing dims of x that normalized_shape (an int or a table) names, checked
 -- (layer_norm, rms_norm); errors at the caller of op

@@ -497,7 +497,7 @@ function plain_state_dict(self)
   return sd
 end
 
-local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+local shape_str = fsdp._shape_str
 local function quoted(list)
   local q = {}
   for i, k in ipairs(list) do q[i] = ("%q"):format(k) end

@@ -25,7 +25,7 @@ local Parameter, is_module = Module.Parameter, Module.is_module
 local args_of = F._args
 local L = {}
 
-local function shape_str(t) return "(" .. table.concat(t:shape(), ", ") .. ")" end
+local shape_str = fsdp._shape_str
 
 local function check_p(cls, what, p)
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then
