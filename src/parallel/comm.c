@@ -601,11 +601,17 @@ static void thread_label(char* buf, size_t n, pthread_t t, long tid) {
 
 // The process that loaded libfsdp. A process fork()ed from it (a DataLoader worker) has a copy of
 // the communicator's state but not its thread, and must not start MPI: its collectives are errors.
+// (The fork handler marks the child, so the check costs no system call.)
 static pid_t g_load_pid;
-__attribute__((constructor)) static void remember_load_pid(void) { g_load_pid = getpid(); }
+static int g_forked;
+static void mark_forked(void) { g_forked = 1; }
+__attribute__((constructor)) static void remember_load_pid(void) {
+  g_load_pid = getpid();
+  pthread_atfork(NULL, NULL, mark_forked);
+}
 
 static int check_process(const char* op, const char* tag) {
-  if (getpid() == g_load_pid) return 0;
+  if (!g_forked) return 0;
   CHECK_INT(0,
             "%s%s%s%s: called in process %ld, which was forked from process %ld (a DataLoader worker?); "
             "collectives run only in the process that loaded fsdp",
