@@ -15,12 +15,15 @@ tests/nn/transformer_spec.lua builds the same modules from its own copy of the s
   <c>.gp.<name>   the gradients of the loss for every parameter
 
 PyTorch 1.13 lacks three things the spec checks, built here from 1.13's own pieces:
-  - `bias=False` of TransformerEncoderLayer / DecoderLayer (PyTorch 2.1): RefLayer below, the layer's
-    forward written out with MultiheadAttention(bias=False), Linear(bias=False) and a weight-only
-    layer norm under the same names (norm1.weight, no norm1.bias); checked against
-    nn.TransformerEncoderLayer / DecoderLayer with bias=True, where both exist (asserted here)
-  - `is_causal` (PyTorch 2.0), a hint that the mask is the causal one: the references get the
-    causal mask itself (-inf above the diagonal) as attn_mask / src_mask / tgt_mask
+  - `bias=False` of TransformerEncoderLayer / DecoderLayer and Transformer (PyTorch 2.1): RefLayer
+    below, the layer's forward written out with MultiheadAttention(bias=False), Linear(bias=False)
+    and a weight-only layer norm under the same names (norm1.weight, no norm1.bias), and
+    RefTransformer, the whole model from RefLayers and weight-only final norms (encoder.norm.weight);
+    checked against nn.TransformerEncoderLayer / DecoderLayer / nn.Transformer with bias=True,
+    where both exist (asserted here)
+  - `is_causal` (PyTorch 2.0; Transformer's src_is_causal / tgt_is_causal), a hint that the mask is
+    the causal one: the references get the causal mask itself (-inf above the diagonal) as
+    attn_mask / src_mask / tgt_mask
   - float key_padding_mask merged with a float attn_mask (2.0 adds them; 1.13 asserts bool): the
     cases use a bool key_padding_mask where 1.13 needs one
 """
@@ -78,6 +81,11 @@ class WeightOnlyLayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
 
 
+def layer_norm(d, eps, bias):
+    """the layers' and the stacks' LayerNorm: PyTorch's, or 2.1's bias=False one"""
+    return nn.LayerNorm(d, eps=eps) if bias else WeightOnlyLayerNorm(d, eps)
+
+
 class RefLayer(nn.Module):
     """TransformerEncoderLayer / DecoderLayer written out (PyTorch 2.1's forward), with a bias switch"""
 
@@ -88,10 +96,9 @@ class RefLayer(nn.Module):
             self.multihead_attn = nn.MultiheadAttention(d, h, dropout=0.0, bias=bias, batch_first=batch_first)
         self.linear1 = nn.Linear(d, ff, bias=bias)
         self.linear2 = nn.Linear(ff, d, bias=bias)
-        norm = (lambda: nn.LayerNorm(d, eps=eps)) if bias else (lambda: WeightOnlyLayerNorm(d, eps))
-        self.norm1, self.norm2 = norm(), norm()
+        self.norm1, self.norm2 = layer_norm(d, eps, bias), layer_norm(d, eps, bias)
         if decoder:
-            self.norm3 = norm()
+            self.norm3 = layer_norm(d, eps, bias)
         self.decoder, self.act, self.norm_first = decoder, act, norm_first
 
     def sa(self, attn, x, mem, mask, kpm):
@@ -111,6 +118,46 @@ class RefLayer(nn.Module):
         if self.decoder:
             x = self.norm2(x + self.sa(self.multihead_attn, x, mem, mem_mask, mem_kpm))
         return (self.norm3 if self.decoder else self.norm2)(x + self.ff(x))
+
+
+class RefStack(nn.Module):
+    """TransformerEncoder / Decoder written out: the RefLayers, then the final norm"""
+
+    def __init__(self, layers, norm):
+        super().__init__()
+        self.layers, self.norm = nn.ModuleList(layers), norm
+
+    def forward(self, x, mem=None, **masks):
+        for layer in self.layers:
+            x = layer(x, mem, **masks)
+        return self.norm(x)
+
+
+class RefTransformer(nn.Module):
+    """nn.Transformer written out (PyTorch 2.1's): RefStacks named encoder and decoder, a bias switch"""
+
+    def __init__(self, d, h, n_enc, n_dec, ff, act, bias=True):
+        super().__init__()
+        self.encoder = RefStack([RefLayer(d, h, ff, False, act, bias=bias) for _ in range(n_enc)],
+                                layer_norm(d, 1e-5, bias))
+        self.decoder = RefStack([RefLayer(d, h, ff, True, act, bias=bias) for _ in range(n_dec)],
+                                layer_norm(d, 1e-5, bias))
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        return self.decoder(tgt, self.encoder(src, mask=src_mask), mask=tgt_mask)
+
+
+def check_ref_transformer():
+    """RefTransformer(bias=True) equals nn.Transformer: the reference for bias=False is trustworthy"""
+    torch.manual_seed(8)
+    mine = RefTransformer(E, H, 2, 1, 16, F.relu)
+    theirs = nn.Transformer(E, H, 2, 1, 16, dropout=0.0)
+    randomize(theirs)
+    mine.load_state_dict(theirs.state_dict())
+    src, tgt = torch.randn(S, N, E), torch.randn(L, N, E)
+    a = mine(src, tgt, causal(S, S), causal(L, L))
+    b = theirs(src, tgt, causal(S, S), causal(L, L))
+    assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
 
 
 def check_ref_layer(decoder, norm_first, act):
@@ -251,14 +298,61 @@ def layer_cases(out):
                tgt, memory, tgt_mask=causal(L, L), memory_key_padding_mask=memory_key_padding_mask))
 
 
+def transformer_cases(out):
+    """nn.Transformer (the tfm_ cases): one or two layers a stack, src of length S, tgt of length L"""
+    FF = 12
+    square = nn.Transformer.generate_square_subsequent_mask
+    # near the defaults: post-norm, relu, two encoder layers and one decoder layer, no masks
+    m = nn.Transformer(E, H, 2, 1, FF, dropout=0.0)
+    record(out, "tfm_default", m, [("src", torch.randn(S, N, E)), ("tgt", torch.randn(L, N, E))],
+           lambda src, tgt: m(src, tgt))
+    # batch_first, layer_norm_eps, a float src_mask and a bool memory_mask
+    m = nn.Transformer(E, H, 1, 1, FF, dropout=0.0, layer_norm_eps=1e-3, batch_first=True)
+    record(out, "tfm_bf", m, [("src", torch.randn(N, S, E)), ("tgt", torch.randn(N, L, E)),
+                              ("src_mask", torch.randn(S, S)), ("memory_mask", bool_mask(L, S))],
+           lambda src, tgt, src_mask, memory_mask: m(src, tgt, src_mask=src_mask, memory_mask=memory_mask))
+    # pre-norm, gelu, a source padding mask (the memory's too)
+    m = nn.Transformer(E, H, 1, 1, FF, dropout=0.0, activation="gelu", norm_first=True)
+    record(out, "tfm_pre_gelu", m, [("src", torch.randn(S, N, E)), ("tgt", torch.randn(L, N, E)),
+                                    ("src_key_padding_mask", kpm(N, S)), ("memory_key_padding_mask", kpm(N, S))],
+           lambda src, tgt, src_key_padding_mask, memory_key_padding_mask: m(
+               src, tgt, src_key_padding_mask=src_key_padding_mask,
+               memory_key_padding_mask=memory_key_padding_mask))
+    # every mask: the causal ones from generate_square_subsequent_mask (saved: the spec compares its
+    # own), a float memory_mask and the three key padding masks
+    m = nn.Transformer(E, H, 1, 1, FF, dropout=0.0)
+    record(out, "tfm_masks", m, [("src", torch.randn(S, N, E)), ("tgt", torch.randn(L, N, E)),
+                                 ("src_mask", square(S)), ("tgt_mask", square(L)), ("memory_mask", torch.randn(L, S)),
+                                 ("src_key_padding_mask", kpm(N, S)), ("tgt_key_padding_mask", kpm(N, L)),
+                                 ("memory_key_padding_mask", kpm(N, S))],
+           lambda src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask, tgt_key_padding_mask,
+           memory_key_padding_mask: m(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+                                      tgt_key_padding_mask, memory_key_padding_mask))
+    # custom_encoder (gelu, no final norm) and custom_decoder (pre-norm, two layers, a final norm)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, FF, dropout=0.0, activation="gelu"), 1,
+                                enable_nested_tensor=False)
+    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(E, H, FF, dropout=0.0, norm_first=True), 2,
+                                norm=nn.LayerNorm(E))
+    m = nn.Transformer(E, H, custom_encoder=enc, custom_decoder=dec)
+    record(out, "tfm_custom", m, [("src", torch.randn(S, N, E)), ("tgt", torch.randn(L, N, E)),
+                                  ("tgt_key_padding_mask", kpm(N, L))],
+           lambda src, tgt, tgt_key_padding_mask: m(src, tgt, tgt_key_padding_mask=tgt_key_padding_mask))
+    # bias=False (PyTorch 2.1) with src_is_causal and tgt_is_causal: RefTransformer, the causal masks
+    m = RefTransformer(E, H, 1, 1, FF, F.relu, bias=False)
+    record(out, "tfm_nobias_causal", m, [("src", torch.randn(S, N, E)), ("tgt", torch.randn(L, N, E))],
+           lambda src, tgt: m(src, tgt, causal(S, S), causal(L, L)))
+
+
 def main():
     for decoder in (False, True):
         for norm_first in (False, True):
             check_ref_layer(decoder, norm_first, "gelu" if norm_first else "relu")
+    check_ref_transformer()
     torch.manual_seed(0)
     out = []
     mha_cases(out)
     layer_cases(out)
+    transformer_cases(out)
     path = os.path.join(HERE, "transformer.safetensors")
     save_safetensors(path, out, {"torch": torch.__version__})
     print("wrote", len(out), "tensors,", os.path.getsize(path), "bytes")

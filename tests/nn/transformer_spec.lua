@@ -1,10 +1,12 @@
 -- The transformer modules (nn.MultiheadAttention, nn.TransformerEncoderLayer/DecoderLayer,
--- nn.TransformerEncoder/Decoder) against PyTorch's values (tests/golden/gen_transformer.py ->
+-- nn.TransformerEncoder/Decoder, nn.Transformer) against PyTorch's values (tests/golden/gen_transformer.py ->
 -- tests/golden/transformer.safetensors): for every case the output, the attention weights where
 -- asked for, and the gradients of every float input and every parameter, with the state_dict
 -- loaded from PyTorch's under PyTorch's names. Then state_dict both ways, dropout (eval equals
--- dropout 0; training drops with the right scale), deep copies in the stacks, and bad input.
--- Under FSDP at 2 and 3 ranks: tests/scripts/fsdp_matrix.lua's nn_encoder case.
+-- dropout 0; training drops with the right scale), deep copies in the stacks, nn.Transformer's init
+-- and generate_square_subsequent_mask, and bad input.
+-- Under FSDP at 2 and 3 ranks: tests/scripts/fsdp_matrix.lua's nn_encoder case and
+-- tests/scripts/transformer_ranks.lua (tests/fsdp/transformer_ranks_spec.lua).
 local fsdp = require "fsdp"
 local H = require "helpers"
 local nn = fsdp.nn
@@ -14,6 +16,7 @@ local G = fsdp.load("tests/golden/transformer.safetensors")
 -- are about 1e-6 absolute (print them with TRANSFORMER_ERRORS=1)
 local ATOL, RTOL = 2e-5, 1e-4
 local E, NH, FF = 8, 2, 16
+local TFF = 12  -- (the nn.Transformer cases' dim_feedforward)
 
 -- the entries "<case>.<kind>.<name>" as name -> tensor
 local function entries(case, kind)
@@ -93,6 +96,40 @@ local CASES = {
     call = function(m, x)
       return m(x.tgt, x.memory, { tgt_is_causal = true, memory_key_padding_mask = x.memory_key_padding_mask })
     end },
+  tfm_default = { build = function() return nn.Transformer(E, NH, 2, 1, TFF, 0) end,
+    call = function(m, x) return m(x.src, x.tgt) end },
+  tfm_bf = {
+    build = function()
+      return nn.Transformer { d_model = E, nhead = NH, num_encoder_layers = 1, num_decoder_layers = 1,
+        dim_feedforward = TFF, dropout = 0, layer_norm_eps = 1e-3, batch_first = true }
+    end,
+    call = function(m, x) return m(x.src, x.tgt, { src_mask = x.src_mask, memory_mask = x.memory_mask }) end },
+  tfm_pre_gelu = { build = function() return nn.Transformer(E, NH, 1, 1, TFF, 0, "gelu", { norm_first = true }) end,
+    call = function(m, x)
+      return m(x.src, x.tgt, { src_key_padding_mask = x.src_key_padding_mask,
+        memory_key_padding_mask = x.memory_key_padding_mask })
+    end },
+  tfm_masks = { build = function() return nn.Transformer(E, NH, 1, 1, TFF, 0) end,
+    call = function(m, x)  -- (PyTorch's positional order: src_mask, tgt_mask, memory_mask, the padding masks)
+      local square = nn.Transformer.generate_square_subsequent_mask
+      local src_mask = square(x.src:size(1), { device = x.src.device })
+      local tgt_mask = square(x.tgt:size(1), x.tgt.device)
+      -- the causal masks PyTorch's generate_square_subsequent_mask gave the generator, exactly
+      assert.same(x.src_mask:to("cpu"):tolist(), src_mask:to("cpu"):tolist())
+      assert.same(x.tgt_mask:to("cpu"):tolist(), tgt_mask:to("cpu"):tolist())
+      return m(x.src, x.tgt, src_mask, tgt_mask, x.memory_mask, x.src_key_padding_mask, x.tgt_key_padding_mask,
+        x.memory_key_padding_mask)
+    end },
+  tfm_custom = {
+    build = function()
+      local enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, NH, TFF, 0, "gelu"), 1)
+      local dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(E, NH, { dim_feedforward = TFF, dropout = 0,
+        norm_first = true }), 2, { norm = nn.LayerNorm(E) })
+      return nn.Transformer(E, NH, { custom_encoder = enc, custom_decoder = dec })
+    end,
+    call = function(m, x) return m(x.src, x.tgt, { tgt_key_padding_mask = x.tgt_key_padding_mask }) end },
+  tfm_nobias_causal = { build = function() return nn.Transformer(E, NH, 1, 1, TFF, 0, { bias = false }) end,
+    call = function(m, x) return m(x.src, x.tgt, { src_is_causal = true, tgt_is_causal = true }) end },
 }
 local ORDER = {}
 for name in pairs(CASES) do ORDER[#ORDER + 1] = name end
@@ -287,6 +324,83 @@ describe("transformer stacks built on meta and in bfloat16", function()
   end)
 end)
 
+describe("nn.Transformer", function()
+  local square = nn.Transformer.generate_square_subsequent_mask
+  local ninf = -math.huge
+
+  it("generate_square_subsequent_mask: -inf above the diagonal, 0 elsewhere; dtype and device", function()
+    local m = square(4)
+    assert.same({ 0, ninf, ninf, ninf, 0, 0, ninf, ninf, 0, 0, 0, ninf, 0, 0, 0, 0 }, m:tolist())
+    assert.equal("float32", m.dtype)
+    assert.equal("cpu", m.device)
+    assert.is_false(m.requires_grad)
+    assert.same({ 0, 0 }, square(0):shape())
+    local b = square(3, { dtype = "bfloat16" })
+    assert.equal("bfloat16", b.dtype)
+    assert.same(square(3):tolist(), b:float():tolist())
+    assert.equal("float16", square(2, "cpu", "half").dtype)
+    if not fsdp.cuda.is_available() then fsdp._testdev_install() end
+    local g = square(3, { device = "cuda" })
+    assert.equal("cuda", g.device)
+    assert.same(square(3):tolist(), g:to("cpu"):tolist())
+  end)
+
+  it("state_dict keys: PyTorch's (encoder.norm, decoder.norm; none of them biases with bias = false)", function()
+    local sd = nn.Transformer(E, NH, 2, 1, TFF):state_dict()
+    for _, k in ipairs { "encoder.layers.0.self_attn.in_proj_weight", "encoder.layers.1.linear2.bias",
+      "encoder.norm.weight", "encoder.norm.bias", "decoder.layers.0.multihead_attn.out_proj.weight",
+      "decoder.layers.0.norm3.bias", "decoder.norm.weight", "decoder.norm.bias" } do
+      assert.is_not_nil(sd[k], k)
+    end
+    assert.equal(2 * 12 + 18 + 4, #H.sorted_keys(sd))
+    local keys = H.sorted_keys(nn.Transformer(E, NH, 1, 1, TFF, { bias = false }):state_dict())
+    for _, k in ipairs(keys) do assert.is_nil(k:find("bias", 1, true), k) end
+    assert.equal(6 + 9 + 2, #keys)
+  end)
+
+  it("state_dict round trip: a fresh model with another's state_dict computes the same, gradients too", function()
+    fsdp.manual_seed(3)
+    local a, b = nn.Transformer(E, NH, 1, 1, TFF, 0), nn.Transformer(E, NH, 1, 1, TFF, 0)
+    local src, tgt = fsdp.randn(4, 2, E), fsdp.randn(5, 2, E)
+    assert.is_true((a(src, tgt) - b(src, tgt)):abs():max():item() > 1e-3, "two models start apart")
+    b:load_state_dict(a:state_dict())
+    local ya, yb = a(src, tgt, { tgt_is_causal = true }), b(src, tgt, { tgt_is_causal = true })
+    assert.same(ya:tolist(), yb:tolist())
+    ya:sum():backward()
+    yb:sum():backward()
+    assert.same(a.decoder.layers[1].multihead_attn.in_proj_weight.grad:tolist(),
+      b.decoder.layers[1].multihead_attn.in_proj_weight.grad:tolist())
+  end)
+
+  it("PyTorch's init: Xavier-uniform for every parameter with more than one dim, the layers distinct", function()
+    local function check(m, what)
+      local d, ff = 32, 64
+      for name, p in m:named_parameters() do
+        if p:dim() > 1 then
+          local s = p:shape()
+          local bound = math.sqrt(6 / (s[1] + s[2]))
+          local top = p:abs():max():item()
+          assert.is_true(top <= bound and top > 0.8 * bound, ("%s %s: max %g, bound %g"):format(what, name, top, bound))
+        elseif name:find("norm", 1, true) then
+          assert.equal(name:find("weight", 1, true) and 1 or 0, p:abs():max():item(), what .. " " .. name)
+        end
+      end
+      -- (Linear's own init would stay below 1/sqrt(fan_in) = 0.177: Xavier's bound is 0.25)
+      assert.is_true(m.encoder.layers[1].linear1.weight:abs():max():item() > 1 / math.sqrt(d) * 1.05)
+      assert.equal(0, m.encoder.layers[1].self_attn.in_proj_bias:abs():max():item())
+      local w1, w2 = m.encoder.layers[1].linear1.weight, m.encoder.layers[2].linear1.weight
+      assert.is_true((w1 - w2):abs():max():item() > 0.01, what .. ": the layers draw their own values")
+      assert.equal(ff, w1:size(1))
+    end
+    fsdp.manual_seed(4)
+    check(nn.Transformer(32, 4, 2, 2, 64), "eager")
+    local meta = fsdp.meta(function() return nn.Transformer(32, 4, 2, 2, 64) end)
+    meta:to_empty { device = "cpu" }
+    check(meta, "built on meta")
+    check(fsdp.reset_parameters(nn.Transformer(32, 4, 2, 2, 64)), "fsdp.reset_parameters")
+  end)
+end)
+
 describe("transformer dropout", function()
   it("eval mode equals dropout 0; training mode differs", function()
     local name = "enc_post_relu"
@@ -337,6 +451,7 @@ end)
 
 describe("transformer bad input", function()
   local x = fsdp.randn(5, 3, 8)
+  local square = nn.Transformer.generate_square_subsequent_mask
   it("constructors", function()
     H.assert_error(function() nn.MultiheadAttention(8, 3) end, "MultiheadAttention", "embed_dim (8)", "num_heads (3)")
     H.assert_error(function() nn.MultiheadAttention(8, 0) end, "MultiheadAttention", "num_heads")
@@ -367,5 +482,35 @@ describe("transformer bad input", function()
     local layer = nn.TransformerEncoderLayer(8, 2, 16)
     H.assert_error(function() layer(fsdp.randn(5, 3, 6)) end, "MultiheadAttention", "(5, 3, 6)", "self_attn")
     H.assert_error(function() layer(nil) end, "TransformerEncoderLayer", "src")
+  end)
+  it("nn.Transformer: options, shapes in 1-based dims, masks and generate_square_subsequent_mask", function()
+    H.assert_error(function() nn.Transformer(8, 2, { activation = "tanh" }) end, "Transformer", "activation", "tanh")
+    H.assert_error(function() nn.Transformer(8, 2, 0) end, "Transformer", "num_encoder_layers", "integer >= 1")
+    H.assert_error(function() nn.Transformer(8, 2, { num_decoder_layers = 1.5 }) end, "Transformer", "num_decoder_layers")
+    H.assert_error(function() nn.Transformer(8, 2, { dropout = -1 }) end, "Transformer", "dropout")
+    H.assert_error(function() nn.Transformer(8, 2, { custom_encoder = 5 }) end, "Transformer", "custom_encoder")
+    H.assert_error(function() nn.Transformer(8, 2, { custom_decoder = {} }) end, "Transformer", "custom_decoder")
+    H.assert_error(function() nn.Transformer(8, 2, { bogus = 1 }) end, "Transformer", "unknown option bogus")
+    local m = nn.Transformer(8, 2, 1, 1, 16)
+    local src, tgt = fsdp.randn(4, 3, 8), fsdp.randn(5, 3, 8)
+    H.assert_error(function() m(src, fsdp.randn(5, 2, 8)) end, "Transformer", "src (4, 3, 8)", "tgt (5, 2, 8)",
+      "same batch size (dim 2)")
+    H.assert_error(function() m(fsdp.randn(4, 3, 7), tgt) end, "Transformer", "src of shape (4, 3, 7)", "d_model = 8",
+      "dim 3")
+    H.assert_error(function() m(src, fsdp.randn(5, 3, 6)) end, "tgt of shape (5, 3, 6)", "d_model = 8")
+    H.assert_error(function() m(src, fsdp.randn(5, 8)) end, "Transformer", "both be 3-D (batched) or both 2-D")
+    H.assert_error(function() m(src) end, "Transformer", "tgt")
+    H.assert_error(function() m(src, tgt, { src_mask = 5 }) end, "Transformer", "src_mask")
+    H.assert_error(function() m(src, tgt, { tgt_is_causal = 1 }) end, "Transformer", "tgt_is_causal")
+    H.assert_error(function() m(src, tgt, { memory_mask = fsdp.zeros(4, 5) }) end, "attn_mask of shape (4, 5)",
+      "(L, S) = (5, 4)", "multihead_attn")
+    local bf = nn.Transformer(8, 2, 1, 1, 16, { batch_first = true })
+    H.assert_error(function() bf(fsdp.randn(3, 4, 8), fsdp.randn(2, 5, 8)) end, "same batch size (dim 1)")
+    local fn = "Transformer.generate_square_subsequent_mask"
+    H.assert_error(function() square(-1) end, fn, "sz", "integer >= 0")
+    H.assert_error(function() square(2.5) end, fn, "sz")
+    H.assert_error(function() square(3, { dtype = "int64" }) end, fn, "float dtype", "int64")
+    H.assert_error(function() square(3, { dtype = "bogus" }) end, fn, "dtype")
+    H.assert_error(function() square(3, { device = "tpu" }) end, fn, "device")
   end)
 end)

@@ -327,7 +327,8 @@ for _, name in ipairs(sorted_keys(F)) do
 end
 
 -- ---- layers: constructor arguments, then forward inputs --------------------------------------------------
--- class -> { constructor args (valid), positions that must be numbers (or pairs), forward input makers }
+-- class -> { constructor args (valid), positions that must be numbers (or pairs), forward input makers,
+-- defaults = true where a nil constructor argument takes its default }
 local layers = {
   Linear = { { 3, 4 }, { 1, 2 }, { x23 } },
   Conv2d = { { 2, 3, 3 }, { 1, 2, 3 }, { img } },
@@ -350,6 +351,8 @@ local layers = {
   TransformerDecoderLayer = { { 4, 2, 8 }, { 1, 2 }, { seq4, seq4 } },
   TransformerEncoder = { { nn.TransformerEncoderLayer(4, 2, 8), 2 }, { 2 }, { seq4 } },
   TransformerDecoder = { { nn.TransformerDecoderLayer(4, 2, 8), 2 }, { 2 }, { seq4, seq4 } },
+  -- (every argument has a default: nil is no bad value; the last one is left out, {} there is the options)
+  Transformer = { { 4, 2, 1, 1, 8 }, { 1, 2, 3, 4 }, { seq4, seq4 }, defaults = true },
 }
 local layer_names = {}
 for k, cls in pairs(nn) do
@@ -373,7 +376,7 @@ for _, name in ipairs(layer_names) do
     for _, pos in ipairs(numeric) do
       local dim_arg = name == "Softmax" or name == "LogSoftmax"  -- (a dim: -1 is the last)
       for _, kind in ipairs { "nil", "string", "table", "nan", "inf", "frac", "huge", "neg" } do
-        if not (dim_arg and kind == "neg") then
+        if not (dim_arg and kind == "neg") and not (spec.defaults and kind == "nil") then
           add(("nn.%s(arg %d = %s)"):format(name, pos, kind), function()
             local a = { unpack(ctor) }
             a[pos] = bad_value(kind)
@@ -512,6 +515,11 @@ local surface = {
     unit_states = { { "M", "model", model } },
     all_idle = {},
     checkpoint = { { "FN", "fn", v(function(x) return x end), frag = "function" } },
+  } },
+  { "nn.Transformer", nn.Transformer, {
+    generate_square_subsequent_mask = { { "I", "sz", v(3) }, { "S?", "device", v("cpu") },
+      { "S?", "dtype", v("float32"), ok = { table = true } } },  -- ({} in the last place: the options)
+    forward = false, reset_parameters = false,  -- (its methods: the layer loop above)
   } },
   { "checkpoint", require "fsdp.checkpoint", {
     save_sharded = false, load_sharded = false,  -- (fsdp.save_sharded and fsdp.load_sharded, above)

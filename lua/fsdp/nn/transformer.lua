@@ -1,7 +1,9 @@
 --- The transformer modules of torch.nn, with PyTorch's arguments, parameter names and numbers:
--- nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.TransformerEncoder
--- and nn.TransformerDecoder. A state_dict moves both ways between these and PyTorch's modules
--- (`layers.0.self_attn.in_proj_weight`, `layers.0.linear1.weight`, `layers.0.norm1.weight`, ...).
+-- nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.TransformerEncoder,
+-- nn.TransformerDecoder and the whole encoder-decoder nn.Transformer (with its static
+-- generate_square_subsequent_mask). A state_dict moves both ways between these and PyTorch's modules
+-- (`layers.0.self_attn.in_proj_weight`, `layers.0.linear1.weight`, `layers.0.norm1.weight`,
+-- `encoder.norm.weight`, ...).
 --
 -- One attention forward, in four steps (MultiheadAttention:forward):
 --   1. project: query, key, value (L, N, E) or (N, L, E) (batch_first) through in_proj_weight
@@ -311,31 +313,40 @@ local activations = { relu = F.relu, gelu = F.gelu }
 local layer_spec = { { "d_model" }, { "nhead" }, { "dim_feedforward", 2048 }, { "dropout", 0.1 }, { "activation", "relu" },
   { "layer_norm_eps", 1e-5 }, { "batch_first", false }, { "norm_first", false }, { "bias", true } }
 
+-- the options the layers and nn.Transformer share, checked in the name of cls (o: args_of's table)
+local function layer_options(cls, o)
+  local c = { d_model = fsdp._i(o.d_model, cls, "d_model", nil, 1), nhead = fsdp._i(o.nhead, cls, "nhead", nil, 1),
+    dim_feedforward = fsdp._i(o.dim_feedforward, cls, "dim_feedforward", nil, 1),
+    dropout = check_p(cls, "dropout", o.dropout), layer_norm_eps = fsdp._f(o.layer_norm_eps, cls, "layer_norm_eps"),
+    bias = fsdp._b(o.bias, cls, "bias"), batch_first = fsdp._b(o.batch_first, cls, "batch_first"),
+    norm_first = fsdp._b(o.norm_first, cls, "norm_first") }
+  local act = o.activation
+  if type(act) == "string" then
+    act = activations[act] or error(("%s: activation should be \"relu\" or \"gelu\", not %q"):format(cls, act), 4)
+  elseif type(act) ~= "function" and not is_module(act) then
+    fsdp._arg_error(cls, "activation", "\"relu\", \"gelu\", a function or a module", act, 4)
+  end
+  c.activation = act
+  return c
+end
+-- a layer's (or the stacks' final) LayerNorm over d_model, with the options' eps and bias
+local function layer_norm(c) return layers.LayerNorm(c.d_model, { eps = c.layer_norm_eps, bias = c.bias }) end
+
 -- the children both layers share, in PyTorch's order: self_attn, [multihead_attn], linear1, dropout,
 -- linear2, norm1, norm2, [norm3], dropout1, dropout2, [dropout3], activation
 local function build_layer(self, cls, decoder, ...)
-  local o = args_of(cls, layer_spec, ...)
-  local d, h = fsdp._i(o.d_model, cls, "d_model", nil, 1), fsdp._i(o.nhead, cls, "nhead", nil, 1)
-  local ff = fsdp._i(o.dim_feedforward, cls, "dim_feedforward", nil, 1)
-  local p = check_p(cls, "dropout", o.dropout)
-  local eps = fsdp._f(o.layer_norm_eps, cls, "layer_norm_eps")
-  local bias = fsdp._b(o.bias, cls, "bias")
-  local attn = { dropout = p, batch_first = fsdp._b(o.batch_first, cls, "batch_first"), bias = bias }
+  local c = layer_options(cls, args_of(cls, layer_spec, ...))
+  local d, h, p = c.d_model, c.nhead, c.dropout
+  local attn = { dropout = p, batch_first = c.batch_first, bias = c.bias }
   self.self_attn = MHA(d, h, attn)
   if decoder then self.multihead_attn = MHA(d, h, attn) end
-  self.linear1 = layers.Linear(d, ff, { bias = bias })
+  self.linear1 = layers.Linear(d, c.dim_feedforward, { bias = c.bias })
   self.dropout = layers.Dropout(p)
-  self.linear2 = layers.Linear(ff, d, { bias = bias })
-  self.norm_first = fsdp._b(o.norm_first, cls, "norm_first")
-  for i = 1, decoder and 3 or 2 do self["norm" .. i] = layers.LayerNorm(d, { eps = eps, bias = bias }) end
+  self.linear2 = layers.Linear(c.dim_feedforward, d, { bias = c.bias })
+  self.norm_first = c.norm_first
+  for i = 1, decoder and 3 or 2 do self["norm" .. i] = layer_norm(c) end
   for i = 1, decoder and 3 or 2 do self["dropout" .. i] = layers.Dropout(p) end
-  local act = o.activation
-  if type(act) == "string" then
-    act = activations[act] or error(("%s: activation should be \"relu\" or \"gelu\", not %q"):format(cls, act), 3)
-  elseif type(act) ~= "function" and not is_module(act) then
-    fsdp._arg_error(cls, "activation", "\"relu\", \"gelu\", a function or a module", act, 3)
-  end
-  self.activation = act  -- (a module becomes the child "activation", as in PyTorch)
+  self.activation = c.activation  -- (a module becomes the child "activation", as in PyTorch)
 end
 
 -- x + dropout(linear2(dropout(activation(linear1(x)))))'s second term
@@ -487,6 +498,114 @@ function Decoder:forward(tgt, memory, ...)
   for _, layer in self.layers:ipairs() do x = layer(x, memory, opts) end
   if self.norm ~= nil then x = self.norm(x) end
   return x
+end
+
+-- ---- the whole encoder-decoder -------------------------------------------------------------------------
+local Transformer = Module:extend("Transformer")
+L.Transformer = Transformer
+local transformer_spec = { { "d_model", 512 }, { "nhead", 8 }, { "num_encoder_layers", 6 }, { "num_decoder_layers", 6 },
+  { "dim_feedforward", 2048 }, { "dropout", 0.1 }, { "activation", "relu" }, { "custom_encoder", optional = true },
+  { "custom_decoder", optional = true }, { "layer_norm_eps", 1e-5 }, { "batch_first", false }, { "norm_first", false },
+  { "bias", true } }
+--- nn.Transformer([d_model = 512, nhead = 8, num_encoder_layers = 6, num_decoder_layers = 6,
+-- dim_feedforward = 2048, dropout = 0.1, activation = "relu" | "gelu" | a function or module,
+-- custom_encoder, custom_decoder, layer_norm_eps = 1e-5, batch_first = false, norm_first = false,
+-- bias = true]) (PyTorch's positional order, or any of them by name in a trailing table): children
+-- encoder, an nn.TransformerEncoder of num_encoder_layers encoder layers with a final LayerNorm
+-- (encoder.norm), and decoder, an nn.TransformerDecoder of num_decoder_layers decoder layers with
+-- one (decoder.norm), or the modules custom_encoder and custom_decoder in their place. Every
+-- parameter with more than one dim starts Xavier-uniform (PyTorch's _reset_parameters), so the
+-- layers start with distinct weights. The options are checked even where a custom module stands.
+-- @function Transformer
+function Transformer:__init(...)
+  local cls = "Transformer"
+  local o = args_of(cls, transformer_spec, ...)
+  local c = layer_options(cls, o)
+  local n_enc = fsdp._i(o.num_encoder_layers, cls, "num_encoder_layers", nil, 1)
+  local n_dec = fsdp._i(o.num_decoder_layers, cls, "num_decoder_layers", nil, 1)
+  for _, k in ipairs { "custom_encoder", "custom_decoder" } do
+    if o[k] ~= nil and not is_module(o[k]) then fsdp._arg_error(cls, k, "a module or nil", o[k], 3) end
+  end
+  -- (c, the checked options, names exactly the layers' arguments)
+  self.encoder = o.custom_encoder or Encoder(EncoderLayer(c), n_enc, { norm = layer_norm(c) })
+  self.decoder = o.custom_decoder or Decoder(DecoderLayer(c), n_dec, { norm = layer_norm(c) })
+  self.d_model, self.nhead, self.batch_first = c.d_model, c.nhead, c.batch_first
+  self:reset_parameters()
+end
+--- transformer:reset_parameters(): PyTorch's _reset_parameters, Xavier-uniform for every parameter
+-- with more than one dim (custom modules' too); the others keep their layers' init.
+-- @function Transformer:reset_parameters
+function Transformer:reset_parameters()
+  for _, p in ipairs(self:parameters()) do
+    if p:dim() > 1 then init.xavier_uniform_(p) end
+  end
+end
+
+-- PyTorch's checks of src and tgt: both 3-D (batched) or both 2-D, one batch size, d_model features
+function Transformer:_check(src, tgt)
+  local cls, nd = "Transformer", src:dim()
+  if (nd ~= 2 and nd ~= 3) or tgt:dim() ~= nd then
+    error(("%s: src %s and tgt %s must both be 3-D (batched) or both 2-D (unbatched)"):format(cls, shape_str(src),
+      shape_str(tgt)), 4)
+  end
+  local b = self.batch_first and 1 or 2
+  if nd == 3 and src:size(b) ~= tgt:size(b) then
+    error(("%s: src %s and tgt %s must have the same batch size (dim %d)"):format(cls, shape_str(src), shape_str(tgt),
+      b), 4)
+  end
+  for _, e in ipairs { { "src", src }, { "tgt", tgt } } do
+    if e[2]:size(nd) ~= self.d_model then
+      error(("%s: %s of shape %s must have d_model = %d as its dim %d"):format(cls, e[1], shape_str(e[2]),
+        self.d_model, nd), 4)
+    end
+  end
+end
+
+local transformer_fwd_spec = { { "src_mask", optional = true }, { "tgt_mask", optional = true },
+  { "memory_mask", optional = true }, { "src_key_padding_mask", optional = true },
+  { "tgt_key_padding_mask", optional = true }, { "memory_key_padding_mask", optional = true },
+  { "src_is_causal", optional = true }, { "tgt_is_causal", optional = true }, { "memory_is_causal", false } }
+--- transformer(src, tgt[, {src_mask, tgt_mask, memory_mask, src_key_padding_mask, tgt_key_padding_mask,
+-- memory_key_padding_mask, src_is_causal, tgt_is_causal, memory_is_causal = false}]) -> the
+-- decoder's output, tgt's shape (PyTorch's forward, its positional order too). src (S, N, E), tgt
+-- (T, N, E) ((N, S, E) and (N, T, E) with batch_first; (S, E) and (T, E) unbatched), E = d_model;
+-- masks as the layers take them: src_mask (S, S), tgt_mask (T, T), memory_mask (T, S) or per head
+-- (N*nhead, ., .), the key padding masks (N, S), (N, T), (N, S); bool (true: masked out) or float
+-- (added). The encoder runs as encoder(src, {mask, src_key_padding_mask, is_causal}) and the decoder
+-- as decoder(tgt, memory, {tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+-- tgt_is_causal, memory_is_causal}), custom modules too.
+-- @function Transformer:forward
+function Transformer:forward(src, tgt, ...)
+  local cls = "Transformer"
+  local o = args_of(cls, transformer_fwd_spec, ...)
+  check_tensor(cls, "src", src)
+  check_tensor(cls, "tgt", tgt)
+  for i = 1, 6 do check_tensor(cls, transformer_fwd_spec[i][1], o[transformer_fwd_spec[i][1]], true) end
+  for i = 7, 9 do fsdp._b(o[transformer_fwd_spec[i][1]], cls, transformer_fwd_spec[i][1]) end
+  self:_check(src, tgt)
+  local memory = self.encoder(src, { mask = o.src_mask, src_key_padding_mask = o.src_key_padding_mask,
+    is_causal = o.src_is_causal })
+  return self.decoder(tgt, memory, { tgt_mask = o.tgt_mask, memory_mask = o.memory_mask,
+    tgt_key_padding_mask = o.tgt_key_padding_mask, memory_key_padding_mask = o.memory_key_padding_mask,
+    tgt_is_causal = o.tgt_is_causal, memory_is_causal = o.memory_is_causal })
+end
+
+local float_dtypes = { float32 = true, bfloat16 = true, float16 = true }
+--- nn.Transformer.generate_square_subsequent_mask(sz[, {device = "cpu", dtype = "float32"}]) -> the
+-- causal mask (sz, sz), PyTorch's static function: -inf above the diagonal (a query never sees a
+-- later key), 0 elsewhere; a float mask, added to the scores (tgt_mask, src_mask, attn_mask). dtype
+-- a float dtype (float32, bfloat16, float16); device "cpu" or "cuda", as PyTorch's, whatever the default device.
+-- @function Transformer.generate_square_subsequent_mask
+function Transformer.generate_square_subsequent_mask(...)
+  local fn = "Transformer.generate_square_subsequent_mask"
+  local o = args_of(fn, { { "sz" }, { "device", "cpu" }, { "dtype", "float32" } }, ...)
+  local sz = fsdp._i(o.sz, fn, "sz", nil, 0)
+  fsdp._device(o.device, fn, 2)
+  local dtype = fsdp._dtype_names[fsdp._dtype(o.dtype, fn)]
+  if not float_dtypes[dtype] then
+    error(("%s: dtype must be a float dtype (float32, bfloat16 or float16), got %s"):format(fn, dtype), 2)
+  end
+  return fsdp.full({ sz, sz }, -math.huge, { dtype = dtype, device = o.device }):triu(1)
 end
 
 return L
