@@ -14,7 +14,7 @@
 -- steps the gathered state_dict against the reference's. Tolerances: losses and norms 1e-6 + 1e-5
 -- relative (float32 sums in another order: the reference's whole batch against each rank's slice,
 -- averaged); parameters 1e-5 + 1e-5 relative, since Adam magnifies rounding in a gradient near its
--- eps: d step / d g = lr eps / (|g| + eps)^2, up to lr / (4 eps) = 250 here (measured: 3.0e-7 at 2
+-- eps: d step / d g = lr eps / (|g| + eps)^2, up to lr / (4 eps) = 250 here (measured: 3.0e-7 to 6.3e-7 at 2
 -- ranks, 1.6e-6 at 3, an embed.weight element whose first gradient is 1.07e-5; seq2seq 9.9e-7 at 2
 -- ranks, 1.3e-6 at 3, with losses within 1.2e-7 and norms within 1.3e-7; the sabotaged learning
 -- rate moves parameters by about 1e-4). The end prints the largest differences (MEASURED).
