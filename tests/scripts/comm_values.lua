@@ -145,8 +145,7 @@ end
 -- max keeps a NaN from any rank, as torch.max over every rank's values does (MPI_MAX dropped rank
 -- 1's NaN against rank 0's number; an inf-norm clip_grad_norm then came out finite)
 for nan_rank = 0, N - 1 do
-  local function nan_at_first(t) return r == nan_rank and t:masked_fill(fsdp.arange(t:numel()):eq(0), 0 / 0) or t end
-  local t = nan_at_first(fsdp.tensor { r + 1, 5 })
+  local t = fsdp.tensor { r == nan_rank and 0 / 0 or r + 1, 5 }
   fsdp.all_reduce(t, "max")
   ar_bytes = ar_bytes + 8
   local v = t:tolist()
