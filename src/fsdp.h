@@ -189,7 +189,8 @@ const char* fsdp_dtype_name(int dtype);
 const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen);
 // scalar value of a one-element tensor, as double
 int fsdp_tensor_item(const fsdp_tensor* t, double* out);
-// copies all elements, in logical (row-major) order, converted to double / int64
+// copies all elements, in logical (row-major) order, converted to double; an int64 element that
+// no double holds exactly (beyond 2^53) is an error naming it, never a rounded number
 int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out);
 
 // ---- autograd attributes ----------------------------------------------------------------------
