@@ -189,7 +189,8 @@ const char* fsdp_dtype_name(int dtype);
 const char* fsdp_shape_str(const fsdp_tensor* t, char* buf, int buflen);
 // scalar value of a one-element tensor, as double
 int fsdp_tensor_item(const fsdp_tensor* t, double* out);
-// copies all elements, in logical (row-major) order, converted to double / int64
+// copies all elements, in logical (row-major) order, converted to double; an int64 element that
+// no double holds exactly (beyond 2^53) is an error naming it, never a rounded number
 int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out);
 
 // ---- autograd attributes ----------------------------------------------------------------------
@@ -588,6 +589,9 @@ int64_t fsdp_param_full_numel(const fsdp_tensor* p);
 // 1 when p is a parameter in its piece form (sharded: this rank holds elements [start, start +
 // length) of its flattened full values), else 0
 int fsdp_param_piece(const fsdp_tensor* p, int64_t* start, int64_t* length);
+// 1 when p is a parameter of a unit, in either form, with this rank's piece of it (elements
+// [start, start + length) of its flattened full values: what its gradient and optimizer state hold), else 0
+int fsdp_param_shard(const fsdp_tensor* p, int64_t* start, int64_t* length);
 // 1 when p's .grad is still this rank's local, unreduced gradient (the last backward that gave it
 // one ran inside no_sync) and other ranks' gradients have yet to join it, else 0
 int fsdp_param_grad_unreduced(const fsdp_tensor* p);

@@ -679,6 +679,7 @@ function M.load_sharded(dir, model, optimizer)
           for _, k in ipairs(st.tensors or {}) do
             s[k] = assemble(ck, "optim." .. e.name .. "." .. k, e.name, e.start, e.length):reshape(fsdp._held_shape(p))
           end
+          s.fsdp_piece = require("fsdp.optim")._piece_of(p)  -- assembled for this rank's piece
           opt_sd.state[idx] = s
         end
         idx = idx + 1

@@ -3,7 +3,8 @@
 --   fsdp.init([backend])            optional: "mpi" under fsdprun/mpirun, else "self" (1 rank)
 --   fsdp.rank(), fsdp.world_size()  0-based rank like PyTorch; world size
 --   fsdp.barrier()
---   fsdp.all_reduce(t, op)          in place, op "sum" (default) | "avg" | "max"; returns t
+--   fsdp.all_reduce(t, op)          in place, op "sum" (default) | "avg" | "max" (a NaN on any rank
+--                                   wins, as torch.max of the values together); returns t
 --   fsdp.broadcast(t, root)         in place from rank `root` (0-based); returns t
 --   fsdp.all_gather(out, inp)       out (N * inp:numel()) = every rank's inp; fsdp.all_gather(inp)
 --                                   allocates out with shape (N * inp.shape[1], ...)
@@ -118,7 +119,7 @@ end
 -- ---- collectives -----------------------------------------------------------------------------------
 --- Reduces t over every rank in place and returns it.
 -- @param t a tensor
--- @param op "sum" (default), "avg" or "max"
+-- @param op "sum" (default), "avg" or "max" (NaN-propagating)
 -- @param opts {tag =, async =} or nil
 function comm.all_reduce(t, op, opts)
   if type(op) == "table" then op, opts = nil, op end

@@ -212,7 +212,7 @@ end
 -- only built on failure.
 local function describe(v)
   if v == nil then return "nil" end
-  if ffi.istype(handle_ct, v) then return "a released tensor" end
+  if ffi.istype(handle_ct, v) then return v.p == nil and "a released tensor" or "a tensor" end
   if type(v) == "string" then return ("a string (%q)"):format(#v > 20 and v:sub(1, 20) .. "..." or v) end
   return "a " .. type(v)
 end

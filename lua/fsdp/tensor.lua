@@ -282,10 +282,25 @@ function methods.tostring(t)
       for i = 1, #v do parts[i] = fmt(v[i]) end
       return "[" .. table.concat(parts, ", ") .. "]"
     end
-    if type(v) == "boolean" then return (tostring(v)) end
+    if type(v) == "boolean" or type(v) == "string" then return (tostring(v)) end
     return (("%.6g"):format(v))
   end
-  return head .. " " .. fmt(t:to_local():totable())
+  local l = t:to_local()
+  if l.dtype ~= "int64" then return head .. " " .. fmt(l:totable()) end
+  -- int64 exactly, every digit (a token id 1234567 is not 1.23457e+06; past 2^53 tolist refuses)
+  local c = (l.device == "cpu" and l or l:to("cpu")):contiguous()
+  local ptr = ffi.cast("const int64_t*", c:data_ptr())
+  local s, pos = fsdp._held_shape(c), 0
+  local function build(d)
+    if d > #s then
+      pos = pos + 1
+      return (tostring(ptr[pos - 1]):gsub("LL$", ""))
+    end
+    local r = {}
+    for i = 1, s[d] do r[i] = build(d + 1) end
+    return r
+  end
+  return head .. " " .. fmt(build(1))
 end
 
 -- ---- autograd --------------------------------------------------------------------------------------

@@ -882,7 +882,8 @@ function W.clip_grad_norm(model, max_norm, norm_type, opts, fn)
     end
     for _, v in pairs(acc) do
       local x = v:item()
-      if inf then total = math.max(total, x) else total = total + x end
+      if not inf then total = total + x
+      elseif x > total or x ~= x then total = x end  -- a NaN wins (math.max(nan, 3) is 3)
     end
     if world > 1 then
       local t = fsdp.tensor({ total }, { device = "cpu" })

@@ -782,16 +782,18 @@ fsdp_tensor* fsdp_as_contig_dtype(fsdp_tensor* t, int dtype) {
 }
 fsdp_tensor* fsdp_as_contig(fsdp_tensor* t) { return fsdp_as_contig_dtype(t, FSDP_F32); }
 
+static int to_doubles(const char* op, const fsdp_tensor* t, double* out);
 int fsdp_tensor_item(const fsdp_tensor* t, double* out) {
   CHECK_INT(fsdp_tensor_numel(t) == 1, "item: tensor of shape %s has %lld elements, expected 1", SH(t),
             (long long)fsdp_tensor_numel(t));
-  return fsdp_tensor_to_doubles(t, out);
+  return to_doubles("item", t, out);
 }
-int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
+int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) { return to_doubles("tolist", t, out); }
+static int to_doubles(const char* op, const fsdp_tensor* t, double* out) {
   if (fsdp_device_of(t) != FSDP_CPU) {  // the host reads a copy (which waits for the device)
     fsdp_tensor* h = fsdp_copy_to_device(t, FSDP_CPU);
     if (!h) return -1;
-    int rc = fsdp_tensor_to_doubles(h, out);
+    int rc = to_doubles(op, h, out);
     fsdp_tensor_release(h);
     return rc;
   }
@@ -802,6 +804,13 @@ int fsdp_tensor_to_doubles(const fsdp_tensor* t, double* out) {
     int64_t off = 0;
     for (int j = 0; j < t->ndim; j++) off += idx[j] * t->stride[j];
     double v = fsdp_load_elem(base + off * es, t->dtype);
+    if (t->dtype == FSDP_I64) {  // a Lua number is a double: an int64 beyond 2^53 may not fit it
+      int64_t x = *(const int64_t*)(base + off * es);
+      CHECK_INT(v < 9223372036854775808.0 && (int64_t)v == x,
+                "%s: element %lld (1-based, row-major) of the int64 tensor of shape %s is %lld, which a Lua number "
+                "(a double) cannot hold exactly (the nearest is %.17g); integers up to 2^53 convert exactly",
+                op, (long long)i + 1, SH(t), (long long)x, v);
+    }
     // one NaN for every NaN: LuaJIT reads a double whose top bits are all set (a NaN with a
     // payload, as a float NaN of all-ones bits becomes) as one of its tagged values -- nil
     out[i] = v == v ? v : NAN;

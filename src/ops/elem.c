@@ -563,13 +563,15 @@ fsdp_tensor* fsdp_max(fsdp_tensor* a, int dim, int keepdim, fsdp_tensor** indice
   return max_impl("max", a, dim, keepdim, indices, 1);
 }
 
-// like PyTorch, the gradient of the overall max is shared evenly by all elements equal to it
+// like PyTorch, the gradient of the overall max is shared evenly by all elements equal to it; a NaN
+// max (NaN wins) is shared by the NaN elements, which no comparison with it finds equal
 // saved: [0] = a, [1] = result (0-dim)
 static int max_all_backward(fsdp_node* n, fsdp_tensor* g, fsdp_tensor** gin) {
   fsdp_tensor* a = fsdp_node_saved(n, 0);
   fsdp_tensor* r = a ? fsdp_node_saved(n, 1) : NULL;
-  if (!r) return -1;
-  fsdp_tensor* mask = compare_f32(FSDP_BIN_EQ, a, r);
+  double v;
+  if (!r || fsdp_tensor_item(r, &v)) return -1;
+  fsdp_tensor* mask = v != v ? compare_f32(FSDP_BIN_NE, a, a) : compare_f32(FSDP_BIN_EQ, a, r);
   fsdp_tensor* cnt = mask ? fsdp_sum(mask, 0, NULL, 0) : NULL;
   fsdp_tensor* share = cnt ? fsdp_div(g, cnt) : NULL;
   gin[0] = share ? fsdp_mul(mask, share) : NULL;

@@ -48,6 +48,10 @@
 #define MAX_PIECE (1 << 28)  // elements per MPI call, under INT_MAX bytes for the byte paths too
 
 static MPI_Comm meta_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
+// "max" is NaN-propagating, as torch.max over the ranks' values taken together: MPI_MAX is
+// OpenMPI's (a > b ? a : b), which keeps or drops a NaN by the order the ranks combine in (a NaN
+// gradient on rank 1 gave an inf-norm clip a finite norm)
+static MPI_Op g_op_max = MPI_OP_NULL;
 static int g_rank, g_size, g_we_initialized;
 // the data communicators by fsdp_comm_group (WORLD: data_comm; SHARD, REPLICA: after set_groups),
 // with this rank's place and their sizes
@@ -179,6 +183,15 @@ static int wait_all(MPI_Request* reqs, int n, const char* what, char* err) {
 }
 
 // ---- init / finalize ----------------------------------------------------------------------------
+// g_op_max's function: inout = in max inout, NaN-propagating, for MPI_FLOAT
+static void max_f32_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  (void)type;
+  const float* a = in;
+  float* b = inout;
+  for (int i = 0; i < *len; i++) b[i] = a[i] > b[i] || a[i] != a[i] ? a[i] : b[i];
+}
+static MPI_Op mpi_op(int op) { return op == 2 ? g_op_max : MPI_SUM; }
+
 static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err) {
   int inited = 0, provided = 0;
   g_beat = beat;
@@ -197,6 +210,7 @@ static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void
     }
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_TRY(MPI_Op_create(max_f32_op, 1, &g_op_max), "MPI_Op_create");
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &meta_comm), "MPI_Comm_dup");
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &data_comm), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(meta_comm, MPI_ERRORS_RETURN);
@@ -245,6 +259,7 @@ static void mpi_finalize(void) {
   g_comm[0] = MPI_COMM_NULL;
   MPI_Comm_free(&meta_comm);
   MPI_Comm_free(&data_comm);
+  if (g_op_max != MPI_OP_NULL) MPI_Op_free(&g_op_max);
   if (g_we_initialized) MPI_Finalize();
   free(g_all);
   free(g_arrived);
@@ -405,10 +420,11 @@ static int mpi_all_gather(void* out, const void* in, size_t bytes, int group, ch
   return wait_all(&req, 1, "MPI_Iallgather", err);
 }
 
-// dst = a op b over n floats (dst may alias a or b); the loop vectorizes
+// dst = a op b over n floats (dst may alias a or b); the loop vectorizes. max keeps a NaN of
+// either side (a != a: a is NaN)
 static void reduce_f32(float* dst, const float* a, const float* b, size_t n, int op) {
   if (op == 2) {
-    for (size_t i = 0; i < n; i++) dst[i] = a[i] > b[i] ? a[i] : b[i];
+    for (size_t i = 0; i < n; i++) dst[i] = a[i] > b[i] || a[i] != a[i] ? a[i] : b[i];
   } else {
     for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
   }
@@ -479,7 +495,7 @@ static int mpi_reduce_scatter(float* out, const float* in, size_t n, int op, int
       return -1;
     }
     MPI_Request req;
-    int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group], &req);
+    int rc = MPI_Ireduce_scatter_block(in, dst, (int)n, MPI_FLOAT, mpi_op(op), g_comm[group], &req);
     if (rc != MPI_SUCCESS) {
       if (overlap) free(dst);
       return mpi_fail(err, rc, "MPI_Ireduce_scatter_block");
@@ -501,8 +517,7 @@ static int mpi_all_reduce(float* buf, size_t n, int op, int group, char* err) {
   for (size_t off = 0; off < n; off += MAX_PIECE) {
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
     MPI_Request req;
-    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group], &req),
-            "MPI_Iallreduce");
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, mpi_op(op), g_comm[group], &req), "MPI_Iallreduce");
     if (wait_all(&req, 1, "MPI_Iallreduce", err)) return -1;
   }
   if (op == 1) scale_f32(buf, n, 1.0f / g_gsize[group]);
@@ -532,8 +547,7 @@ static int mpi_all_reduce_start(float* buf, size_t n, int op, int group, void** 
   for (int i = 0; i < pieces; i++) {
     size_t off = (size_t)i * MAX_PIECE;
     int len = (int)(n - off < MAX_PIECE ? n - off : MAX_PIECE);
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, op == 2 ? MPI_MAX : MPI_SUM, g_comm[group],
-                            &f->reqs[i]);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, mpi_op(op), g_comm[group], &f->reqs[i]);
     if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Iallreduce");  // (f stays: MPI may hold its requests)
   }
   *req = f;

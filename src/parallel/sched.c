@@ -90,6 +90,13 @@ int fsdp_param_piece(const fsdp_tensor* t, int64_t* start, int64_t* length) {
   *length = param_of(t)->len;
   return 1;
 }
+int fsdp_param_shard(const fsdp_tensor* t, int64_t* start, int64_t* length) {
+  const unit_param* p = param_of(t);
+  if (!p) return 0;
+  *start = p->start;
+  *length = p->len;
+  return 1;
+}
 
 const char* fsdp_param_name(const fsdp_tensor* t) { return t->owner ? param_of(t)->name : ""; }
 const char* fsdp_param_unit_path(const fsdp_tensor* t) { return t->owner ? ((const fsdp_unit*)t->owner)->path : ""; }

@@ -36,6 +36,23 @@ describe("tensor basics", function()
     end
   end)
 
+  -- a Lua number is a double: an int64 beyond 2^53 (a hashed id, a nanosecond timestamp, loaded
+  -- from a file) came back from tolist and item rounded to the nearest double, and tostring
+  -- printed int64 with 6 significant digits (1234567 as 1.23457e+06)
+  it("reads int64 exactly or refuses, naming the element; prints every digit", function()
+    local t = fsdp.tensor({ 5, 0, 1234567 }, "int64")
+    local p = ffi.cast("int64_t*", fsdp.C.fsdp_tensor_data(t.p))
+    p[1] = 9007199254740993LL  -- 2^53 + 1
+    H.assert_error(function() return t:tolist() end, "tolist: element 2 (1-based, row-major)", "9007199254740993",
+      "cannot hold exactly")
+    H.assert_error(function() return t[2]:item() end, "item:", "9007199254740993")
+    assert.equal(1234567, t[3]:item())
+    assert.truthy(tostring(t):find("[5, 9007199254740993, 1234567]", 1, true), tostring(t))
+    p[1] = -9223372036854775807LL - 1  -- -2^63 is a double exactly
+    assert.same({ 5, -2 ^ 63, 1234567 }, t:tolist())
+    assert.truthy(tostring(t):find("-9223372036854775808", 1, true), tostring(t))
+  end)
+
   it("rejects ragged tables, bad shapes and unknown dtypes with clear errors", function()
     H.assert_error(function() fsdp.tensor({ { 1, 2 }, { 3 } }) end, "ragged")
     H.assert_error(function() fsdp.zeros({ 2, -1 }) end, "negative size")

@@ -5,7 +5,7 @@
 -- Rerun one world size by hand:  bin/fsdprun -n 3 tests/scripts/param_access.lua
 local H = require "helpers"
 
-local function check(np) H.check_script("param_access.lua", np, nil, 37) end
+local function check(np) H.check_script("param_access.lua", np, nil, 38) end
 
 describe("a sharded parameter outside forward and backward, against one process", function()
   local it_mpi = H.has_mpi() and it or pending

@@ -94,6 +94,12 @@ end)
 
 describe("small validation gaps", function()
   local x = fsdp.randn(1, 1, 4, 4)
+  it("a live tensor where a number belongs is called a tensor, a released one released", function()
+    local t, y = fsdp.ones(2), fsdp.ones(2)
+    H.assert_error(function() t:mul_(y) end, "mul_: expected a number as value, got a tensor")
+    fsdp._release(y)
+    H.assert_error(function() t:add_(y) end, "add_", "got a released tensor")
+  end)
   it("pooling refuses a stride of 0 or -1", function()
     for _, s in ipairs({ 0, -1 }) do
       H.assert_error(function() F.max_pool2d(x, 2, s) end, "max_pool2d", "stride", tostring(s))

@@ -228,6 +228,27 @@ describe("DataLoader", function()
     assert.is_nil(ib())
   end)
 
+  -- PyTorch's batches are new tensors; unshuffled TensorDataset batches were views of the data
+  -- set's rows, so xb:mul_(2) doubled the data set and the next epoch trained on doubled rows
+  it("gives batches that are new tensors: changing one in place leaves the data set alone", function()
+    local xs = fsdp.arange(0, 12, 1, "float32"):reshape({ 6, 2 })
+    local d = data.TensorDataset(xs, fsdp.arange(6))
+    for _, shuffle in ipairs { false, true } do
+      local L = data.DataLoader(d, { batch_size = 4, shuffle = shuffle })
+      for epoch = 1, 2 do
+        local sum = 0
+        for xb, yb in L() do
+          sum = sum + xb:sum():item()
+          xb:mul_(2)
+          yb:fill_(0)
+          xb[1] = -1
+        end
+        assert.equal(66, sum, ("shuffle %s, epoch %d"):format(tostring(shuffle), epoch))
+      end
+    end
+    assert.same(fsdp.arange(0, 12, 1, "float32"):tolist(), xs:tolist())
+  end)
+
   it("shuffles from the seed: reproducible, a permutation, a new order each pass", function()
     local a = data.DataLoader(ds, { batch_size = 4, shuffle = true, seed = 1 })
     local b = data.DataLoader(ds, { batch_size = 4, shuffle = true, seed = 1 })

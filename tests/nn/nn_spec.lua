@@ -68,6 +68,24 @@ describe("nn.Module registration", function()
     assert.truthy(sd["0.weight"] and sd["1.weight"])
   end)
 
+  -- PyTorch copies the entries in module order, so a tied parameter ends with its last name's
+  -- entry; the copy loop once went by pairs(), and which entry won changed from run to run
+  it("loads a tied parameter's entries in module order: the last name's value wins, as in PyTorch", function()
+    for round = 1, 12 do  -- other names each round: another order of pairs()
+      local shared = nn.Linear(2, 2, { bias = false })
+      local model, sd = nn.Module(), {}
+      for i = 1, 8 do
+        local l = nn.Linear(2, 2, { bias = false })
+        l.weight = shared.weight
+        local name = ("r%d_%d"):format(round, i)
+        model[name] = l
+        sd[name .. ".weight"] = fsdp.full({ 2, 2 }, 10 * round + i)
+      end
+      model:load_state_dict(sd)
+      assert.equal(10 * round + 8, shared.weight[1][1]:item(), "round " .. round)
+    end
+  end)
+
   it("keeps a frozen parameter a parameter; freezing through named_parameters stops its gradient", function()
     local model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     for name, p in model:named_parameters() do

@@ -37,6 +37,20 @@ describe("nn.utils", function()
     assert.near(big, nn.utils.clip_grad_norm_(m, math.huge, math.huge), 1e-6 * big)
   end)
 
+  -- the inf-norm of gradients on two devices: each device's largest |g|, then the largest of those,
+  -- which took math.max and so kept or dropped a NaN by the order of the devices
+  it("clip_grad_norm_ with norm_type math.huge keeps a NaN from any device, in either order", function()
+    if not fsdp.cuda.is_available() then fsdp._testdev_install() end
+    for _, cpu_first in ipairs { true, false } do
+      local a = fsdp.tensor({ 1, 2 }):requires_grad_()
+      local b = fsdp.tensor({ 1, 2 }):to("cuda"):requires_grad_()
+      a.grad = fsdp.tensor { 0.5, 0 / 0 }
+      b.grad = fsdp.tensor({ 3, 1 }):to("cuda")
+      local norm = nn.utils.clip_grad_norm_(cpu_first and { a, b } or { b, a }, 1, math.huge)
+      assert.is_true(norm ~= norm, ("got %s (cpu first: %s)"):format(tostring(norm), tostring(cpu_first)))
+    end
+  end)
+
   it("clip_grad_value_ clamps every gradient element", function()
     local m = model_with_grads()
     local g = grads(m)

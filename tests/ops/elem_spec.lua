@@ -296,6 +296,12 @@ describe("max and argmax", function()
     local c = H.leaf({ 1, 9, 3 })
     c:max():backward()
     assert.same({ 0, 1, 0 }, c.grad:totable())
+    -- a NaN max (or min) is shared by the NaN elements, as PyTorch does; it made every gradient NaN
+    for _, op in ipairs { "max", "min" } do
+      local d = H.leaf({ 1, 0 / 0, 3, 0 / 0 })
+      d[op](d):backward()
+      assert.same({ 0, 0.5, 0, 0.5 }, d.grad:totable(), op)
+    end
   end)
 
   it("argmax has no gradient; errors name the op", function()

@@ -142,6 +142,28 @@ for _, op in ipairs { "sum", "avg", "max" } do
   end
   check_list(t, want, "all_reduce " .. op)
 end
+-- max keeps a NaN from any rank, as torch.max over every rank's values does (MPI_MAX dropped rank
+-- 1's NaN against rank 0's number; an inf-norm clip_grad_norm then came out finite)
+for nan_rank = 0, N - 1 do
+  local t = fsdp.tensor { r == nan_rank and 0 / 0 or r + 1, 5 }
+  fsdp.all_reduce(t, "max")
+  ar_bytes = ar_bytes + 8
+  local v = t:tolist()
+  assert(v[1] ~= v[1] and v[2] == 5, ("all_reduce max with a NaN on rank %d: rank %d got %s, %s"):format(nan_rank, r,
+    tostring(v[1]), tostring(v[2])))
+  for _, algo in ipairs { 0, 1 } do
+    fsdp.comm.set_reduce_scatter_algo(algo)
+    local inp = contrib(r, N * 2):view(N, 2)
+    if r == nan_rank then inp:select(2, 1):fill_(0 / 0) end
+    local out = fsdp.zeros(2)
+    fsdp.reduce_scatter(out, inp:view(-1), "max")
+    rs_bytes = rs_bytes + N * 2 * 4
+    local o = out:tolist()
+    assert(o[1] ~= o[1] and o[2] == N + 2 * r + 1, ("reduce_scatter max algo %d with a NaN on rank %d: rank %d got %s, %s")
+      :format(algo, nan_rank, r, tostring(o[1]), tostring(o[2])))
+  end
+  fsdp.comm.set_reduce_scatter_algo(0)
+end
 for root = 0, N - 1 do
   for _, dt in ipairs { "float32", "int64", "bfloat16", "float16" } do
     local t = r == root and contrib(10 * root, 3, dt) or fsdp.full({ 3 }, -1, { dtype = dt })
@@ -188,9 +210,9 @@ end
 local s = fsdp.comm_stats()
 assert(s.all_gather.count == 4 + 3 + 4, "all_gather count " .. s.all_gather.count)
 assert(s.all_gather.bytes == ag_bytes, ("all_gather bytes %d, expected %d"):format(s.all_gather.bytes, ag_bytes))
-assert(s.reduce_scatter.count == 2 * 2 * 3 + 2 + 2 + 1, "reduce_scatter count " .. s.reduce_scatter.count)
+assert(s.reduce_scatter.count == 2 * 2 * 3 + 2 * N + 2 + 2 + 1, "reduce_scatter count " .. s.reduce_scatter.count)
 assert(s.reduce_scatter.bytes == rs_bytes, ("reduce_scatter bytes %d, expected %d"):format(s.reduce_scatter.bytes, rs_bytes))
-assert(s.all_reduce.count == 4 and s.all_reduce.bytes == ar_bytes, "all_reduce stats")
+assert(s.all_reduce.count == 4 + N and s.all_reduce.bytes == ar_bytes, "all_reduce stats")
 assert(s.broadcast.count == 4 * N and s.broadcast.bytes == bc_bytes, "broadcast stats")
 assert(s.barrier.count == 1 and s.barrier.bytes == 0, "barrier stats")
 

@@ -241,4 +241,38 @@ check("to_local is this rank's piece; printing says which", function(fail)
   end
 end)
 
+-- An optimizer's state_dict holds this rank's pieces of the sharded parameters' state: it loads back
+-- on its own rank, and rank 0's (torch.save on rank 0, torch.load everywhere, as with DDP) is an
+-- error on every other rank -- once it loaded quietly where the pieces were as long, and trained
+-- each rank's elements with rank 0's moments.
+check("an optimizer's state_dict holds this rank's pieces; another rank's is refused", function(fail)
+  local m = wrapped()
+  local opt = fsdp.optim.Adam(m:parameters(), { lr = 0.1 })
+  F.cross_entropy(m(fsdp.tensor({ { 1, 2, 0 }, { 4, 0, 10 } }, { dtype = "int64" })):view(6, 3),
+    fsdp.tensor({ 0, 1, 2, 2, 1, 0 }, { dtype = "int64" })):backward()
+  opt:step()
+  local w = m.block["0"].weight
+  local before = opt:state_of(w).exp_avg:clone()
+  opt:load_state_dict(opt:state_dict())  -- its own pieces
+  local path = R == 0 and os.tmpname() or ""  -- rank 0's file, its name sent as character codes
+  local codes = fsdp.zeros({ 256 })
+  for i = 1, #path do codes[i] = path:byte(i) end
+  if N > 1 then fsdp.broadcast(codes, 0) end
+  path = string.char(unpack(codes:tolist())):gsub("%z+$", "")
+  if R == 0 then fsdp.save(path, { optim = opt:state_dict() }) end
+  if N > 1 then fsdp.barrier() end
+  local ok, err = pcall(opt.load_state_dict, opt, fsdp.load(path).optim)
+  if N > 1 then fsdp.barrier() end
+  if R == 0 then os.remove(path) end
+  if R == 0 and not ok then fail("rank 0 refused its own state: " .. tostring(err)) end
+  -- (the first parameter it meets names the pieces; where they differ in length, the shapes)
+  local e = tostring(err)
+  if R > 0 and ok then fail("rank 0's optimizer state loaded on rank " .. R) end
+  if R > 0 and not ok and not (e:find("sharded by FSDP", 1, true) and e:find("rank " .. R, 1, true)
+    and e:find("elements 1..", 1, true)) then
+    fail("the error does not name the parameter's pieces: " .. e)
+  end
+  if (opt:state_of(w).exp_avg - before):abs():max():item() ~= 0 then fail("a refused load changed the state") end
+end)
+
 checks.finish()

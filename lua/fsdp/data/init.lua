@@ -119,12 +119,14 @@ function TensorDataset:get(i)
   end
   return out
 end
--- the rows of a batch at once: `first` (consecutive rows first..first+len-1: views) or the
--- 0-based int64 index tensor ix (index_select); the list of the tensors' batches
+-- the rows of a batch at once: `first` (consecutive rows first..first+len-1: one copy of the
+-- block) or the 0-based int64 index tensor ix (index_select); the list of the tensors' batches.
+-- New tensors either way, as PyTorch's default_collate stacks: a batch changed in place (xb:mul_(s),
+-- xb[i] = v) must not change the data set (a view did, and the next epoch read the changed rows)
 function TensorDataset:_batch(first, len, ix)
   local out = {}
   for k, t in ipairs(self.tensors) do
-    if first then out[k] = t:narrow(1, first, len)
+    if first then out[k] = t:narrow(1, first, len):clone()
     else
       if ix.device ~= t.device then ix = ix:to(t.device) end
       out[k] = t:index_select(1, ix)
@@ -513,7 +515,7 @@ end
 
 -- the builder of one batch: fn(idx, k, len, ix) -> the batch of samples idx[k + 1 .. k + len]; ix,
 -- the 0-based int64 tensor of idx (made by index_tensor), serves a TensorDataset with the default
--- collation (rows at once: views when consecutive, else index_select); the same function builds a
+-- collation (rows at once: a block copy when consecutive, else index_select); the same function builds a
 -- batch in this process and in a worker
 local function index_tensor(ds, idx)
   local n = #idx

@@ -521,7 +521,10 @@ function plain_load_state_dict(self, sd, strict)
   if type(strict) == "table" then strict = strict.strict end
   if strict == nil then strict = true end
   assert(type(sd) == "table", "load_state_dict: expected a table name -> tensor")
-  local own = {}
+  -- own: name -> tensor; order: the names in PyTorch's load order (modules pre-order, each one's
+  -- parameters then buffers), so that of a tied parameter's names the last one's entry is the
+  -- value it ends with, as in PyTorch, whatever order pairs() would give
+  local own, order = {}, {}
   for _, e in ipairs(collect_modules(self, "", {}, {})) do
     local prefix, m = e[1], e[2]
     local np = rawget(m, "_non_persistent")
@@ -529,7 +532,9 @@ function plain_load_state_dict(self, sd, strict)
       for _, name in ipairs(m[kind].names) do
         local t = m[kind].values[name]
         if t ~= nil and not (kind == "_buffers" and np and np[name]) then
-          own[prefix == "" and name or (prefix .. "." .. name)] = t
+          local key = prefix == "" and name or (prefix .. "." .. name)
+          own[key] = t
+          order[#order + 1] = key
         end
       end
     end
@@ -564,9 +569,9 @@ function plain_load_state_dict(self, sd, strict)
     error(("load_state_dict: Error(s) in loading state_dict for %s:\n\t%s"):format(self.__name, table.concat(errs, "\n\t")), 2)
   end
   fsdp.no_grad(function()
-    for k, t in pairs(own) do
+    for _, k in ipairs(order) do
       local src = sd[k]
-      if src ~= nil then t:copy_(src) end
+      if src ~= nil then own[k]:copy_(src) end
     end
   end)
   return { missing_keys = missing, unexpected_keys = unexpected }

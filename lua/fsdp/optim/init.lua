@@ -29,6 +29,38 @@ local function copy_value(v)
   return v
 end
 
+-- Which elements of its parameter a sharded parameter's optimizer state holds: {start (0-based),
+-- length, numel}, or nil for a parameter held whole. state_dict records it beside each state and
+-- load_state_dict checks it, so another rank's pieces (rank 0's file loaded everywhere, or a file
+-- from another world size whose pieces happen to be as long) are an error, never the wrong
+-- elements' moments. Plain tables, so fsdp.save keeps it (as JSON).
+local shard_start, shard_len = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+function optim._piece_of(p)
+  if C.fsdp_param_shard(p.p, shard_start, shard_len) == 0 then return nil end
+  local numel = tonumber(C.fsdp_param_full_numel(p.p))
+  local start, length = tonumber(shard_start[0]), tonumber(shard_len[0])
+  if length == numel then return nil end
+  return { start = start, length = length, numel = numel }
+end
+local function piece_str(pc)
+  if pc.length == 0 then return ("no element of its %d"):format(pc.numel) end
+  return ("elements %d..%d of its %d"):format(pc.start + 1, pc.start + pc.length, pc.numel)
+end
+-- the error for a state entry whose recorded piece (nil: none recorded) is not this rank's piece
+-- `want` of parameter p (nil: p is held whole)
+local function check_piece(name, idx, p, saved, want)
+  local function same(a, b)
+    return type(a) == "table" and a.start == b.start and a.length == b.length and a.numel == b.numel
+  end
+  if want == nil or same(saved, want) then return end
+  local pname = require("fsdp.wrap").param_names(p)
+  local had = type(saved) == "table" and ("holds " .. piece_str(saved))
+    or "does not say which elements it holds (no fsdp_piece)"
+  error(("%s:load_state_dict: the state of parameter %s ('%s', sharded by FSDP) %s, but rank %d holds %s; "
+    .. "load each rank's own opt:state_dict(), or use fsdp.save_sharded / fsdp.load_sharded, which reshard")
+    :format(name, tostring(idx), pname, had, fsdp.rank(), piece_str(want)), 3)
+end
+
 -- ---- the base class --------------------------------------------------------------------------------
 local Optimizer = {}
 Optimizer.__index = Optimizer
@@ -225,6 +257,7 @@ function Optimizer:state_dict()
       if st and next(st) ~= nil then
         local s = {}
         for k, v in pairs(st) do s[k] = v end
+        s.fsdp_piece = optim._piece_of(p)
         state[idx] = s
       end
       idx = idx + 1
@@ -264,22 +297,28 @@ function Optimizer:load_state_dict(sd)
     local p = by_index[tonumber(k)]
     if not p then error(("%s:load_state_dict: state for unknown parameter index %s"):format(name, tostring(k)), 2) end
     local s = {}
+    local has_tensors = false
     for sk, v in pairs(st) do
-      if is_tensor(v) then
+      if sk == "fsdp_piece" then  -- checked below, not state
+      elseif is_tensor(v) then
         if sk ~= "step" and shape_str(v) ~= shape_str(p) then
-          error(("%s:load_state_dict: state %q of parameter %s has shape %s, the parameter has shape %s")
-            :format(name, sk, tostring(k), shape_str(v), shape_str(p)), 2)
+          local pc = optim._piece_of(p)
+          error(("%s:load_state_dict: state %q of parameter %s has shape %s, the parameter%s has shape %s")
+            :format(name, sk, tostring(k), shape_str(v), pc and (" (sharded by FSDP) held on rank " .. fsdp.rank()
+            .. ", " .. piece_str(pc) .. ",") or "", shape_str(p)), 2)
         end
         if sk == "step" then s[sk] = v:item()
         else
           local t = self._new_state(p, false)
           fsdp.no_grad(function() t:copy_(v) end)
           s[sk] = t
+          has_tensors = true
         end
       else
         s[sk] = copy_value(v)
       end
     end
+    if has_tensors then check_piece(name, k, p, st.fsdp_piece, optim._piece_of(p)) end
     new_state[tensor_key(p)] = s
   end
   for gi, g in ipairs(self.param_groups) do
