@@ -963,8 +963,12 @@ static int check_tensor(const char* op, const char* what, const fsdp_tensor* t) 
 
 // which device's memory the collective reads and writes, and how it moves; -1 with the error set
 // (collectives within groups always move through the host backend, whose groups they are)
+// A reduction by max always goes through the host: NCCL's max is fmaxf, which drops a NaN wherever
+// another rank has a number, and "max" keeps it (the host backend's own op; a NaN gradient on one GPU
+// must reach an inf-norm clip). Such reductions are small (norms), so the staging costs little.
 static int route(fsdp_work* w, const fsdp_tensor* t) {
-  int plane = w->meta.group ? 0 : plane_for(fsdp_device_of(t), kind_names[w->kind], w->meta.tag);
+  int by_max = (w->kind == FSDP_COLL_ALL_REDUCE || w->kind == FSDP_COLL_REDUCE_SCATTER) && w->arg == FSDP_REDUCE_MAX;
+  int plane = w->meta.group || by_max ? 0 : plane_for(fsdp_device_of(t), kind_names[w->kind], w->meta.tag);
   if (plane < 0) return -1;
   w->meta.device = (int16_t)fsdp_device_of(t);
   w->meta.plane = (int16_t)plane;

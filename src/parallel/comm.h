@@ -126,6 +126,8 @@ typedef struct fsdp_comm_plane {
   int (*bootstrap)(const fsdp_comm_backend* host, int rank, int size, char* id_digest, char* err);
   void (*finalize)(int broken);  // broken: abort whatever is in flight instead of finishing it
   int (*all_gather)(void* out, const void* in, size_t bytes, void* ready, void* done, char* err);
+  // op: sum or avg, never max (comm.c's route sends max through the host: NCCL's max drops a NaN);
+  // a plane given max fails with err
   int (*reduce_scatter)(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err);
   int (*all_reduce)(float* buf, size_t n, int op, void* ready, void* done, char* err);
   int (*broadcast)(void* buf, size_t bytes, int root, void* ready, void* done, char* err);

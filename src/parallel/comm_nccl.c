@@ -236,7 +236,15 @@ static int after(int s, ncclResult_t r, void* done, const char* kind, char* err)
   return 0;
 }
 
-static ncclRedOp_t red_op(int op) { return op == 1 ? ncclAvg : op == 2 ? ncclMax : ncclSum; }
+// sum or avg: max never comes here (comm.h), since NCCL's max is fmaxf and drops a NaN
+static int red_op(int op, const char* kind, ncclRedOp_t* r, char* err) {
+  if (op == FSDP_REDUCE_MAX) {
+    snprintf(err, FSDP_COMM_ERRLEN, "nccl: %s by max reached NCCL (comm.c sends max through the host)", kind);
+    return -1;
+  }
+  *r = op == FSDP_REDUCE_AVG ? ncclAvg : ncclSum;
+  return 0;
+}
 
 static int nc_all_gather(void* out, const void* in, size_t bytes, void* ready, void* done, char* err) {
   if (before(GATHERS, ready, err)) return -1;
@@ -244,13 +252,15 @@ static int nc_all_gather(void* out, const void* in, size_t bytes, void* ready, v
   return after(GATHERS, r, done, "ncclAllGather", err);
 }
 static int nc_reduce_scatter(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err) {
-  if (before(REDUCTIONS, ready, err)) return -1;
-  ncclResult_t r = ncclReduceScatter(in, out, n, ncclFloat32, red_op(op), N.comms[REDUCTIONS], N.streams[REDUCTIONS]);
+  ncclRedOp_t how;
+  if (red_op(op, "reduce_scatter", &how, err) || before(REDUCTIONS, ready, err)) return -1;
+  ncclResult_t r = ncclReduceScatter(in, out, n, ncclFloat32, how, N.comms[REDUCTIONS], N.streams[REDUCTIONS]);
   return after(REDUCTIONS, r, done, "ncclReduceScatter", err);
 }
 static int nc_all_reduce(float* buf, size_t n, int op, void* ready, void* done, char* err) {
-  if (before(REDUCTIONS, ready, err)) return -1;
-  ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, red_op(op), N.comms[REDUCTIONS], N.streams[REDUCTIONS]);
+  ncclRedOp_t how;
+  if (red_op(op, "all_reduce", &how, err) || before(REDUCTIONS, ready, err)) return -1;
+  ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, how, N.comms[REDUCTIONS], N.streams[REDUCTIONS]);
   return after(REDUCTIONS, r, done, "ncclAllReduce", err);
 }
 static int nc_broadcast(void* buf, size_t bytes, int root, void* ready, void* done, char* err) {

@@ -184,7 +184,16 @@ static int sd_all_gather(void* out, const void* in, size_t bytes, void* ready, v
   return finish(GATHERS, c, S.host->all_gather(c->host_out, c->host_in, bytes, FSDP_GROUP_WORLD, err), done);
 }
 
+// the plane contract (comm.h): max never comes here, as it never reaches NCCL
+static int refuse_max(int op, const char* kind, char* err) {
+  if (op != FSDP_REDUCE_MAX) return 0;
+  snprintf(err, FSDP_COMM_ERRLEN, "stand-in: %s by max reached a device plane (comm.c sends max through the host)",
+           kind);
+  return -1;
+}
+
 static int sd_reduce_scatter(float* out, const float* in, size_t n, int op, void* ready, void* done, char* err) {
+  if (refuse_max(op, "reduce_scatter", err)) return -1;
   size_t b = n * sizeof(float);
   sd_coll* c = begin(REDUCTIONS, out, in, b * (size_t)S.size, b, ready, err);
   if (!c) return -1;
@@ -193,6 +202,7 @@ static int sd_reduce_scatter(float* out, const float* in, size_t n, int op, void
 }
 
 static int sd_all_reduce(float* buf, size_t n, int op, void* ready, void* done, char* err) {
+  if (refuse_max(op, "all_reduce", err)) return -1;
   size_t b = n * sizeof(float);
   sd_coll* c = begin(REDUCTIONS, buf, buf, b, b, ready, err);
   if (!c) return -1;
