@@ -46,6 +46,13 @@ fsdp_tensor* fsdp_arange(double start, double end, double step, int dtype) {
     return NULL;
   fsdp_tensor* t = fsdp_new(1, &n, dtype, FSDP_CPU);
   if (!t) return NULL;
+  // int64 from whole start and step counts in integers: past 2^53 a double skips values
+  // (arange(2^53, 2^53 + 4) gave 2^53 twice); the checks above keep the last value in range
+  if (dtype == FSDP_I64 && start == floor(start) && step == floor(step)) {
+    int64_t* v = t->storage->data;
+    for (int64_t i = 0; i < n; i++) v[i] = (int64_t)start + i * (int64_t)step;
+    return t;
+  }
   const fsdp_elem_kernels* k = fsdp_backend_of(t)->elem;
   size_t es = fsdp_dtype_size(dtype);
   for (int64_t i = 0; i < n; i++) k->fill((char*)t->storage->data + i * es, dtype, 1, start + i * step);

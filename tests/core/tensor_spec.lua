@@ -68,6 +68,14 @@ describe("tensor basics", function()
     assert.same({ 0, 1, 2, 3 }, fsdp.arange(4):totable())
     assert.equal("int64", fsdp.arange(4).dtype)
     H.assert_close(fsdp.arange(0, 1, 0.25), { 0, 0.25, 0.5, 0.75 }, 0, 0)
+    -- int64 past 2^53 counts in integers (doubles gave 2^53 twice), down too; read raw, since a
+    -- Lua number cannot hold these
+    for _, c in ipairs { { 2 ^ 53, 2 ^ 53 + 4, 1, { 0, 1, 2, 3 } }, { 2 ^ 53 + 2, 2 ^ 53 - 2, -1, { 0, -1, -2, -3 } } } do
+      local t = fsdp.arange(c[1], c[2], c[3])
+      assert.equal(#c[4], t:numel())
+      local p = ffi.cast("int64_t*", fsdp.C.fsdp_tensor_data(t.p))
+      for i, d in ipairs(c[4]) do assert.equal(tostring(ffi.cast("int64_t", c[1]) + d), tostring(p[i - 1])) end
+    end
   end)
 
   it("rounds to bfloat16 and float16 to nearest even and converts back exactly", function()
