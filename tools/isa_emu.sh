@@ -110,7 +110,6 @@ rm -rf "$g/root" "$g/iso"
 
 # ---- 4. Bochs -------------------------------------------------------------------------------------------
 # corei7_skylake_x: AVX-512 F, BW, CD, DQ and VL, what x86-64-v4 (and so our avx512f copy) needs.
-# sync=realtime: the guest's clock follows this machine's, so the times it prints are real.
 # Debian's Bochs has no "nogui" display; "term" draws nothing we read (the guest speaks on the
 # serial port), and setsid keeps it off the terminal make runs in. Its debugger starts first and
 # waits for a command: the rc file says "continue". Bochs's errors (a triple fault, a reset) go
@@ -118,7 +117,6 @@ rm -rf "$g/root" "$g/iso"
 cat >"$g/bochsrc" <<EOF
 memory: guest=2048, host=2048
 cpu: model=corei7_skylake_x, count=1, ips=25000000
-clock: sync=realtime, time0=local
 romimage: file=/usr/share/bochs/BIOS-bochs-latest
 vgaromimage: file=/usr/share/vgabios/vgabios.bin
 ata0-master: type=cdrom, path=$PWD/$g/guest.iso, status=inserted

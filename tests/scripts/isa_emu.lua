@@ -45,7 +45,8 @@ local function run_level(level)
     say("ISA-EMU RESULT: FAIL the %s run failed", level)
     os.exit(1)
   end
-  say("%s: done in %d s", level, os.time() - t0)
+  -- (Bochs's guest clock does not keep to real time: the host script times the guest)
+  if mode == "lower" then say("%s: done in %d s", level, os.time() - t0) end
 end
 
 if mode == "lower" then
