@@ -15,6 +15,8 @@
 #   make install PREFIX=/usr/local   (luarocks make passes LUADIR/LIBDIR/BINDIR/EXAMPLESDIR)
 #
 #   make isa-check  the built library needs nothing above x86-64-v2 outside its AVX2 and AVX-512 copies
+#   make isa-emu-check  the AVX-512 copy run on an emulated AVX-512 CPU (Bochs), its results against
+#                   the sse2 and avx2 copies' (tools/isa_emu.sh; installs Bochs and a kernel first)
 #
 # Flags: OPT (default -O3 $(ARCH) -g) is the optimisation, CFLAGS/LDFLAGS are yours and come
 # last (so CFLAGS=-O0 wins; luarocks's CFLAGS arrive as LUAROCKS_CFLAGS and come first, so its -O2
@@ -110,6 +112,13 @@ $(BUILD)/libfsdp.so: $(OBJS) $(BUILD)/libfsdp.map
 isa-check: libfsdp.so
 	$(if $(findstring native,$(ARCH)),@echo "isa-check: ARCH=$(ARCH) builds for this CPU alone: skipped",\
 	  $(LUAJIT) tools/isa_check.lua libfsdp.so $(BUILD)/libfsdp.link.map)
+
+# The AVX-512 copy on a CPU without AVX-512: Bochs emulates one, a Debian kernel boots in it from an
+# initramfs holding the library, and the guest compares the avx512f copy's runs of the op-case table
+# and the wide cases with the sse2 and avx2 copies' runs made here (tools/isa_emu.sh; its packages,
+# kernel and guest in build/isa-emu). Correctness only: the emulated CPU says nothing about speed.
+isa-emu-check: libfsdp.so
+	bash tools/isa_emu.sh
 
 # the MPI backend: its own library, so libfsdp.so never depends on MPI (comm.c dlopen()s it);
 # built only where mpicc exists
@@ -402,4 +411,4 @@ install: all
 clean:
 	rm -rf build build-memcheck build-asan build-tsan doc libfsdp.so libfsdp_mpi.so libfsdp_cuda.so libfsdp_nccl.so libfsdp_cudaemu.so lua/fsdp/cdef.lua
 
-.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check isa-check memcheck memcheck-run asan-check tsan-check bench bench-loader bench-deps bench-fsdp bench-big demo demo-gpt install clean
+.PHONY: all deps-build test test-run doc cudaemu cuda-emu-check cuda-emu-asan cuda-emu-tsan cuda-emu-matrix layers lint format format-check isa-check isa-emu-check memcheck memcheck-run asan-check tsan-check bench bench-loader bench-deps bench-fsdp bench-big demo demo-gpt install clean

@@ -17,6 +17,8 @@
 #
 # and beside them:
 #   doc     LDoc (`make doc`: the API reference)
+#   emu     Bochs, its BIOS, busybox, isolinux, xorriso and cpio (`make isa-emu-check`: the AVX-512
+#           copy on an emulated CPU, tools/isa_emu.sh)
 #
 # On a machine without dpkg (not Debian), or with DEPS=skip, nothing is checked: the compiler's
 # errors speak then.
@@ -26,6 +28,7 @@ build="gcc make pkg-config luajit libopenblas-dev libdnnl-dev libopenmpi-dev ope
 demo="$build dataset-fashion-mnist gnuplot-nox fortunes"
 test="$demo libluajit-5.1-dev lua-busted luarocks g++"
 doc="lua-ldoc"
+emu="bochs bochs-term bochsbios vgabios busybox-static isolinux syslinux-common xorriso cpio"
 ci="$test $doc git cppcheck valgrind clang-format iproute2"
 
 mode=install
@@ -40,7 +43,8 @@ case "$set_name" in
   test) pkgs="$test" ;;
   ci) pkgs="$ci" ;;
   doc) pkgs="$doc" ;;
-  *) echo "usage: tools/deps.sh [--check|--list] build|demo|test|ci|doc" >&2; exit 2 ;;
+  emu) pkgs="$emu" ;;
+  *) echo "usage: tools/deps.sh [--check|--list] build|demo|test|ci|doc|emu" >&2; exit 2 ;;
 esac
 
 if [ "$mode" = list ]; then echo "$pkgs"; exit 0; fi

@@ -3,8 +3,10 @@
 -- without AVX2. The op-case table and the convolution paths run again in a child under that cap and
 -- must pass as they do on the full ISA. Then every level this CPU has (sse2, avx2, avx512f where
 -- present): each child reports the copy whose tables its device table holds, runs the op-case
--- table's CPU runs, and their outputs and gradients agree across the levels within the tolerance
--- of two backends. Also: a bad FSDP_CPU_ISA and a missing shared library
+-- table's CPU runs and the wide cases (tests/scripts/isa_wide_cases.lua: vector loops, attention's
+-- tiles, norms, optimizers), and their outputs and gradients agree across the levels within the
+-- tolerance of two backends (tests/backends/isa_levels.lua, which tools/isa_emu.sh uses to compare
+-- the AVX-512 copy run under Bochs with the lower ones). Also: a bad FSDP_CPU_ISA and a missing shared library
 -- give messages that say what to do.
 package.path = "lua/?.lua;lua/?/init.lua;tests/?.lua;" .. package.path
 local H = require "helpers"
@@ -47,60 +49,38 @@ describe("the portable path (FSDP_CPU_ISA=sse2)", function()
 end)
 
 describe("every ISA level this CPU has", function()
-  local names = { sse2 = "sse2", avx2 = "avx2+fma", avx512f = "avx512f" }
+  local L = require "backends.isa_levels"  -- the runs and their comparison, shared with tools/isa_emu.sh
   local own = require("ffi").string(fsdp.C.fsdp_cpu_isa())
   local levels = own == "avx512f" and { "sse2", "avx2", "avx512f" } or own == "avx2+fma" and { "sse2", "avx2" } or { "sse2" }
-
-  -- a level's CPU runs of the op-case table (ops_spec.lua under FSDP_OP_DUMP): case index -> case
-  local function run_level(level)
-    local file = os.tmpname()
-    os.remove(file)
-    local rc, out = H.sh("sh -c " .. sh_quote(("cd %s && busted --filter=against.the.CPU.cpu: tests/ops/ops_spec.lua"):format(
-      sh_quote(H.root))), ("FSDP_CPU_ISA=%s FSDP_OP_DUMP=%s OMP_NUM_THREADS=1"):format(level, file), 300)
-    assert.equal(0, rc, out:sub(-3000))
-    assert.truthy(out:find(" 0 failures / 0 errors", 1, true), out:sub(-3000))
-    local cases = {}
-    local chunk = assert(loadfile(file))
-    setfenv(chunk, { case = function(c) cases[c.index] = c end })
-    chunk()
-    os.remove(file)
-    return cases
-  end
 
   it("installs the copy of each level asked for (fsdp_cpu_isa reads the device table)", function()
     for _, level in ipairs(levels) do
       local rc, out = H.sh(lua_cmd([[package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
         io.write("isa=", require("ffi").string(require("fsdp").C.fsdp_cpu_isa()))]]), "FSDP_CPU_ISA=" .. level)
       assert.equal(0, rc, out)
-      assert.truthy(out:find("isa=" .. names[level], 1, true), level .. ": " .. out)
+      assert.truthy(out:find("isa=" .. L.names[level], 1, true), level .. ": " .. out)
     end
   end)
 
-  it("runs the op-case table under each, the levels agreeing with each other", function()
+  it("runs the op-case table and the wide cases under each, the levels agreeing with each other", function()
     if #levels < 2 then return end  -- one level: nothing to compare
+    local dir = H.mkdtemp("fsdp_isa_levels")
     local runs = {}
-    for _, level in ipairs(levels) do runs[level] = run_level(level) end
-    local top = runs[levels[#levels]]
-    local ulp = { bfloat16 = 2 ^ -7, float16 = 2 ^ -10 }
+    for _, level in ipairs(levels) do
+      local err = L.run_level(H.root, level, dir)
+      assert(not err, err)
+      runs[level] = L.read_level(level, dir)
+    end
+    os.execute(("rm -rf %q"):format(dir))
+    local top = levels[#levels]
     local n = 0
-    for index, want in pairs(top) do n = n + 1 end
+    for _ in pairs(runs[top].ops) do n = n + 1 end
     assert.truthy(n > 500, "only " .. n .. " cases ran")
     for li = 1, #levels - 1 do
-      local got = runs[levels[li]]
-      for index, want in pairs(top) do
-        local g = got[index]
-        assert(g, ("%s: case %d (%s) did not run"):format(levels[li], index, want.name))
-        for key, w in pairs(want) do
-          if type(w) == "table" then
-            local what = ("%s against %s: %s, %s"):format(levels[li], levels[#levels], want.name, key)
-            assert.equal(w.dtype, g[key].dtype, what)
-            -- float32 within two backends' tolerance (ops_spec's backend_grad_tol); a bfloat16 or
-            -- float16 result may round one unit apart; integers and booleans exact
-            local exact = w.dtype == "int64" or w.dtype == "bool"
-            local tol = exact and 0 or 1e-4
-            H.assert_close(g[key], w, tol, tol + (ulp[w.dtype] or 0), what)
-          end
-        end
+      for _, d in ipairs(L.dumps) do
+        local what = ("%s against %s, %s"):format(levels[li], top, d)
+        local r = L.compare(runs[levels[li]][d], runs[top][d], what)
+        assert(#r.failures == 0, table.concat(r.failures, "\n"))
       end
     end
   end)

@@ -390,23 +390,13 @@ local function rounded_apart(tol, dtype)
   return { tol[1], tol[2] + low_ulp[dtype] }
 end
 
--- FSDP_OP_DUMP=FILE (tests/backends/portable_spec.lua): the CPU's run of each case -- outputs and
--- gradients, their dtypes and every value -- appended to FILE as Lua, one `case{...}` line per case,
--- so runs under different FSDP_CPU_ISA levels can be compared with each other
+-- FSDP_OP_DUMP=FILE (tests/backends/isa_levels.lua, for portable_spec.lua and tools/isa_emu.sh): the
+-- CPU's run of each case -- outputs and gradients, their dtypes and every value -- appended to FILE
+-- in isa_levels.lua's format, so runs under different FSDP_CPU_ISA levels can be compared
 local dump = os.getenv("FSDP_OP_DUMP")
 local function dump_case(index, case, result)
-  local function list(t)
-    local vals = {}
-    for k, v in ipairs(t:tolist()) do
-      vals[k] = v ~= v and "0/0" or v == math.huge and "1/0" or v == -math.huge and "-1/0" or ("%.17g"):format(v)
-    end
-    return ("{dtype=%q,%s}"):format(t.dtype, table.concat(vals, ","))
-  end
-  local parts = {}
-  for k, o in ipairs(result.outs) do parts[#parts + 1] = ("out%d=%s"):format(k, list(o)) end
-  for i, g in pairs(result.grads) do parts[#parts + 1] = ("grad%d=%s"):format(i, list(g)) end
   local f = assert(io.open(dump, "a"))
-  f:write(("case{index=%d,name=%q,%s}\n"):format(index, name_of(case), table.concat(parts, ",")))
+  f:write(require("backends.isa_levels").case_line(index, name_of(case), result.outs, result.grads))
   f:close()
 end
 
