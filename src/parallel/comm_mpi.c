@@ -183,14 +183,13 @@ static int wait_all(MPI_Request* reqs, int n, const char* what, char* err) {
 }
 
 // ---- init / finalize ----------------------------------------------------------------------------
-// g_op_max's function: inout = in max inout, NaN-propagating, for MPI_FLOAT
+static void reduce_f32(float* dst, const float* a, const float* b, size_t n, int op);
+// g_op_max's function: inout = in max inout for MPI_FLOAT, by the ring's rule (reduce_f32)
 static void max_f32_op(void* in, void* inout, int* len, MPI_Datatype* type) {
   (void)type;
-  const float* a = in;
-  float* b = inout;
-  for (int i = 0; i < *len; i++) b[i] = a[i] > b[i] || a[i] != a[i] ? a[i] : b[i];
+  reduce_f32(inout, in, inout, (size_t)*len, FSDP_REDUCE_MAX);
 }
-static MPI_Op mpi_op(int op) { return op == 2 ? g_op_max : MPI_SUM; }
+static MPI_Op mpi_op(int op) { return op == FSDP_REDUCE_MAX ? g_op_max : MPI_SUM; }
 
 static int mpi_init(int* rank, int* size, int* local_rank, int* local_size, void (*beat)(void), char* err) {
   int inited = 0, provided = 0;
@@ -423,7 +422,7 @@ static int mpi_all_gather(void* out, const void* in, size_t bytes, int group, ch
 // dst = a op b over n floats (dst may alias a or b); the loop vectorizes. max keeps a NaN of
 // either side (a != a: a is NaN)
 static void reduce_f32(float* dst, const float* a, const float* b, size_t n, int op) {
-  if (op == 2) {
+  if (op == FSDP_REDUCE_MAX) {
     for (size_t i = 0; i < n; i++) dst[i] = a[i] > b[i] || a[i] != a[i] ? a[i] : b[i];
   } else {
     for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
